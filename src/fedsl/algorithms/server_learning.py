@@ -1,0 +1,65 @@
+"""Server learning on D0 (Algorithm 1, line 10), composable with any server rule.
+
+Incremental (FSL): x_{t+1} = LocalSGD(x̄_t, γ·η0, K0, D0), i.e. K0 SGD steps on the
+server's data from the *aggregated* model. The weight γ on f0 enters only as a factor
+of the step size, so the rounds approximate the incremental gradient method on
+F + γ f0 (paper Section 2).
+
+Parallel (FSL-p, "non-incremental"): the server trains from x_t on D0 like one more
+client and its update Δ_0 is averaged in with weight w0 (default n0 / (n0 + Σ_{i∈S} n_i),
+the share of its data in the round). We keep γ·η0 as its step size so that FSL and FSL-p
+are compared at the same γ, as in the paper's appendix figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ServerLearning:
+    """Hyper-parameters of server learning.
+
+    Attributes:
+        gamma: γ, weight of the server loss f0 (step-size factor). γ = 0 turns SL off.
+        lr: η0, server base step size; the step actually taken is γ·η0.
+        batch_size: B0, server mini-batch size.
+        epochs: E_s, server epochs over D0 per round.
+        steps: K0, server steps per round; overrides ``epochs`` when set (0 turns SL off).
+        mode: "incremental" (FSL, Algorithm 1) or "parallel" (FSL-p).
+        weight: w0, FSL-p only: the server update's weight in the average
+            (None: n0 relative to the sampled clients' data).
+    """
+
+    gamma: float
+    lr: float
+    batch_size: int
+    epochs: int
+    steps: int | None = None
+    mode: Literal["incremental", "parallel"] = "incremental"
+    weight: float | None = None
+
+    @property
+    def step_size(self) -> float:
+        """γ·η0, the learning rate of the server's LocalSGD."""
+        return self.gamma * self.lr
+
+    @property
+    def active(self) -> bool:
+        return self.gamma > 0 and self.steps != 0
+
+    def parallel_weight(self, n0: int, client_sizes: list[int]) -> float:
+        """w0 for FSL-p: the configured weight, or n0 / (n0 + Σ n_i)."""
+        if self.weight is not None:
+            return self.weight
+        return n0 / (n0 + sum(client_sizes))
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """Server pretraining on D0 before round 1 (paper: SGD, lr 0.01, 500 epochs, batch B)."""
+
+    epochs: int
+    lr: float
+    batch_size: int

@@ -1,0 +1,59 @@
+"""A federation in memory: one pool of samples, clients and server as index arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Federation:
+    """Data of a federated run.
+
+    Attributes:
+        x, y: the pool of training samples (clients' and server's), as tensors.
+        clients: D_i, an index array into the pool per client (N of them).
+        server: D0, an index array into the pool (empty when the server has no data).
+        x_test, y_test: the test set the global model is evaluated on.
+        num_classes: number of labels.
+        class_names: one name per label.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    clients: list[np.ndarray]
+    server: np.ndarray
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    class_names: list[str]
+
+    @property
+    def num_clients(self) -> int:
+        """N."""
+        return len(self.clients)
+
+    @property
+    def n(self) -> int:
+        """n = Σ n_i, the clients' samples."""
+        return int(sum(len(c) for c in self.clients))
+
+    @property
+    def n0(self) -> int:
+        """n0 = |D0|."""
+        return len(self.server)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> "Federation":
+        return Federation(self.x.to(device=device, dtype=dtype), self.y.to(device), self.clients, self.server,
+                          self.x_test.to(device=device, dtype=dtype), self.y_test.to(device),
+                          self.num_classes, self.class_names)
+
+    def server_histogram(self) -> list[int]:
+        return np.bincount(self.y[torch.from_numpy(self.server)].cpu().numpy(), minlength=self.num_classes).tolist() \
+            if self.n0 else [0] * self.num_classes

@@ -1,0 +1,90 @@
+"""A torch.nn.Module seen as a pure function of its parameters (torch.func).
+
+Parameters travel as ``dict[name, Tensor]``; a stacked (vmapped) set has a leading
+client dimension on every tensor. The one client-update function of the engine is
+``sgd_step`` below: both executors call it, the vectorised one under ``vmap``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad
+
+from fedsl.models.dropout import replace_dropout
+
+Params = dict[str, torch.Tensor]
+
+
+def check_model(model: nn.Module) -> None:
+    """Refuse modules the engine cannot treat as a pure function of their parameters."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase):
+            raise ValueError(
+                f"model layer {name!r} is {type(m).__name__}: batch-norm running statistics are state that "
+                "federated averaging does not define; use GroupNorm/LayerNorm or no normalisation"
+            )
+    extra = [n for n, _ in model.named_buffers() if not n.endswith(".key")]
+    if extra:
+        raise ValueError(f"model has buffers {extra}: expected a model whose only state is its parameters")
+
+
+class FunctionalModel:
+    """Wraps ``model`` (dropout made key-driven) with a pure loss and an SGD step."""
+
+    def __init__(self, model: nn.Module) -> None:
+        check_model(model)
+        self.key_names = replace_dropout(model)
+        self.module = model
+        self.names = [n for n, _ in model.named_parameters()]
+
+    def params(self) -> Params:
+        return {n: p.detach().clone() for n, p in self.module.named_parameters()}
+
+    def forward(self, params: Params, x: torch.Tensor, key: torch.Tensor | None = None) -> torch.Tensor:
+        buffers = {n: key for n in self.key_names} if key is not None else {}
+        return functional_call(self.module, {**params, **buffers}, (x,))
+
+    def loss(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """Weighted cross-entropy: sum_j w_j * ce_j (w = 1/b on real samples, 0 on padding)."""
+        logits = self.forward(params, x, key)
+        return (F.cross_entropy(logits, y, reduction="none") * w).sum()
+
+    def sgd_step(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, key: torch.Tensor,
+                 lr: torch.Tensor | float) -> Params:
+        """One SGD step y_{k+1} = y_k - lr * g(y_k) (LocalSGD of Algorithm 1). A zero-weight batch is a no-op."""
+        g = grad(self.loss)(params, x, y, w, key)
+        return {n: p - lr * g[n] for n, p in params.items()}
+
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)
+
+
+@torch.inference_mode()
+def evaluate(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torch.Tensor,
+             batch_size: int = 500) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of ``params`` on (x, y), without dropout."""
+    fm.train(False)
+    correct = 0
+    loss = 0.0
+    for i in range(0, len(x), batch_size):
+        logits = fm.forward(params, x[i:i + batch_size])
+        yb = y[i:i + batch_size]
+        loss += F.cross_entropy(logits, yb, reduction="sum").item()
+        correct += (logits.argmax(1) == yb).sum().item()
+    return correct / len(x), loss / len(x)
+
+
+def full_gradient(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torch.Tensor,
+                  batch_size: int = 1000) -> Params:
+    """∇f(params) of the mean loss over all of (x, y), dropout off (for diagnostics and tests)."""
+    fm.train(False)
+    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    ones = torch.ones(len(x), dtype=next(iter(params.values())).dtype, device=x.device) / len(x)
+    for i in range(0, len(x), batch_size):
+        g = grad(fm.loss)(params, x[i:i + batch_size], y[i:i + batch_size], ones[i:i + batch_size], None)
+        for n in total:
+            total[n] += g[n]
+    return total
+

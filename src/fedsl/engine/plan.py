@@ -1,0 +1,87 @@
+"""Batch plans: which samples each client uses at each local step, fixed before training.
+
+A plan for S clients is three arrays: ``idx`` [S, K, B] indices into the data pool,
+``weight`` [S, K, B] with 1/b for the b real samples of a batch and 0 for padding, and
+``keys`` [S, K] dropout keys. Clients with fewer samples or steps get zero-weight
+(no-op) steps, as FedJAX pads blocks, so all clients of a round can train in lock-step.
+The last batch of an epoch may be smaller than B (no sample is dropped).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedsl.engine.rng import DROPOUT, rng
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    idx: torch.Tensor  # [S, K, B] int64
+    weight: torch.Tensor  # [S, K, B] float (1/b on real samples, 0 on padding)
+    keys: torch.Tensor  # [S, K] int64, dropout keys in [0, 2**32)
+    steps: tuple[int, ...]  # real number of steps of each client
+
+    @property
+    def num_clients(self) -> int:
+        return self.idx.shape[0]
+
+    @property
+    def max_steps(self) -> int:
+        return self.idx.shape[1]
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> "BatchPlan":
+        return BatchPlan(self.idx.to(device), self.weight.to(device=device, dtype=dtype), self.keys.to(device), self.steps)
+
+
+def num_steps(n: int, batch_size: int, epochs: int) -> int:
+    """K = E * ceil(n / B): local steps of E epochs over n samples in batches of B."""
+    return epochs * math.ceil(n / batch_size)
+
+
+def client_batches(indices: np.ndarray, batch_size: int, epochs: int, steps: int | None,
+                   gen: np.random.Generator) -> list[np.ndarray]:
+    """The batches of one client: a fresh permutation per epoch, split into batches of B.
+
+    ``steps`` (K), when given, overrides ``epochs``: as many epochs as needed are drawn and
+    the first K batches kept.
+    """
+    n = len(indices)
+    per_epoch = math.ceil(n / batch_size)
+    k = steps if steps is not None else epochs * per_epoch
+    batches: list[np.ndarray] = []
+    while len(batches) < k:
+        perm = indices[gen.permutation(n)]
+        batches.extend(perm[j:j + batch_size] for j in range(0, n, batch_size))
+    return batches[:k]
+
+
+def make_plan(datasets: list[np.ndarray], ids: list[int], batch_size: int, epochs: int, steps: int | None,
+              seed: int, round_: int, stream: int) -> BatchPlan:
+    """Plan for several clients: client ``ids[j]`` trains on ``datasets[j]``.
+
+    Its batch order and dropout keys come from ``rng(seed, round_, stream, id)``, so a
+    client can compute its own plan from its id alone (as a Flower client would) and the
+    plan does not depend on which other clients were sampled.
+    """
+    per_client: list[list[np.ndarray]] = []
+    keys: list[np.ndarray] = []
+    for data, cid in zip(datasets, ids):
+        batches = client_batches(np.asarray(data), batch_size, epochs, steps, rng(seed, round_, stream, cid))
+        per_client.append(batches)
+        keys.append(rng(seed, round_, stream + DROPOUT, cid).integers(0, 2**32, size=len(batches), dtype=np.int64))
+    s, kmax = len(datasets), max(len(b) for b in per_client)
+    idx = np.zeros((s, kmax, batch_size), dtype=np.int64)
+    weight = np.zeros((s, kmax, batch_size), dtype=np.float64)
+    key_arr = np.zeros((s, kmax), dtype=np.int64)
+    for j, batches in enumerate(per_client):
+        for k, b in enumerate(batches):
+            idx[j, k, : len(b)] = b
+            idx[j, k, len(b):] = b[0]  # padding points at a real sample; its weight is 0
+            weight[j, k, : len(b)] = 1.0 / len(b)
+        key_arr[j, : len(batches)] = keys[j]
+    return BatchPlan(torch.from_numpy(idx), torch.from_numpy(weight), torch.from_numpy(key_arr),
+                     tuple(len(b) for b in per_client))

@@ -1,0 +1,50 @@
+"""Models: the paper's CNNs and small ones for tests, built by name."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+
+from fedsl.models.cnn import cifar_cnn, emnist_cnn, mlp, small_cnn
+from fedsl.models.dropout import KeyedDropout, replace_dropout
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "emnist_cnn": emnist_cnn,
+    "cifar_cnn": cifar_cnn,
+    "small_cnn": small_cnn,
+    "mlp": mlp,
+    "linear": lambda num_classes, in_features: mlp(num_classes, in_features, hidden=0),
+}
+
+
+def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed: int) -> nn.Module:
+    """Build model ``name`` for inputs of ``input_shape`` (C, H, W), initialised from ``seed``."""
+    if name not in MODELS:
+        raise ValueError(f"model.name = {name!r}: expected one of {sorted(MODELS)}")
+    c = input_shape[0]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if name in ("mlp", "linear"):
+            model = MODELS[name](num_classes=num_classes, in_features=math.prod(input_shape))
+        elif name == "small_cnn":
+            model = small_cnn(num_classes=num_classes, in_channels=c, image_size=input_shape[-1])
+        else:
+            expected = (1, 28, 28) if name == "emnist_cnn" else (3, 32, 32)
+            if tuple(input_shape) != expected:
+                raise ValueError(
+                    f"model.name = {name!r} expects inputs of shape {expected} (C, H, W), "
+                    f"but the dataset gives {tuple(input_shape)}"
+                )
+            model = MODELS[name](num_classes=num_classes)
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["MODELS", "build_model", "count_parameters", "emnist_cnn", "cifar_cnn", "small_cnn", "mlp",
+           "KeyedDropout", "replace_dropout"]
