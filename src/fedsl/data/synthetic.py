@@ -55,7 +55,7 @@ FSLSYN_FONT: str = "DejaVuSerif-Italic.ttf"
 _SS = 4  # supersampling: warp at 4x the output resolution, then area-average down
 _BASE_FILL = 0.8  # base glyphs fill 80% of their canvas, leaving room for the blur
 _BASE_BLUR = 0.75  # base-glyph blur in output pixels; the stroke threshold acts on it
-_STROKE_T0 = 0.35  # threshold at stroke_noise=0: a bit below 0.5 thickens thin fonts
+_STROKE_T0 = 0.4  # threshold at stroke_noise=0: a bit below 0.5 thickens thin fonts slightly
 _STROKE_SOFT = 0.15  # width of the soft threshold ramp (keeps edges antialiased)
 _CHUNK = 512  # images warped at once; bounds memory (~25 MB per 512 at 28x28)
 
@@ -123,9 +123,10 @@ def _gauss_matrix(n_out: int, sigma: float, radius: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _base_glyph(path: str, char: str, canvas: int) -> np.ndarray:
+def _base_glyph(path: str, char: str, canvas: int) -> tuple[np.ndarray, int, int]:
     """float32 [canvas, canvas] glyph in [0, 1]: ink box centred, its longer side
-    ``_BASE_FILL * canvas``, blurred so that thresholding it thins/thickens strokes."""
+    ``_BASE_FILL * canvas``, blurred so that thresholding it thins/thickens strokes.
+    Also returns the ink box's width and height in canvas pixels."""
     ink = Image.fromarray(_ink(path, char, 2 * canvas))  # render big, then shrink: smooth edges
     scale = _BASE_FILL * canvas / max(ink.size)
     w, h = max(1, round(ink.width * scale)), max(1, round(ink.height * scale))
@@ -139,7 +140,7 @@ def _base_glyph(path: str, char: str, canvas: int) -> np.ndarray:
     r = math.ceil(3 * sigma)
     g = _gauss_matrix(canvas, sigma, r)
     img = g @ np.pad(img, r) @ g.T
-    return np.clip(img, 0, 1).astype(np.float32)
+    return np.clip(img, 0, 1).astype(np.float32), w, h
 
 
 # ----------------------------------------------------------------------------------
@@ -192,9 +193,10 @@ def make_font_chars(
     (the longer side of the glyph's ink box as a fraction of ``image_size``; the ink
     box is centred, as EMNIST does), a shift uniform in [-max_shift, max_shift]
     pixels per axis, a stroke-thickness change (a threshold on a blurred glyph, drawn
-    uniform in 0.35 +- stroke_noise: lower is bolder; 0 = fixed thickness), and an
-    elastic warp (Gaussian-smoothed random displacement field with per-axis RMS of
-    ``elastic_alpha`` pixels and smoothness ``elastic_sigma`` pixels; 0 = none).
+    uniform in 0.4 +- stroke_noise: lower is bolder; 0 = fixed thickness), and an
+    elastic warp (Gaussian-smoothed random displacement field, smoothness
+    ``elastic_sigma`` pixels, scaled so its largest displacement is ``elastic_alpha``
+    pixels; 0 = none).
     The warp is done at 4x resolution and area-averaged down, so grey levels are
     antialiased. Rotated glyphs at the largest size may lose a corner at the border.
 
@@ -214,7 +216,10 @@ def make_font_chars(
     """
     _check_chars(chars)
     _check_int("per_class", per_class, 1)
+    _check_int("seed", seed, 0)
     _check_int("image_size", image_size, 8)
+    if isinstance(fonts, str):
+        raise ValueError(f"fonts={fonts!r}: expected a list of fonts, e.g. [{fonts!r}]")
     fonts = list(DEFAULT_FONTS if fonts is None else fonts)
     if not fonts:
         raise ValueError("fonts=[]: expected at least one font (or None for the default fonts)")
@@ -238,7 +243,9 @@ def make_font_chars(
 
     n_cls, n_fonts, n = len(chars), len(paths), len(chars) * per_class
     hi = _SS * image_size  # warp resolution
-    base = torch.from_numpy(np.stack([_base_glyph(p, c, hi) for p in paths for c in chars]))[:, None]
+    glyphs = [_base_glyph(p, c, hi) for p in paths for c in chars]
+    base = torch.from_numpy(np.stack([g[0] for g in glyphs]))[:, None]
+    box = np.array([g[1:] for g in glyphs], dtype=np.float64) * image_size / hi  # ink w, h in output px
 
     # All per-image parameters are drawn up front, in a fixed order, so the chunking
     # below cannot change what a seed means.
@@ -247,8 +254,16 @@ def make_font_chars(
     glyph = rng.integers(0, n_fonts, n) * n_cls + labels  # row in `base`
     angle = np.deg2rad(rng.uniform(rotation[0], rotation[1], n))
     scale = np.asarray(sizes, dtype=np.float64)[rng.integers(0, len(sizes), n)] / _BASE_FILL
-    shift = rng.uniform(-max_shift, max_shift, (n, 2)) * 2 / image_size  # pixels -> [-1, 1] units
+    shift = rng.uniform(-1, 1, (n, 2))
     thresh = _STROKE_T0 + stroke_noise * rng.uniform(-1, 1, n)
+
+    # Narrow the shift where a big rotated glyph would be pushed out of the frame
+    # (EMNIST glyphs are never cut), keeping the full max_shift for small ones.
+    c, s = np.abs(np.cos(angle)), np.abs(np.sin(angle))
+    w, h = box[glyph, 0] * scale, box[glyph, 1] * scale
+    half = np.stack([w * c + h * s, w * s + h * c], -1) / 2  # half the rotated ink box, x and y
+    room = np.clip(image_size / 2 - 1 - half, 0, max_shift)  # 1 px for thickening + antialiasing
+    shift = shift * room * 2 / image_size  # pixels -> [-1, 1] units
 
     # affine_grid maps output coords to input coords, so theta is the inverse of
     # "scale, rotate, then shift". Rotation matrix is for y pointing down, so a
@@ -260,10 +275,8 @@ def make_font_chars(
 
     # Elastic field: white noise on a grid padded by the kernel radius, blurred with a
     # 'valid' Gaussian (as two matrix products), so there are no border effects.
-    # A blurred unit-variance field has std sum(k^2); dividing by it makes alpha the RMS.
     radius = math.ceil(3 * elastic_sigma)
     gm = torch.from_numpy(_gauss_matrix(image_size, elastic_sigma, radius).astype(np.float32))
-    field_gain = float(elastic_alpha / (gm[0] ** 2).sum() * 2 / image_size)  # -> [-1, 1] units
 
     out = np.empty((n, image_size, image_size), dtype=np.uint8)
     for s in range(0, n, _CHUNK):
@@ -272,7 +285,11 @@ def make_font_chars(
         if elastic_alpha > 0:
             m = image_size + 2 * radius
             noise = torch.from_numpy(rng.standard_normal((e - s, 2, m, m), dtype=np.float32))
-            field = torch.einsum("ij,bcjk,lk->bcil", gm, noise, gm) * field_gain
+            field = torch.einsum("ij,bcjk,lk->bcil", gm, noise, gm)
+            # Scale each field so its largest displacement is alpha pixels: a Gaussian
+            # field's tail would otherwise turn a few glyphs into blobs.
+            peak = field.square().sum(1).amax((1, 2)).sqrt().clamp_min(1e-12)
+            field = field * (elastic_alpha * 2 / image_size / peak)[:, None, None, None]  # -> [-1, 1] units
             field = F.interpolate(field, size=(hi, hi), mode="bilinear", align_corners=False)
             # Displace output coords before the affine map: A(p + d) + t = grid + A d.
             grid = grid + torch.einsum("bij,bjhw->bhwi", theta[s:e, :, :2], field)

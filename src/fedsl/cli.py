@@ -1,0 +1,136 @@
+"""The ``fedsl`` command line: run, resume, show, presets."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Federated Learning with Server Learning (FSL): simulate, compare, reproduce.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+class UserError(Exception):
+    """Bad input; printed as one line, exit status 2."""
+
+
+def _clean_errors(fn):
+    """Turn expected errors (config, data, files) into one line on stderr and exit 2."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from fedsl.data.partition import PartitionError
+        from fedsl.experiments.config import ConfigError
+        try:
+            return fn(*args, **kwargs)
+        except (UserError, ConfigError, PartitionError) as e:
+            err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+        except KeyboardInterrupt:
+            raise typer.Exit(130)
+    return wrapper
+
+
+def _print_table(rows: list[dict], title: str) -> None:
+    from fedsl.experiments.compare import COLUMNS, fmt
+    table = Table(title=title)
+    for c in COLUMNS:
+        table.add_column(c, justify="left" if c in ("run", "status") else "right")
+    for r in rows:
+        table.add_row(*(fmt(r.get(c)) for c in COLUMNS))
+    console.print(table)
+
+
+@app.command()
+@_clean_errors
+def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", show_default=False),
+        preset: Optional[str] = typer.Option(None, "--preset", "-p", help="run a bundled preset (see `fedsl presets`)"),
+        set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set algorithm.local_lr=0.05"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="results folder (default runs/NAME-TIME)"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
+    """Run a config (or preset); with variants, run each and compare them."""
+    from fedsl.experiments import config as C
+    from fedsl.experiments import presets
+    if (config is None) == (preset is None):
+        raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
+    base = presets.load(preset) if preset else None
+    cfg = C.load(config, set_, base=base)
+    C.expand_variants(cfg)  # validate every variant before any work
+    if out is None:
+        out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with `fedsl resume {out}`")
+    from fedsl.experiments.compare import run_group, table_rows
+    log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
+    run_group(cfg, out, log=log, progress=None if not quiet else False)
+    _print_table(table_rows(out), f"{cfg.name}  ({out})")
+    if len(cfg.variants) > 1:
+        console.print(f"curves: {out / 'comparison.png'}   table: {out / 'comparison.md'}", markup=False)
+
+
+@app.command()
+@_clean_errors
+def resume(path: Path = typer.Argument(..., help="a run or group folder"),
+           quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+    """Continue an interrupted run (or group of runs) from its last checkpoint."""
+    from fedsl.experiments import config as C
+    from fedsl.experiments.compare import group_runs, is_group, table_rows, write_comparison
+    from fedsl.experiments.runner import run as run_one
+    log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
+    runs = group_runs(path)
+    if not any(rd.is_run() for rd in runs.values()):
+        raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
+    for name, rd in runs.items():
+        if rd.read_summary().get("status") in ("completed", "diverged"):
+            continue
+        cfg = C.validate(rd.read_config()) if rd.is_run() else None
+        if cfg is None:
+            raise UserError(f"run {name!r} in {str(path)!r} never started; re-run it with `fedsl run`")
+        run_one(cfg, rd.path, resume=True, log=log, progress=None if not quiet else False)
+    if is_group(path):
+        write_comparison(path, path.name)
+    _print_table(table_rows(path), str(path))
+
+
+@app.command()
+@_clean_errors
+def show(path: Path = typer.Argument(..., help="a run or group folder")) -> None:
+    """Summary table of a run or group of runs."""
+    from fedsl.experiments.compare import group_runs, table_rows
+    if not any(rd.summary_file.is_file() or rd.is_run() for rd in group_runs(path).values()):
+        raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
+    _print_table(table_rows(path), str(path))
+
+
+@app.command("presets")
+@_clean_errors
+def list_presets() -> None:
+    """List the bundled presets."""
+    from fedsl.experiments import presets
+    table = Table(title="presets (fedsl run --preset NAME)")
+    table.add_column("name")
+    table.add_column("description")
+    for name, desc in presets.describe():
+        table.add_row(name, desc)
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``fedsl`` script; returns the exit status."""
+    try:
+        app(args=argv, prog_name="fedsl", standalone_mode=True)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

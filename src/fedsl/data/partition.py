@@ -1,0 +1,76 @@
+"""Partitions of a labelled pool over N clients: pure functions (labels, N, seed) -> index arrays.
+
+``by_classes`` is the paper's (Section 4.1): each client gets n_i samples from C classes,
+n_i/C per class, drawn without replacement. Classes are dealt out cyclically along a
+seeded permutation of the labels (client i gets perm[i·C .. i·C + C - 1] mod L), so that
+every class is used when N·C >= L and each class is demanded by ⌊N·C/L⌋ or ⌈N·C/L⌉ clients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedsl.engine.rng import PARTITION, rng
+
+
+class PartitionError(ValueError):
+    """A partition that the data cannot satisfy."""
+
+
+def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, samples_per_client: int,
+               seed: int, pool: np.ndarray | None = None) -> list[np.ndarray]:
+    """The paper's non-IID partition: N clients × C classes × n_i/C samples each.
+
+    Args:
+        labels: label of every sample in the pool.
+        num_clients: N.
+        classes_per_client: C (C = number of classes is the IID-like case).
+        samples_per_client: n_i; classes get ⌊n_i/C⌋ samples, the first n_i mod C one more.
+        seed: partition seed.
+        pool: indices clients may draw from (default: all).
+    """
+    labels = np.asarray(labels)
+    pool = np.arange(len(labels)) if pool is None else np.asarray(pool)
+    classes = np.unique(labels)
+    L = len(classes)
+    if not 1 <= classes_per_client <= L:
+        raise PartitionError(f"data.classes_per_client = {classes_per_client}: expected 1..{L} (the dataset has {L} classes)")
+    if samples_per_client < classes_per_client:
+        raise PartitionError(
+            f"data.samples_per_client = {samples_per_client}: expected at least data.classes_per_client = {classes_per_client}")
+    gen = rng(seed, PARTITION)
+    perm = classes[gen.permutation(L)]
+    # shuffled sample queue per class
+    queues = {c: pool[labels[pool] == c] for c in classes}
+    queues = {c: q[gen.permutation(len(q))] for c, q in queues.items()}
+    taken = {c: 0 for c in classes}
+    base, extra = divmod(samples_per_client, classes_per_client)
+    clients = []
+    for i in range(num_clients):
+        parts = []
+        for j in range(classes_per_client):
+            c = perm[(i * classes_per_client + j) % L]
+            k = base + (1 if j < extra else 0)
+            if taken[c] + k > len(queues[c]):
+                demand = sum(base + (1 if jj < extra else 0) for ii in range(num_clients)
+                             for jj in range(classes_per_client) if perm[(ii * classes_per_client + jj) % L] == c)
+                raise PartitionError(
+                    f"class {c} has {len(queues[c])} samples but the partition (N={num_clients}, "
+                    f"C={classes_per_client}, n_i={samples_per_client}) needs {demand}: lower "
+                    "data.samples_per_client or data.num_clients, or raise data.classes_per_client")
+            parts.append(queues[c][taken[c]:taken[c] + k])
+            taken[c] += k
+        clients.append(np.sort(np.concatenate(parts)))
+    return clients
+
+
+def iid(num_samples: int, num_clients: int, samples_per_client: int, seed: int,
+        pool: np.ndarray | None = None) -> list[np.ndarray]:
+    """IID partition: n_i samples per client drawn without replacement from the pool."""
+    pool = np.arange(num_samples) if pool is None else np.asarray(pool)
+    need = num_clients * samples_per_client
+    if need > len(pool):
+        raise PartitionError(
+            f"data.num_clients × data.samples_per_client = {need} exceeds the {len(pool)} samples available")
+    order = pool[rng(seed, PARTITION).permutation(len(pool))][:need]
+    return [np.sort(order[i * samples_per_client:(i + 1) * samples_per_client]) for i in range(num_clients)]

@@ -1,0 +1,239 @@
+"""Run configuration: a TOML file validated into typed objects.
+
+Every field has a default except ``rounds``, ``data.dataset`` and ``algorithm.name``.
+Hyper-parameters left unset (None) follow the paper's rules (``fedsl.algorithms.defaults``)
+and are resolved once the data are known (``fedsl.experiments.runner.resolve``).
+Errors are ``ConfigError``: one line naming the key, the value and what is expected.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message is one line meant for the user."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, validate_default=True)
+
+
+PosInt = Field(ge=1)
+
+
+class DataConfig(_Strict):
+    dataset: Literal["synthetic_chars"] = Field(description="dataset name")
+    data_dir: str | None = Field(None, description="folder with the dataset files (or env FEDSL_DATA_DIR)")
+    num_clients: int = Field(20, ge=1, description="N, number of clients")
+    partition: Literal["classes", "iid"] = Field("classes", description="'classes' (paper: C classes per client) or 'iid'")
+    classes_per_client: int = Field(2, ge=1, description="C, label classes per client")
+    samples_per_client: int | None = Field(None, ge=1, description="n_i; default: the pool split evenly over N")
+    server_size: int = Field(0, ge=0, description="n0 = |D0|, server samples (≈ n0/L per class)")
+    server_overlap: bool = Field(True, description="D0 drawn from the whole pool (paper) or disjoint from clients")
+    # font-rendered characters (fedsl.data.synthetic)
+    chars: str = Field("0123456789", min_length=2, description="characters (classes) of synthetic_chars")
+    train_per_class: int = Field(200, ge=1, description="synthetic_chars training images per class")
+    test_per_class: int = Field(100, ge=1, description="synthetic_chars test images per class")
+
+    @model_validator(mode="after")
+    def _distinct_chars(self) -> "DataConfig":
+        if len(set(self.chars)) != len(self.chars):
+            raise ValueError(f"data.chars = {self.chars!r}: expected distinct characters")
+        return self
+
+
+class ModelConfig(_Strict):
+    name: Literal["emnist_cnn", "cifar_cnn", "small_cnn", "mlp", "linear"] = Field(
+        "small_cnn", description="model: the paper's emnist_cnn / cifar_cnn, or small_cnn, mlp, linear")
+
+
+class AlgorithmConfig(_Strict):
+    name: Literal["fedavg", "fsl", "fsl_p", "ds"] = Field(description="algorithm")
+    clients_per_round: int = Field(5, ge=1, description="S, clients sampled per round")
+    local_lr: float = Field(0.01, gt=0, description="η_l, client learning rate")
+    batch_size: int = Field(50, ge=1, description="B, client batch size")
+    local_epochs: int = Field(1, ge=1, description="E_c, client epochs per round (paper: 1)")
+    local_steps: int | None = Field(None, ge=1, description="K, client steps per round (overrides local_epochs)")
+    global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
+    weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
+
+
+class ServerConfig(_Strict):
+    gamma: float = Field(1.0, ge=0, description="γ, weight of the server loss f0 (paper: 1)")
+    lr: float | None = Field(None, gt=0, description="η0, server base step size (paper: √S·η_l·K/K0)")
+    batch_size: int | None = Field(None, ge=1, description="B0, server batch size (paper: B)")
+    epochs: int | None = Field(None, ge=1, description="E_s, server epochs per round (paper: ⌈n/(N·n0)·E_c⌉)")
+    steps: int | None = Field(None, ge=0, description="K0, server steps per round (overrides epochs)")
+    weight: float | None = Field(None, gt=0, lt=1, description="w0, FSL-p server weight (default n0/(n0+Σn_i))")
+    pretrain: bool = Field(False, description="pretrain the initial model on D0 (paper Scenario 1)")
+    pretrain_epochs: int = Field(500, ge=1, description="pretraining epochs (paper: 500)")
+    pretrain_lr: float = Field(0.01, gt=0, description="pretraining learning rate (paper: 0.01)")
+    pretrain_batch_size: int | None = Field(None, ge=1, description="pretraining batch size (paper: B)")
+
+
+class RunConfig(_Strict):
+    name: str = Field("run", min_length=1, description="run name")
+    seed: int = Field(0, ge=0, description="seed of partition, sampling, batches, dropout, init")
+    rounds: int = Field(ge=1, description="T, number of rounds")
+    eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (paper: 1)")
+    eval_batch_size: int = Field(100, ge=1, description="evaluation batch size")
+    rolling_window: int = Field(20, ge=1, description="rounds in the rolling accuracy window (paper: 20)")
+    checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every this many rounds")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
+    dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
+    executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")
+    description: str = Field("", description="what this run or preset is for")
+    data: DataConfig
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig
+    server: ServerConfig = ServerConfig()
+    variants: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="named overrides, one run each, compared side by side")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "RunConfig":
+        d, a = self.data, self.algorithm
+        if a.clients_per_round > d.num_clients:
+            raise ValueError(
+                f"algorithm.clients_per_round = {a.clients_per_round}: expected at most data.num_clients = {d.num_clients}")
+        if d.classes_per_client > len(d.chars) and d.dataset == "synthetic_chars":
+            raise ValueError(
+                f"data.classes_per_client = {d.classes_per_client}: expected at most the {len(d.chars)} classes of data.chars")
+        if a.name in ("fsl", "fsl_p", "ds") and d.server_size == 0:
+            raise ValueError(f"algorithm.name = {a.name!r} needs server data: expected data.server_size > 0")
+        if self.server.pretrain and d.server_size == 0:
+            raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0")
+        return self
+
+
+# ----------------------------------------------------------------------------- loading
+
+def _describe(model: type[BaseModel], loc: tuple) -> str:
+    """The description of the field at ``loc`` (for 'expected ...' in messages)."""
+    cls: Any = model
+    field = None
+    for part in loc:
+        fields = getattr(cls, "model_fields", None)
+        if not fields or part not in fields:
+            return ""
+        field = fields[part]
+        cls = field.annotation
+    return field.description or "" if field else ""
+
+
+def _format(err: ValidationError, data: dict) -> str:
+    e = err.errors()[0]
+    loc = tuple(p for p in e["loc"] if isinstance(p, str))
+    key = ".".join(loc) or "config"
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    if e["type"] == "extra_forbidden":
+        parent: Any = RunConfig
+        for part in loc[:-1]:
+            parent = parent.model_fields[part].annotation
+        allowed = ", ".join(parent.model_fields)
+        return f"unknown key '{key}': expected one of {allowed}{more}"
+    if e["type"] == "missing":
+        return f"missing key '{key}': expected {_describe(RunConfig, loc)}{more}"
+    if e["type"] == "value_error":  # from our cross-checks: the message is already complete
+        return str(e["ctx"]["error"]) + more
+    desc = _describe(RunConfig, loc)
+    value = e.get("input")
+    return f"{key} = {value!r}: {e['msg'].rstrip('.')}" + (f" ({desc})" if desc else "") + more
+
+
+def validate(data: dict) -> RunConfig:
+    """A plain dict (from TOML) -> RunConfig, or ConfigError with one line."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: expected a table of keys, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format(err, data)) from None
+
+
+def read_file(path: str | Path) -> dict:
+    """Read a TOML (or JSON) config file into a dict."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist: expected a path to a .toml file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e}") from None
+    try:
+        return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {e}") from None
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value: a TOML value (number, bool, string, array) or else a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``key=value`` overrides (dotted keys, e.g. ``algorithm.gamma=0.5``)."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set algorithm.local_lr=0.05")
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: expected a dotted key such as server.gamma")
+        set_dotted(out, key, _parse_value(raw.strip()))
+    return out
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        if not isinstance(node.get(part, {}), dict):
+            raise ConfigError(f"--set {key}: '{part}' is not a table")
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
+    """One RunConfig per variant (or {name: cfg} without variants); each is validated."""
+    if not cfg.variants:
+        return {cfg.name: cfg}
+    base = cfg.model_dump(exclude={"variants"})
+    out = {}
+    for vname, over in cfg.variants.items():
+        if not isinstance(over, dict):
+            raise ConfigError(f"variants.{vname}: expected a table of overrides")
+        merged = deep_merge(base, over)
+        merged["name"] = vname
+        try:
+            out[vname] = validate(merged)
+        except ConfigError as e:
+            raise ConfigError(f"variants.{vname}: {e}") from None
+    return out
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> RunConfig:
+    """Read, override and validate a config (``base`` is a preset's dict when no file is given)."""
+    data = read_file(path) if path is not None else copy.deepcopy(base or {})
+    return validate(apply_overrides(data, overrides or []))

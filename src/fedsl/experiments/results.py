@@ -1,0 +1,91 @@
+"""A run's folder: resolved config, per-round metrics, summary, checkpoint.
+
+    config.json       the validated config (``fedsl run config.json`` re-runs it)
+    metrics.csv       one row per evaluated round, appended and flushed as it happens
+    summary.json      status, final accuracy, rise time, T_0.5, D0, hyper-parameters
+    checkpoint.pt     global model and round, written atomically every few rounds
+
+A crash keeps every row already in metrics.csv; ``fedsl resume`` drops the rows after
+the checkpoint's round and recomputes them (bit-identically: all randomness is a
+function of seed and round).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time"]
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    config_file = property(lambda self: self.path / "config.json")
+    metrics_file = property(lambda self: self.path / "metrics.csv")
+    summary_file = property(lambda self: self.path / "summary.json")
+    checkpoint_file = property(lambda self: self.path / "checkpoint.pt")
+
+    def is_run(self) -> bool:
+        return self.config_file.is_file()
+
+    def create(self, config: dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.config_file, lambda p: p.write_text(json.dumps(config, indent=2, ensure_ascii=False)))
+        with open(self.metrics_file, "w", newline="") as f:
+            csv.writer(f).writerow(METRIC_COLUMNS)
+
+    def read_config(self) -> dict:
+        return json.loads(self.config_file.read_text())
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        with open(self.metrics_file, "a", newline="") as f:
+            csv.writer(f).writerow([row[c] for c in METRIC_COLUMNS])
+            f.flush()
+
+    def read_metrics(self) -> list[dict[str, float]]:
+        if not self.metrics_file.is_file():
+            return []
+        with open(self.metrics_file, newline="") as f:
+            rows = list(csv.DictReader(f))
+        return [{k: (int(v) if k == "round" else float(v)) for k, v in r.items()} for r in rows if r.get("round")]
+
+    def truncate_metrics(self, last_round: int) -> list[dict[str, float]]:
+        """Keep the rows up to ``last_round`` (the checkpoint's); returns them."""
+        rows = [r for r in self.read_metrics() if r["round"] <= last_round]
+
+        def write(p: Path) -> None:
+            with open(p, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(METRIC_COLUMNS)
+                w.writerows([[r[c] for c in METRIC_COLUMNS] for r in rows])
+
+        _atomic_write(self.metrics_file, write)
+        return rows
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        _atomic_write(self.summary_file, lambda p: p.write_text(json.dumps(summary, indent=2, ensure_ascii=False)))
+
+    def read_summary(self) -> dict[str, Any]:
+        return json.loads(self.summary_file.read_text()) if self.summary_file.is_file() else {}
+
+    def save_checkpoint(self, round_: int, params: dict[str, torch.Tensor], wall_time: float) -> None:
+        state = {"round": round_, "params": {n: p.detach().cpu() for n, p in params.items()}, "wall_time": wall_time}
+        _atomic_write(self.checkpoint_file, lambda p: torch.save(state, p))
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        if not self.checkpoint_file.is_file():
+            return None
+        return torch.load(self.checkpoint_file, map_location="cpu", weights_only=True)

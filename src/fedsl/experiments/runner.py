@@ -1,0 +1,250 @@
+"""Run one configured experiment: build data, model and algorithm, loop rounds, store results.
+
+This is where I/O, logging and checkpoints live; the rounds themselves are the
+simulator's (``fedsl.engine.simulator``).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from fedsl import metrics
+from fedsl.algorithms import Algorithm, LocalTraining, Pretraining, ServerLearning, defaults, make_algorithm
+from fedsl.data.datasets import build_federation
+from fedsl.data.federation import Federation
+from fedsl.engine.executors import make_executor
+from fedsl.engine.functional import FunctionalModel
+from fedsl.engine.simulator import Simulator
+from fedsl.experiments.config import ConfigError, RunConfig
+from fedsl.experiments.results import RunDir
+from fedsl.models import build_model
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class HyperParam:
+    symbol: str
+    meaning: str
+    value: float | int | None
+    source: str  # "set", "paper default", "derived"
+
+
+@dataclass
+class Prepared:
+    cfg: RunConfig
+    fed: Federation
+    sim: Simulator
+    algorithm: Algorithm
+    pretrain: Pretraining | None
+    hparams: list[HyperParam]
+    device: torch.device
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device = 'cuda': no CUDA device is available here; expected 'auto' or 'cpu'")
+    return torch.device(name)
+
+
+def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | None, list[HyperParam]]:
+    """Apply the paper's default rules to every hyper-parameter the config left unset."""
+    a, s = cfg.algorithm, cfg.server
+    hp: list[HyperParam] = []
+
+    def note(symbol: str, meaning: str, value, given, rule: str = "paper default"):
+        hp.append(HyperParam(symbol, meaning, value, "set" if given is not None else rule))
+        return value
+
+    N, S, n, n0 = fed.num_clients, a.clients_per_round, fed.n, fed.n0
+    smallest = min(len(c) for c in fed.clients)
+    if a.batch_size > smallest:
+        raise ConfigError(f"algorithm.batch_size = {a.batch_size}: expected at most the smallest client's n_i = {smallest}")
+    note("N", "clients", N, True)
+    note("S", "clients per round", S, True)
+    note("n_i", "samples per client (mean)", round(n / N, 2), True, "derived")
+    note("η_l", "client learning rate", a.local_lr, True)
+    note("B", "client batch size", a.batch_size, True)
+    note("E_c", "client epochs", a.local_epochs, a.local_epochs if a.local_epochs != defaults.LOCAL_EPOCHS else None)
+    k = a.local_steps or a.local_epochs * math.ceil((n / N) / a.batch_size)
+    note("K", "client steps per round (mean client)", k, a.local_steps, "derived: E_c·⌈n_i/B⌉")
+    eta_g = note("η_g", "server step size", a.global_lr or defaults.global_lr(S), a.global_lr, "paper default √S")
+    local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps)
+
+    server = None
+    if a.name in ("fsl", "fsl_p"):
+        b0 = s.batch_size or a.batch_size
+        if b0 > n0:
+            raise ConfigError(f"server.batch_size = {b0}: expected at most data.server_size n0 = {n0}")
+        note("n0", "server samples |D0|", n0, True)
+        note("γ", "server loss weight", s.gamma, s.gamma if s.gamma != defaults.GAMMA else None)
+        note("B0", "server batch size", b0, s.batch_size, "paper default B")
+        e_s = note("E_s", "server epochs per round", s.epochs or defaults.server_epochs(n, N, n0, a.local_epochs),
+                   s.epochs, "paper default ⌈n/(N·n0)·E_c⌉")
+        k0 = s.steps if s.steps is not None else e_s * math.ceil(n0 / b0)
+        note("K0", "server steps per round", k0, s.steps, "derived: E_s·⌈n0/B0⌉")
+        eta0 = s.lr or (defaults.server_lr(S, a.local_lr, k, k0) if k0 > 0 else 0.0)
+        note("η0", "server base step size", eta0, s.lr, "paper default √S·η_l·K/K0")
+        note("γ·η0", "server learning rate", s.gamma * eta0, None, "derived")
+        if a.name == "fsl_p":
+            note("w0", "FSL-p server weight", s.weight, s.weight, "n0/(n0+Σn_i)")
+        server = ServerLearning(s.gamma, eta0, b0, e_s, s.steps, weight=s.weight)
+    elif a.name == "ds":
+        note("n0", "shared samples |D0|", n0, True)
+    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted)
+
+    pretrain = None
+    if s.pretrain:
+        pb = s.pretrain_batch_size or a.batch_size
+        pretrain = Pretraining(s.pretrain_epochs, s.pretrain_lr, min(pb, n0))
+        note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, True)
+    return algorithm, pretrain, hp
+
+
+def prepare(cfg: RunConfig) -> Prepared:
+    device = resolve_device(cfg.device)
+    dtype = getattr(torch, cfg.dtype)
+    fed = build_federation(cfg.data, cfg.seed)
+    algorithm, pretrain, hp = resolve(cfg, fed)
+    model = build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed)
+    fm = FunctionalModel(model.to(device=device, dtype=dtype))
+    executor = make_executor(cfg.executor, fm, device)
+    sim = Simulator(fm, fed.to(device, dtype), algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
+                    cfg.eval_batch_size)
+    return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device)
+
+
+def format_hparams(hp: list[HyperParam]) -> str:
+    def fmt(v):
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
+    return "\n".join(f"  {h.symbol:<9}{fmt(h.value):>12}   {h.meaning} [{h.source}]" for h in hp)
+
+
+class _Progress:
+    """A rich progress bar on a terminal; plain log lines otherwise."""
+
+    def __init__(self, name: str, total: int, start: int, log: Log, live: bool) -> None:
+        self.log, self.total, self.name = log, total, name
+        self.bar = None
+        self.every = max(1, total // 20)
+        if live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            self.bar = Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("acc {task.fields[acc]}"), TextColumn("{task.fields[rate]} rounds/s"),
+                                TimeRemainingColumn())
+            self.task = self.bar.add_task(name, total=total, completed=start, acc="-", rate="-")
+            self.bar.start()
+
+    def update(self, round_: int, acc: float | None, rate: float) -> None:
+        acc_s = f"{acc:.4f}" if acc is not None else "-"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=round_, acc=acc_s, rate=f"{rate:.2f}")
+        elif round_ % self.every == 0 or round_ == self.total:
+            self.log(f"{self.name}: round {round_}/{self.total}  acc {acc_s}  {rate:.2f} rounds/s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = print,
+        progress: bool | None = None, stop_after: int | None = None) -> dict:
+    """Run ``cfg`` into folder ``out`` (or continue it with ``resume``); returns summary.json's content.
+
+    ``stop_after`` ends the process's work after that many rounds in this call (tests use it
+    to simulate interruptions); the run stays resumable.
+    """
+    rd = RunDir(out)
+    prep = prepare(cfg)
+    sim, fed = prep.sim, prep.fed
+    start, wall0, history = 0, 0.0, []
+    params = None
+    if resume:
+        ckpt = rd.load_checkpoint()
+        if ckpt is not None:
+            start, wall0 = ckpt["round"], ckpt["wall_time"]
+            params = {n: p.to(device=prep.device, dtype=sim.dtype) for n, p in ckpt["params"].items()}
+            history = rd.truncate_metrics(start)
+        log(f"{cfg.name}: resuming at round {start + 1} of {cfg.rounds}")
+    else:
+        rd.create(cfg.model_dump())
+    log(f"{cfg.name}: {prep.algorithm.name} on {cfg.data.dataset} — N={fed.num_clients}, n={fed.n}, n0={fed.n0}, "
+        f"{cfg.rounds} rounds, {sim.executor.name} executor on {prep.device}\n" + format_hparams(prep.hparams))
+
+    summary = rd.read_summary() if resume else {}
+    summary.update({
+        "name": cfg.name, "algorithm": prep.algorithm.name, "dataset": cfg.data.dataset, "seed": cfg.seed,
+        "rounds": cfg.rounds, "device": str(prep.device), "executor": sim.executor.name,
+        "server_data": {"size": fed.n0, "class_histogram": fed.server_histogram()},
+        "hyperparameters": {h.symbol: {"value": h.value, "source": h.source} for h in prep.hparams},
+    })
+    t_start = time.perf_counter()
+    if params is None:
+        params = sim.initial_params(prep.pretrain)
+        summary["initial_accuracy"], _ = sim.evaluate(params)
+        if prep.pretrain is not None:
+            log(f"{cfg.name}: pretrained on D0, test accuracy {summary['initial_accuracy']:.4f}")
+        rd.save_checkpoint(0, params, 0.0)
+
+    rounds = [int(r["round"]) for r in history]
+    accs = [r["accuracy"] for r in history]
+    done = start
+    status = "running"
+    live = sys.stdout.isatty() if progress is None else progress
+    bar = _Progress(cfg.name, cfg.rounds, start, log, live)
+
+    def finish(st: str) -> dict:
+        wall = wall0 + time.perf_counter() - t_start
+        summary.update(metrics.summarize(rounds, accs, cfg.rolling_window))
+        summary.update({"status": st, "rounds_done": done, "wall_time": round(wall, 3)})
+        rd.write_summary(summary)
+        return summary
+
+    try:
+        for t in range(start, cfg.rounds):
+            if stop_after is not None and done - start >= stop_after:
+                status = "interrupted"
+                break
+            params, _ = sim.round(params, t)
+            done = t + 1
+            acc = None
+            if done % cfg.eval_every == 0 or done == cfg.rounds:
+                acc, loss = sim.evaluate(params)
+                if not math.isfinite(loss):
+                    status = "diverged"
+                    log(f"{cfg.name}: loss is {loss} at round {done}: stopping (status 'diverged')")
+                    break
+                rounds.append(done)
+                accs.append(acc)
+                roll = metrics.rolling(rounds, accs, cfg.rolling_window)[-1]
+                rd.append_metrics({"round": done, "accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
+                                   "wall_time": round(wall0 + time.perf_counter() - t_start, 4)})
+            if done % cfg.checkpoint_every == 0 or done == cfg.rounds:
+                rd.save_checkpoint(done, params, wall0 + time.perf_counter() - t_start)
+            bar.update(done, acc, (done - start) / max(time.perf_counter() - t_start, 1e-9))
+        else:
+            status = "completed"
+    except KeyboardInterrupt:
+        bar.close()
+        rd.save_checkpoint(done, params, wall0 + time.perf_counter() - t_start)
+        finish("interrupted")
+        log(f"{cfg.name}: interrupted after round {done}; continue with: fedsl resume {rd.path}")
+        raise
+    except BaseException:
+        bar.close()
+        rd.save_checkpoint(done, params, wall0 + time.perf_counter() - t_start)  # keep finished rounds resumable
+        finish("failed")
+        raise
+    bar.close()
+    if status == "interrupted":
+        rd.save_checkpoint(done, params, wall0 + time.perf_counter() - t_start)
+    return finish(status)
