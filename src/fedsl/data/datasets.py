@@ -61,7 +61,7 @@ def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed:
     """Font-rendered characters (offline EMNIST stand-in); test images drawn with another seed."""
     from fedsl.data.synthetic import make_font_chars
 
-    recipe = {"chars": chars, "train": train_per_class, "test": test_per_class, "seed": seed, "v": 1}
+    recipe = {"chars": chars, "train": train_per_class, "test": test_per_class, "seed": seed, "v": 2}
 
     def build() -> dict[str, np.ndarray]:
         xtr, ytr = make_font_chars(chars, per_class=train_per_class, seed=seed)

@@ -1,0 +1,30 @@
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from fedsl.data.federation import Federation
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Generated datasets are cached in a per-session folder, never in the user's home."""
+    os.environ["FEDSL_CACHE"] = str(tmp_path_factory.mktemp("fedsl-cache"))
+    yield
+
+
+def random_federation(sizes, n0=12, num_classes=4, shape=(1, 8, 8), dtype=torch.float64, seed=0,
+                      n_test=40) -> Federation:
+    """A small federation of random images; client i holds ``sizes[i]`` samples."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(sizes) + n0
+    x = torch.randn(n, *shape, generator=g)
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    bounds = np.cumsum([0, *sizes])
+    clients = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
+    server = np.arange(bounds[-1], n)
+    xt = torch.randn(n_test, *shape, generator=g)
+    yt = torch.randint(0, num_classes, (n_test,), generator=g)
+    return Federation(x, y, clients, server, xt, yt, num_classes, [str(c) for c in range(num_classes)]).to(
+        torch.device("cpu"), dtype)

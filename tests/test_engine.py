@@ -1,0 +1,141 @@
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import random_federation
+from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
+from fedsl.engine import rng
+from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor, make_executor
+from fedsl.engine.functional import FunctionalModel
+from fedsl.engine.plan import make_plan
+from fedsl.engine.simulator import Simulator
+from fedsl.models import build_model
+
+# uneven clients: 9..31 samples, so with B=8 clients take 2, 3 or 4 steps and the last
+# batch of an epoch is partial -> the vectorised executor pads with no-op steps.
+SIZES = [9, 31, 17, 24, 12, 30, 16, 20]
+
+
+def _run(executor_cls, alg_name, dtype, rounds=3, model="small_cnn", epochs=1, steps=None):
+    fed = random_federation(SIZES, n0=14, dtype=dtype)
+    fm = FunctionalModel(build_model(model, 4, (1, 8, 8), seed=3).to(dtype))
+    server = ServerLearning(gamma=0.8, lr=0.05, batch_size=6, epochs=1)
+    alg = make_algorithm(alg_name, LocalTraining(0.1, 8, epochs, steps), 1.7, server)
+    sim = Simulator(fm, fed, alg, executor_cls(fm), clients_per_round=5, seed=11)
+    p = sim.initial_params()
+    for t in range(rounds):
+        p, info = sim.round(p, t)
+    return p, info
+
+
+@pytest.mark.parametrize("alg", ["fedavg", "fsl", "fsl_p", "ds"])
+def test_vectorised_equals_sequential_float64(alg):
+    a, info = _run(SequentialExecutor, alg, torch.float64)
+    b, _ = _run(VectorisedExecutor, alg, torch.float64)
+    assert len(set(info.client_steps)) > 1  # the masked no-op steps were exercised
+    for n in a:
+        assert torch.allclose(a[n], b[n], rtol=0, atol=1e-10), n
+
+
+@pytest.mark.parametrize("alg", ["fedavg", "fsl", "fsl_p", "ds"])
+def test_vectorised_equals_sequential_float32(alg):
+    a, _ = _run(SequentialExecutor, alg, torch.float32)
+    b, _ = _run(VectorisedExecutor, alg, torch.float32)
+    for n in a:
+        scale = a[n].abs().max().clamp_min(1e-12)
+        assert ((a[n] - b[n]).abs().max() / scale).item() < 1e-4, n
+
+
+def test_executors_agree_with_local_steps_and_epochs():
+    a, info = _run(SequentialExecutor, "fsl", torch.float64, epochs=2)
+    b, _ = _run(VectorisedExecutor, "fsl", torch.float64, epochs=2)
+    assert max(info.client_steps) == 8  # 2 epochs of ceil(31/8)
+    assert all(torch.allclose(a[n], b[n], atol=1e-10, rtol=0) for n in a)
+    a, info = _run(SequentialExecutor, "fedavg", torch.float64, steps=7)
+    b, _ = _run(VectorisedExecutor, "fedavg", torch.float64, steps=7)
+    assert set(info.client_steps) == {7}
+    assert all(torch.allclose(a[n], b[n], atol=1e-10, rtol=0) for n in a)
+
+
+def test_any_module_without_batchnorm_runs_on_both_executors():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.norm = nn.GroupNorm(2, 4)
+            self.drop = nn.Dropout(0.2)
+            self.fc = nn.Linear(4 * 8 * 8, 4)
+
+        def forward(self, x):
+            return self.fc(self.drop(torch.tanh(self.norm(self.conv(x)))).flatten(1))
+
+    out = []
+    for ex in (SequentialExecutor, VectorisedExecutor):
+        torch.manual_seed(0)
+        fm = FunctionalModel(Net().double())
+        fed = random_federation(SIZES, dtype=torch.float64)
+        alg = make_algorithm("fsl", LocalTraining(0.1, 8), 1.0, ServerLearning(1.0, 0.1, 6, 1))
+        sim = Simulator(fm, fed, alg, ex(fm), 4, seed=0)
+        p = sim.initial_params()
+        for t in range(2):
+            p, _ = sim.round(p, t)
+        out.append(p)
+    assert all(torch.allclose(out[0][n], out[1][n], atol=1e-10, rtol=0) for n in out[0])
+
+
+def test_zero_weight_steps_are_exact_noops():
+    fed = random_federation([10], dtype=torch.float64)
+    fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=0).double())
+    params = fm.params()
+    plan = make_plan([fed.clients[0]], [0], 4, 1, None, seed=0, round_=0, stream=rng.CLIENT_BATCHES)
+    # a plan whose every weight is zero leaves the model bit-identical
+    silent = type(plan)(plan.idx, torch.zeros_like(plan.weight), plan.keys, plan.steps)
+    out = VectorisedExecutor(fm).local_sgd(params, silent, fed.x, fed.y, 0.5)
+    assert all(torch.equal(out[n][0], params[n]) for n in params)
+
+
+def test_plan_covers_each_sample_once_per_epoch():
+    data = np.arange(100, 123)  # 23 samples
+    plan = make_plan([data], [5], 5, 2, None, seed=1, round_=4, stream=rng.CLIENT_BATCHES)
+    assert plan.steps == (10,)  # 2 epochs x ceil(23/5)
+    real = plan.weight[0] > 0
+    for epoch in range(2):
+        idx = plan.idx[0, epoch * 5:(epoch + 1) * 5][real[epoch * 5:(epoch + 1) * 5]]
+        assert sorted(idx.tolist()) == list(range(100, 123))
+    assert torch.allclose(plan.weight[0].sum(1), torch.ones(10, dtype=torch.float64))
+    # plans are a function of (seed, round, client id) only
+    again = make_plan([data], [5], 5, 2, None, seed=1, round_=4, stream=rng.CLIENT_BATCHES)
+    other = make_plan([data], [5], 5, 2, None, seed=1, round_=5, stream=rng.CLIENT_BATCHES)
+    assert torch.equal(plan.idx, again.idx) and torch.equal(plan.keys, again.keys)
+    assert not torch.equal(plan.idx, other.idx)
+
+
+def test_client_sampling_without_replacement_and_deterministic():
+    for t in range(20):
+        ids = rng.sample_clients(3, t, 10, 4)
+        assert len(set(ids.tolist())) == 4 and ids.min() >= 0 and ids.max() < 10
+        assert np.array_equal(ids, rng.sample_clients(3, t, 10, 4))
+    seen = {tuple(rng.sample_clients(3, t, 10, 4)) for t in range(20)}
+    assert len(seen) > 10  # different rounds draw different clients
+
+
+def test_auto_executor_by_device():
+    fm = FunctionalModel(build_model("linear", 2, (1, 2, 2), seed=0))
+    assert make_executor("auto", fm, torch.device("cpu")).name == "sequential"
+    assert make_executor("vectorised", fm, torch.device("cpu")).name == "vectorised"
+    with pytest.raises(ValueError, match="executor = 'gpu'"):
+        make_executor("gpu", fm, torch.device("cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_matches_cpu():
+    a, _ = _run(VectorisedExecutor, "fsl", torch.float64)
+    fed = random_federation(SIZES, n0=14, dtype=torch.float64).to(torch.device("cuda"), torch.float64)
+    fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).double().cuda())
+    alg = make_algorithm("fsl", LocalTraining(0.1, 8), 1.7, ServerLearning(0.8, 0.05, 6, 1))
+    sim = Simulator(fm, fed, alg, VectorisedExecutor(fm), 5, seed=11)
+    p = sim.initial_params()
+    for t in range(3):
+        p, _ = sim.round(p, t)
+    assert all(torch.allclose(a[n], p[n].cpu(), atol=1e-9, rtol=0) for n in a)

@@ -1,0 +1,94 @@
+import pytest
+import torch
+from torch import nn
+
+from fedsl.engine.functional import FunctionalModel
+from fedsl.models import build_model, count_parameters
+from fedsl.models.dropout import KeyedDropout, keyed_uniform, replace_dropout
+
+
+def test_emnist_cnn_matches_paper_table():
+    m = build_model("emnist_cnn", 45, (1, 28, 28), seed=0)
+    assert count_parameters(m) == 1_409_197
+    assert m(torch.zeros(3, 1, 28, 28)).shape == (3, 45)
+    # layer sizes of the table: 320, 18,496, 1,384,576, 5,805
+    assert [p.numel() for p in m.parameters()] == [288, 32, 18432, 64, 1384448, 128, 5760, 45]
+
+
+def test_cifar_cnn_matches_paper_table():
+    m = build_model("cifar_cnn", 10, (3, 32, 32), seed=0)
+    assert count_parameters(m) == 545_098
+    assert m(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_wrong_input_shape_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"emnist_cnn.*\(1, 28, 28\).*\(3, 32, 32\)"):
+        build_model("emnist_cnn", 10, (3, 32, 32), seed=0)
+    with pytest.raises(ValueError, match="model.name = 'resnet'"):
+        build_model("resnet", 10, (3, 32, 32), seed=0)
+
+
+def test_init_depends_on_seed_only():
+    a, b, c = (build_model("small_cnn", 10, (1, 28, 28), seed=s) for s in (1, 1, 2))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(next(a.parameters()), next(c.parameters()))
+
+
+def test_keyed_dropout_is_a_function_of_key():
+    d = KeyedDropout(0.5, salt=1).train()
+    x = torch.ones(64, 100)
+    d.key = torch.tensor(7)
+    y1, y2 = d(x), d(x)
+    d.key = torch.tensor(8)
+    y3 = d(x)
+    assert torch.equal(y1, y2) and not torch.equal(y1, y3)
+    kept = (y1 > 0).double().mean().item()
+    assert 0.47 < kept < 0.53  # drop rate p
+    assert torch.allclose(y1[y1 > 0], torch.full_like(y1[y1 > 0], 2.0))  # inverted scaling 1/(1-p)
+    assert torch.equal(d.eval()(x), x)
+
+
+def test_keyed_uniform_is_uniform_and_layer_salted():
+    u = keyed_uniform(torch.tensor(123), 1, torch.Size([100_000]), torch.float64)
+    v = keyed_uniform(torch.tensor(123), 2, torch.Size([100_000]), torch.float64)
+    assert 0 <= u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
+    assert abs(torch.corrcoef(torch.stack([u, v]))[0, 1].item()) < 0.02
+    # rows of a batch are not copies of each other
+    rows = keyed_uniform(torch.tensor(5), 1, torch.Size([2, 1000]), torch.float64)
+    assert not torch.equal(rows[0], rows[1])
+
+
+def test_replace_dropout_in_user_module():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.3), nn.ReLU())
+            self.drop = nn.Dropout(0.1)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.drop(self.body(x)))
+
+    net = Net()
+    names = replace_dropout(net)
+    assert names == ["body.1.key", "drop.key"]
+    assert isinstance(net.body[1], KeyedDropout) and net.body[1].p == 0.3
+    assert net.body[1].salt != net.drop.salt
+
+
+def test_batchnorm_and_stateful_modules_are_refused():
+    with pytest.raises(ValueError, match="BatchNorm2d"):
+        FunctionalModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)))
+
+    class WithBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x):
+            return self.lin(x)
+
+    with pytest.raises(ValueError, match="count"):
+        FunctionalModel(WithBuffer())
