@@ -1,0 +1,224 @@
+"""End-to-end runs through the CLI: results folder, resume after SIGKILL / Ctrl-C, divergence."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsl.cli import main
+from fedsl.experiments import config as C
+from fedsl.experiments import presets
+from fedsl.experiments.runner import run
+
+TINY = """
+name = "tiny"
+rounds = {rounds}
+seed = 3
+checkpoint_every = 3
+dtype = "{dtype}"
+executor = "{executor}"
+
+[data]
+dataset = "synthetic_chars"
+chars = "0123"
+train_per_class = 30
+test_per_class = 15
+num_clients = 6
+classes_per_client = 2
+server_size = 12
+
+[model]
+name = "small_cnn"
+
+[algorithm]
+name = "{alg}"
+clients_per_round = 3
+local_lr = 0.05
+batch_size = 8
+"""
+
+
+def tiny(tmp_path: Path, rounds=12, alg="fsl", dtype="float32", executor="auto", extra="") -> Path:
+    p = tmp_path / f"tiny-{alg}-{dtype}-{executor}.toml"
+    p.write_text(TINY.format(rounds=rounds, alg=alg, dtype=dtype, executor=executor) + extra)
+    return p
+
+
+def rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def cols(rs, names=("round", "accuracy", "loss", "rolling_accuracy")):
+    return [[r[c] for c in names] for r in rs]
+
+
+def cli(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "fedsl.cli", *args], capture_output=True, text=True,
+                          env=env or os.environ.copy(), timeout=300, **kw)
+
+
+def test_run_writes_results_folder(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", str(tiny(tmp_path, rounds=5)), "--out", str(out), "--quiet"]) == 0
+    run_dir = out / "tiny"
+    assert json.loads((out / "group.json").read_text())["runs"] == {"tiny": "tiny"}
+    cfg = C.validate(json.loads((run_dir / "config.json").read_text()))  # the resolved config re-validates
+    assert cfg.rounds == 5
+    r = rows(run_dir)
+    assert [int(x["round"]) for x in r] == [1, 2, 3, 4, 5]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_done"] == 5
+    assert summary["final_accuracy"] == pytest.approx(sum(float(x["accuracy"]) for x in r) / 5)
+    assert summary["server_data"]["size"] == 12 and sum(summary["server_data"]["class_histogram"]) == 12
+    assert summary["hyperparameters"]["η_g"]["source"].startswith("paper default")
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["round"] == 5
+    printed = capsys.readouterr().out
+    assert "tiny" in printed and "completed" in printed
+    assert main(["show", str(out)]) == 0
+    assert "completed" in capsys.readouterr().out
+
+
+def test_same_seed_same_metrics_whichever_executor(tmp_path):
+    res = {}
+    for ex in ("sequential", "vectorised"):
+        cfg = C.load(tiny(tmp_path, rounds=4, dtype="float64", executor=ex))
+        run(cfg, tmp_path / ex, log=lambda s: None, progress=False)
+        res[ex] = rows(tmp_path / ex)
+    a, b = res["sequential"], res["vectorised"]
+    assert [r["accuracy"] for r in a] == [r["accuracy"] for r in b]
+    assert all(abs(float(x["loss"]) - float(y["loss"])) < 1e-10 for x, y in zip(a, b))
+    # and the same seed twice gives the same numbers, a different seed other numbers
+    cfg = C.load(tiny(tmp_path, rounds=4, dtype="float64", executor="sequential"))
+    run(cfg, tmp_path / "again", log=lambda s: None, progress=False)
+    assert cols(rows(tmp_path / "again")) == cols(a)
+    cfg = C.load(tiny(tmp_path, rounds=4, dtype="float64", executor="sequential"), ["seed=4"])
+    run(cfg, tmp_path / "other", log=lambda s: None, progress=False)
+    assert cols(rows(tmp_path / "other")) != cols(a)
+
+
+def test_interrupted_run_resumes_identically(tmp_path):
+    cfg = C.load(tiny(tmp_path, rounds=10))
+    run(cfg, tmp_path / "full", log=lambda s: None, progress=False)
+    part = run(cfg, tmp_path / "part", log=lambda s: None, progress=False, stop_after=4)
+    assert part["status"] == "interrupted" and part["rounds_done"] == 4
+    assert len(rows(tmp_path / "part")) == 4  # finished rounds are kept
+    done = run(cfg, tmp_path / "part", resume=True, log=lambda s: None, progress=False)
+    assert done["status"] == "completed"
+    assert cols(rows(tmp_path / "part")) == cols(rows(tmp_path / "full"))
+    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)["params"]
+    b = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["params"]
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.slow
+def test_sigkilled_run_resumes_bit_identically(tmp_path):
+    cfg_file = tiny(tmp_path, rounds=40)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # same threads in every process: same float sums
+    assert cli("run", str(cfg_file), "--out", str(tmp_path / "full"), "--quiet", env=env).returncode == 0
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg_file), "--out", str(killed), "--quiet"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = killed / "tiny" / "metrics.csv"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 9:  # header + 8 rounds
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_rows = len(rows(killed / "tiny"))
+    assert 8 <= n_rows < 40, "the run must be killed in the middle"
+    assert not (killed / "tiny" / "summary.json").exists() or \
+        json.loads((killed / "tiny" / "summary.json").read_text())["status"] != "completed"
+
+    res = cli("resume", str(killed), "--quiet", env=env)
+    assert res.returncode == 0, res.stderr
+    assert cols(rows(killed / "tiny")) == cols(rows(tmp_path / "full" / "tiny"))
+    a = torch.load(tmp_path / "full" / "tiny" / "checkpoint.pt", weights_only=True)["params"]
+    b = torch.load(killed / "tiny" / "checkpoint.pt", weights_only=True)["params"]
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert json.loads((killed / "tiny" / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_and_resumes(tmp_path):
+    cfg_file = tiny(tmp_path, rounds=40)
+    out = tmp_path / "int"
+    proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg_file), "--out", str(out), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "tiny" / "metrics.csv"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 6):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err
+    summary = json.loads((out / "tiny" / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    ckpt = torch.load(out / "tiny" / "checkpoint.pt", weights_only=True)
+    assert ckpt["round"] == summary["rounds_done"] == len(rows(out / "tiny"))  # checkpoint at the last round
+    assert cli("resume", str(out), "--quiet").returncode == 0
+    assert json.loads((out / "tiny" / "summary.json").read_text())["status"] == "completed"
+    assert len(rows(out / "tiny")) == 40
+
+
+def test_diverged_run_stops_and_keeps_metrics(tmp_path):
+    cfg = C.load(tiny(tmp_path, rounds=30), ["algorithm.local_lr=1e4", "algorithm.name=fedavg"])
+    s = run(cfg, tmp_path / "div", log=lambda s: None, progress=False)
+    assert s["status"] == "diverged"
+    assert s["rounds_done"] < 30
+    r = rows(tmp_path / "div")
+    assert len(r) == s["rounds_done"] - 1  # every finite round before the NaN is kept
+    assert json.loads((tmp_path / "div" / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "missing.toml" in err[0]
+    assert main(["run", "--preset", "nope"]) == 2
+    assert "quickstart" in capsys.readouterr().err
+    assert main(["run", str(tiny(tmp_path)), "--set", "algorithm.clients_per_round=9", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.clients_per_round = 9" in err and "data.num_clients = 6" in err
+    # batch larger than a client's data is caught once the data is known, before training
+    assert main(["run", str(tiny(tmp_path)), "--set", "algorithm.batch_size=500", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.batch_size = 500" in err and not (tmp_path / "b" / "tiny" / "metrics.csv").exists()
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "x").write_text("")
+    assert main(["run", str(tiny(tmp_path)), "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert main(["resume", str(tmp_path)]) == 2
+    assert main(["show", str(tmp_path)]) == 2
+
+
+def test_presets_listed_and_valid(capsys):
+    assert main(["presets"]) == 0
+    assert "quickstart" in capsys.readouterr().out
+    for name in presets.names():
+        C.expand_variants(C.validate(presets.load(name)))
+
+
+@pytest.mark.slow
+def test_quickstart_shows_fsl_ahead_of_fedavg(tmp_path):
+    """The main job, shortened: 20 rounds, FSL's rolling accuracy above FedAvg's."""
+    out = tmp_path / "qs"
+    assert main(["run", "--preset", "quickstart", "--set", "rounds=20", "--out", str(out), "--quiet"]) == 0
+    fedavg = json.loads((out / "FedAvg" / "summary.json").read_text())
+    fsl = json.loads((out / "FSL" / "summary.json").read_text())
+    assert fsl["final_accuracy"] > fedavg["final_accuracy"] + 0.1
+    assert (out / "comparison.png").stat().st_size > 10_000
+    assert "| FSL |" in (out / "comparison.md").read_text()
