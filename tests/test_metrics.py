@@ -296,22 +296,13 @@ def test_mismatched_lengths(f):
         f([1, 2], [0.1, 0.2, 0.3])
 
 
-# SOURCE BUG: final_accuracy / rise_time / rounds_to_accuracy return early on ``len(acc) == 0``
-# before validating, so rounds=[1, 2] with acc=[] gives NaN/None instead of a ValueError (and
-# window=0 on an empty curve is not rejected). Fix: validate first (call ``_arrays`` and the
-# window check before the empty-curve early return). Remove the xfail marks once fixed.
-_EARLY_RETURN_BUG = pytest.mark.xfail(strict=True, reason="source bug: empty acc returns before validation")
-
-
-@pytest.mark.parametrize("f", [pytest.param(f, marks=() if n == "rolling" else _EARLY_RETURN_BUG, id=n)
-                               for f, n in zip(FUNCS, NAMES)])
+@pytest.mark.parametrize("f", FUNCS, ids=NAMES)
 def test_mismatched_lengths_with_empty_values(f):
     with pytest.raises(ValueError, match="equal length"):
         f([1, 2], [])
 
 
-@pytest.mark.parametrize("f", [pytest.param(f, marks=() if n == "rolling" else _EARLY_RETURN_BUG, id=n)
-                               for f, n in zip(FUNCS, NAMES)])
+@pytest.mark.parametrize("f", FUNCS, ids=NAMES)
 def test_window_below_one_on_empty_curve(f):
     with pytest.raises(ValueError, match="window"):
         f([], [], 0)

@@ -29,6 +29,12 @@ def _arrays(rounds: Sequence[int], values: Sequence[float]) -> tuple[np.ndarray,
     return r, v
 
 
+def _check(rounds: Sequence[int], values: Sequence[float], window: int) -> None:
+    if window < 1:
+        raise ValueError(f"window = {window}: expected an integer >= 1")
+    _arrays(rounds, values)
+
+
 def rolling(rounds: Sequence[int], values: Sequence[float], window: int = WINDOW) -> np.ndarray:
     """Mean of the values at rounds in (r - window, r], for each evaluated round r."""
     if window < 1:
@@ -42,6 +48,7 @@ def rolling(rounds: Sequence[int], values: Sequence[float], window: int = WINDOW
 
 def final_accuracy(rounds: Sequence[int], acc: Sequence[float], window: int = WINDOW) -> float:
     """Rolling accuracy at the last evaluated round (NaN for an empty curve)."""
+    _check(rounds, acc, window)
     if len(acc) == 0:
         return float("nan")
     return float(rolling(rounds, acc, window)[-1])
@@ -56,6 +63,7 @@ def first_round_reaching(rounds: Sequence[int], curve: Sequence[float], level: f
 
 def rise_time(rounds: Sequence[int], acc: Sequence[float], window: int = WINDOW, fraction: float = 0.9) -> int | None:
     """First round whose rolling accuracy reaches ``fraction`` (90%) of the final accuracy."""
+    _check(rounds, acc, window)
     if len(acc) == 0:
         return None
     roll = rolling(rounds, acc, window)
@@ -64,6 +72,7 @@ def rise_time(rounds: Sequence[int], acc: Sequence[float], window: int = WINDOW,
 
 def rounds_to_accuracy(rounds: Sequence[int], acc: Sequence[float], level: float, window: int = WINDOW) -> int | None:
     """T_a: first round whose rolling accuracy reaches ``level`` (None if never)."""
+    _check(rounds, acc, window)
     if len(acc) == 0:
         return None
     return first_round_reaching(rounds, rolling(rounds, acc, window), level)

@@ -30,7 +30,7 @@ def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, sa
         pool: indices clients may draw from (default: all).
     """
     labels = np.asarray(labels)
-    pool = np.arange(len(labels)) if pool is None else np.asarray(pool)
+    pool = np.arange(len(labels)) if pool is None else np.asarray(pool, dtype=np.int64)
     classes = np.unique(labels)
     L = len(classes)
     if not 1 <= classes_per_client <= L:
@@ -67,7 +67,7 @@ def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, sa
 def iid(num_samples: int, num_clients: int, samples_per_client: int, seed: int,
         pool: np.ndarray | None = None) -> list[np.ndarray]:
     """IID partition: n_i samples per client drawn without replacement from the pool."""
-    pool = np.arange(num_samples) if pool is None else np.asarray(pool)
+    pool = np.arange(num_samples) if pool is None else np.asarray(pool, dtype=np.int64)
     need = num_clients * samples_per_client
     if need > len(pool):
         raise PartitionError(

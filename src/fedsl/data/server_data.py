@@ -14,7 +14,7 @@ def iid_per_class(labels: np.ndarray, size: int, seed: int, pool: np.ndarray | N
     The first n0 mod L classes (in a seeded order) get one sample more.
     """
     labels = np.asarray(labels)
-    pool = np.arange(len(labels)) if pool is None else np.asarray(pool)
+    pool = np.arange(len(labels)) if pool is None else np.asarray(pool, dtype=np.int64)
     classes = np.unique(labels[pool])
     gen = rng(seed, SERVER_DATA)
     order = classes[gen.permutation(len(classes))]
