@@ -32,7 +32,9 @@ def _clean_errors(fn):
         try:
             return fn(*args, **kwargs)
         except (UserError, ConfigError, PartitionError) as e:
-            err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+            # one line, whatever the message quotes back (newlines in keys, ':emoji:' codes)
+            msg = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(e))
+            err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)
             raise typer.Exit(2)
         except KeyboardInterrupt:
             raise typer.Exit(130)
@@ -63,7 +65,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
     base = presets.load(preset) if preset else None
     cfg = C.load(config, set_, base=base)
-    C.expand_variants(cfg)  # validate every variant before any work
+    from fedsl.experiments.runner import check
+    for variant in C.expand_variants(cfg).values():  # every variant, data checks included, before any work
+        check(variant)
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and any(out.iterdir()):

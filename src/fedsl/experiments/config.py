@@ -22,7 +22,8 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False, validate_default=True)
+    # strict: no silent coercion (true -> 1, "5" -> 5); no inf/nan learning rates
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, allow_inf_nan=False)
 
 
 PosInt = Field(ge=1)
@@ -90,10 +91,10 @@ class RunConfig(_Strict):
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
     executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")
     description: str = Field("", description="what this run or preset is for")
-    data: DataConfig
-    model: ModelConfig = ModelConfig()
-    algorithm: AlgorithmConfig
-    server: ServerConfig = ServerConfig()
+    data: DataConfig = Field(description="a [data] table with at least dataset = ...")
+    model: ModelConfig = Field(ModelConfig(), description="a [model] table")
+    algorithm: AlgorithmConfig = Field(description="an [algorithm] table with at least name = ...")
+    server: ServerConfig = Field(ServerConfig(), description="a [server] table (server learning)")
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides, one run each, compared side by side")
 
@@ -171,13 +172,16 @@ def read_file(path: str | Path) -> dict:
         return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: "
+                          "values nested too deeply") from None
 
 
 def _parse_value(text: str) -> Any:
     """A --set value: a TOML value (number, bool, string, array) or else a bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return text
 
 

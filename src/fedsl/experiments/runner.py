@@ -110,6 +110,12 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     return algorithm, pretrain, hp
 
 
+def check(cfg: RunConfig) -> None:
+    """Every check that needs the data (sizes, batch vs client data, n0), without training."""
+    resolve_device(cfg.device)
+    resolve(cfg, build_federation(cfg.data, cfg.seed))
+
+
 def prepare(cfg: RunConfig) -> Prepared:
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
