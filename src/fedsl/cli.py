@@ -44,8 +44,9 @@ def _clean_errors(fn):
 def _print_table(rows: list[dict], title: str) -> None:
     from fedsl.experiments.compare import COLUMNS, fmt
     table = Table(title=title)
+    short = {"final_accuracy": "final acc", "rise_time": "rise time", "rounds_done": "rounds", "wall_time": "time (s)"}
     for c in COLUMNS:
-        table.add_column(c, justify="left" if c in ("run", "status") else "right")
+        table.add_column(short.get(c, c), justify="left" if c in ("run", "status") else "right")
     for r in rows:
         table.add_row(*(fmt(r.get(c)) for c in COLUMNS))
     console.print(table)
