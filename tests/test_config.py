@@ -430,3 +430,21 @@ def test_missing_section_says_what_is_expected(section):
 def test_boolean_for_an_integer_is_rejected():
     msg = error_of(minimal(rounds=True))
     assert msg.startswith("rounds = True:")
+
+
+def test_seeds_expand_every_variant():
+    cfg = validate(minimal(seeds=[3, 5], variants={"A": {}, "B": {"algorithm": {"local_lr": 0.5}}}))
+    runs = expand_variants(cfg)
+    assert list(runs) == ["A-seed3", "A-seed5", "B-seed3", "B-seed5"]
+    assert runs["B-seed5"].seed == 5 and runs["B-seed5"].algorithm.local_lr == 0.5 and runs["A-seed3"].name == "A"
+
+
+@pytest.mark.parametrize("seeds", [[1, 1], [-1], ["a"], 3])
+def test_bad_seeds(seeds):
+    assert error_of(minimal(seeds=seeds)).startswith("seeds")
+
+
+def test_model_name_is_known_or_an_import_path():
+    assert validate(minimal(model={"name": "mypkg.models:make_net"})).model.name == "mypkg.models:make_net"
+    msg = error_of(minimal(model={"name": "resnet"}))
+    assert msg.startswith("model.name = 'resnet'") and "package.module:factory" in msg

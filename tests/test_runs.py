@@ -222,3 +222,41 @@ def test_quickstart_shows_fsl_ahead_of_fedavg(tmp_path):
     assert fsl["final_accuracy"] > fedavg["final_accuracy"] + 0.1
     assert (out / "comparison.png").stat().st_size > 10_000
     assert "| FSL |" in (out / "comparison.md").read_text()
+
+
+USER_MODELS = '''
+from torch import nn
+
+def make_net(num_classes, input_shape):
+    c, h, w = input_shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, num_classes))
+
+def make_bn_net(num_classes, input_shape):
+    return nn.Sequential(nn.Conv2d(input_shape[0], 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(num_classes))
+'''
+
+
+def test_user_module_and_seeds_with_mean_std(tmp_path, monkeypatch, capsys):
+    (tmp_path / "user_models.py").write_text(USER_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extra = '[variants.FedAvg.algorithm]\nname = "fedavg"\n[variants.FSL.algorithm]\nname = "fsl"\n'
+    cfg = tiny(tmp_path, rounds=3, extra=extra)
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--set", "model.name=user_models:make_net", "--set", "seeds=[0, 1]",
+                 "--out", str(out), "--quiet"]) == 0
+    group = json.loads((out / "group.json").read_text())["runs"]
+    assert set(group) == {"FedAvg-seed0", "FedAvg-seed1", "FSL-seed0", "FSL-seed1"}
+    assert group["FSL-seed1"] == {"dir": "FSL-seed1", "variant": "FSL", "seed": 1}
+    s0 = json.loads((out / "FSL-seed0" / "summary.json").read_text())
+    s1 = json.loads((out / "FSL-seed1" / "summary.json").read_text())
+    md = (out / "comparison.md").read_text()
+    mean = (s0["final_accuracy"] + s1["final_accuracy"]) / 2
+    std = abs(s0["final_accuracy"] - s1["final_accuracy"]) / 2
+    assert f"| FSL | 2 | {mean:.4f} ± {std:.4f}" in md
+    assert "mean ± std over seeds" in capsys.readouterr().out
+    # a model the engine cannot run is refused with one line, before any work
+    assert main(["run", str(cfg), "--set", "model.name=user_models:make_bn_net", "--out", str(tmp_path / "bn")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "BatchNorm2d" in err[0] and not (tmp_path / "bn").exists()
+    assert main(["run", str(cfg), "--set", "model.name=user_models:nope", "--out", str(tmp_path / "x")]) == 2
+    assert "cannot import" in capsys.readouterr().err

@@ -41,15 +41,23 @@ def _clean_errors(fn):
     return wrapper
 
 
-def _print_table(rows: list[dict], title: str) -> None:
-    from fedsl.experiments.compare import COLUMNS, fmt
-    table = Table(title=title)
+def _print_tables(path: Path, title: str) -> None:
+    """Per-run table, and per-variant means ± std when a variant ran with several seeds."""
+    from fedsl.experiments.compare import RUN_COLUMNS, VARIANT_COLUMNS, fmt, run_rows, variant_rows
     short = {"final_accuracy": "final acc", "rise_time": "rise time", "rounds_done": "rounds", "wall_time": "time (s)"}
-    for c in COLUMNS:
-        table.add_column(short.get(c, c), justify="left" if c in ("run", "status") else "right")
-    for r in rows:
-        table.add_row(*(fmt(r.get(c)) for c in COLUMNS))
-    console.print(table)
+
+    def show(rows: list[dict], columns: tuple[str, ...], caption: str) -> None:
+        table = Table(title=caption)
+        for c in columns:
+            table.add_column(short.get(c, c), justify="left" if c in ("run", "status", "variant") else "right")
+        for r in rows:
+            table.add_row(*(fmt(r.get(c)) for c in columns))
+        console.print(table)
+
+    show(run_rows(path), RUN_COLUMNS, title)
+    vrows = variant_rows(path)
+    if any(r["seeds"] > 1 for r in vrows):
+        show(vrows, VARIANT_COLUMNS, "mean ± std over seeds")
 
 
 @app.command()
@@ -73,11 +81,11 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with `fedsl resume {out}`")
-    from fedsl.experiments.compare import run_group, table_rows
+    from fedsl.experiments.compare import run_group
     log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     run_group(cfg, out, log=log, progress=None if not quiet else False)
-    _print_table(table_rows(out), f"{cfg.name}  ({out})")
-    if len(cfg.variants) > 1:
+    _print_tables(out, f"{cfg.name}  ({out})")
+    if len(cfg.variants) > 1 or len(cfg.seeds) > 1:
         console.print(f"curves: {out / 'comparison.png'}   table: {out / 'comparison.md'}", markup=False)
 
 
@@ -87,7 +95,7 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
            quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Continue an interrupted run (or group of runs) from its last checkpoint."""
     from fedsl.experiments import config as C
-    from fedsl.experiments.compare import group_runs, is_group, table_rows, write_comparison
+    from fedsl.experiments.compare import group_runs, is_group, write_comparison
     from fedsl.experiments.runner import run as run_one
     log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     runs = group_runs(path)
@@ -101,18 +109,18 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
             raise UserError(f"run {name!r} in {str(path)!r} never started; re-run it with `fedsl run`")
         run_one(cfg, rd.path, resume=True, log=log, progress=None if not quiet else False)
     if is_group(path):
-        write_comparison(path, path.name)
-    _print_table(table_rows(path), str(path))
+        write_comparison(path)
+    _print_tables(path, str(path))
 
 
 @app.command()
 @_clean_errors
 def show(path: Path = typer.Argument(..., help="a run or group folder")) -> None:
     """Summary table of a run or group of runs."""
-    from fedsl.experiments.compare import group_runs, table_rows
+    from fedsl.experiments.compare import group_runs
     if not any(rd.summary_file.is_file() or rd.is_run() for rd in group_runs(path).values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
-    _print_table(table_rows(path), str(path))
+    _print_tables(path, str(path))
 
 
 @app.command("presets")

@@ -1,7 +1,9 @@
-"""Several runs side by side: run a config's variants, then a table and a plot.
+"""Several runs side by side: a config's variants (× seeds), then tables and a plot.
 
-A group folder holds ``group.json`` (variant -> sub-folder) and one run folder per
-variant, plus ``comparison.md`` and ``comparison.png`` once all are done.
+A group folder holds ``group.json`` (run -> folder, variant, seed) and one run folder
+per run, plus ``comparison.md`` and ``comparison.png`` once all are done. With several
+seeds, the comparison reports mean ± std over seeds and plots the mean rolling curve
+with a ±1 std band.
 """
 
 from __future__ import annotations
@@ -9,12 +11,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from fedsl import metrics
 from fedsl.experiments import runner
 from fedsl.experiments.config import RunConfig, expand_variants
 from fedsl.experiments.results import RunDir
 from fedsl.report.plots import accuracy_curves
 
-COLUMNS = ("run", "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done", "wall_time")
+RUN_COLUMNS = ("run", "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done", "wall_time")
+VARIANT_COLUMNS = ("variant", "seeds", "final_accuracy", "rise_time", "T_0.5")
 
 
 def is_group(path: str | Path) -> bool:
@@ -22,64 +28,120 @@ def is_group(path: str | Path) -> bool:
 
 
 def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=print, progress=None) -> list[dict]:
-    """Run every variant of ``cfg`` (a config without variants is a group of one)."""
+    """Run every (variant, seed) of ``cfg``; a config without variants is a group of one."""
     out = Path(out)
-    variants = expand_variants(cfg)
+    runs = expand_variants(cfg)
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
+        spec = {r: {"dir": r, "variant": c.name, "seed": c.seed} for r, c in runs.items()}
         (out / "group.json").write_text(json.dumps(
-            {"name": cfg.name, "description": cfg.description, "runs": {v: v for v in variants}}, indent=2))
+            {"name": cfg.name, "description": cfg.description, "window": cfg.rolling_window, "runs": spec}, indent=2))
     summaries = []
-    for vname, vcfg in variants.items():
-        rd = RunDir(out / vname)
+    for rname, rcfg in runs.items():
+        rd = RunDir(out / rname)
         if resume and rd.read_summary().get("status") in ("completed", "diverged"):
             summaries.append(rd.read_summary())
             continue
-        summaries.append(runner.run(vcfg, rd.path, resume=resume and rd.is_run(), log=log, progress=progress))
-    write_comparison(out, cfg.name, cfg.rolling_window)
+        summaries.append(runner.run(rcfg, rd.path, resume=resume and rd.is_run(), log=log, progress=progress))
+    write_comparison(out)
     return summaries
 
 
+def _spec(path: Path) -> dict:
+    return json.loads((path / "group.json").read_text()) if is_group(path) else {}
+
+
 def group_runs(path: str | Path) -> dict[str, RunDir]:
+    """Run name -> its folder (a single run folder is a group of one)."""
     path = Path(path)
-    if is_group(path):
-        spec = json.loads((path / "group.json").read_text())
-        return {v: RunDir(path / sub) for v, sub in spec["runs"].items()}
+    spec = _spec(path)
+    if spec:
+        return {r: RunDir(path / s["dir"]) for r, s in spec["runs"].items()}
     return {path.name: RunDir(path)}
 
 
-def table_rows(path: str | Path) -> list[dict]:
+def _variant_of(path: Path) -> dict[str, str]:
+    spec = _spec(path)
+    return {r: s["variant"] for r, s in spec["runs"].items()} if spec else {path.name: path.name}
+
+
+def run_rows(path: str | Path) -> list[dict]:
+    """One row per run: status and its summary metrics."""
+    return [{"run": r, **{c: rd.read_summary().get(c) for c in RUN_COLUMNS[1:]}}
+            for r, rd in group_runs(path).items()]
+
+
+def variant_rows(path: str | Path) -> list[dict]:
+    """One row per variant: metric means and stds over its seeds (as (mean, std) tuples)."""
+    path = Path(path)
+    by_variant: dict[str, list[dict]] = {}
+    for r, rd in group_runs(path).items():
+        by_variant.setdefault(_variant_of(path)[r], []).append(rd.read_summary())
     rows = []
-    for vname, rd in group_runs(path).items():
-        s = rd.read_summary()
-        rows.append({"run": vname, **{c: s.get(c) for c in COLUMNS[1:]}})
+    for v, sums in by_variant.items():
+        row: dict = {"variant": v, "seeds": len(sums)}
+        for c in VARIANT_COLUMNS[2:]:
+            row[c] = metrics.mean_std([s.get(c) for s in sums])
+        rows.append(row)
     return rows
 
 
 def fmt(v) -> str:
     if v is None:
         return "—"
+    if isinstance(v, tuple):  # (mean, std)
+        m, s = v
+        if np.isnan(m):
+            return "—"
+        return fmt(m) if s == 0 else f"{fmt(m)} ± {fmt(s)}"
     if isinstance(v, float):
-        return f"{v:.4f}" if v < 10 else f"{v:.1f}"
+        if np.isnan(v):
+            return "—"
+        return f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}"
     return str(v)
 
 
-def markdown_table(rows: list[dict]) -> str:
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
-    return head + "".join("| " + " | ".join(fmt(r.get(c)) for c in COLUMNS) + " |\n" for r in rows)
+def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return head + "".join("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |\n" for r in rows)
 
 
-def write_comparison(path: str | Path, title: str, window: int = 20) -> tuple[Path, Path]:
-    """comparison.md (table) and comparison.png (accuracy curves) in ``path``."""
-    path = Path(path)
-    rows = table_rows(path)
+def variant_curves(path: Path) -> dict[str, tuple]:
+    """Variant -> (rounds, mean accuracy, mean rolling accuracy, std of rolling) over its seeds."""
+    runs = group_runs(path)
+    variant = _variant_of(path)
+    grouped: dict[str, list[list[dict]]] = {}
+    for r, rd in runs.items():
+        grouped.setdefault(variant[r], []).append(rd.read_metrics())
     curves = {}
-    for vname, rd in group_runs(path).items():
-        m = rd.read_metrics()
-        curves[vname] = ([r["round"] for r in m], [r["accuracy"] for r in m], [r["rolling_accuracy"] for r in m])
-    png = accuracy_curves(curves, path / "comparison.png", title, window)
+    for v, ms in grouped.items():
+        ms = [m for m in ms if m]
+        if not ms:
+            continue
+        n = min(len(m) for m in ms)  # rounds all seeds have reached
+        rounds = [m["round"] for m in ms[0][:n]]
+        acc = np.array([[r["accuracy"] for r in m[:n]] for m in ms])
+        roll = np.array([[r["rolling_accuracy"] for r in m[:n]] for m in ms])
+        curves[v] = (rounds, acc.mean(0).tolist(), roll.mean(0).tolist(), roll.std(0).tolist())
+    return curves
+
+
+def write_comparison(path: str | Path) -> tuple[Path, Path]:
+    """comparison.md (tables) and comparison.png (accuracy curves) in the group folder."""
+    path = Path(path)
+    spec = _spec(path)
+    title = spec.get("name", path.name)
+    window = spec.get("window", metrics.WINDOW)
+    png = accuracy_curves(variant_curves(path), path / "comparison.png", title, window)
+    vrows = variant_rows(path)
+    multi = any(r["seeds"] > 1 for r in vrows)
+    text = (f"# {title}\n\n{spec.get('description', '')}\n\n"
+            f"Final accuracy = rolling mean over {window} rounds at the last round; rise time = first round "
+            "reaching 90% of it; T_0.5 = first round whose rolling accuracy reaches 0.5"
+            + (" (mean ± std over seeds)" if multi else "") + ".\n\n"
+            + markdown_table(vrows, VARIANT_COLUMNS)
+            + ("\n## Runs\n\n" + markdown_table(run_rows(path), RUN_COLUMNS) if multi else "")
+            + "\n![accuracy curves](comparison.png)\n")
     md = path / "comparison.md"
-    md.write_text(f"# {title}\n\nFinal accuracy = rolling mean over {window} rounds at the last round; rise time = "
-                  f"first round reaching 90% of it; T_0.5 = first round whose rolling accuracy reaches 0.5.\n\n"
-                  + markdown_table(rows) + "\n![accuracy curves](comparison.png)\n")
+    md.write_text(text)
     return md, png

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -51,8 +52,16 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name: Literal["emnist_cnn", "cifar_cnn", "small_cnn", "mlp", "linear"] = Field(
-        "small_cnn", description="model: the paper's emnist_cnn / cifar_cnn, or small_cnn, mlp, linear")
+    name: str = Field("small_cnn", description="model: the paper's emnist_cnn / cifar_cnn, small_cnn, mlp, linear, "
+                                                "or 'package.module:factory' for your own torch.nn.Module")
+
+    @model_validator(mode="after")
+    def _known_or_import_path(self) -> "ModelConfig":
+        from fedsl.models import MODELS
+        if self.name not in MODELS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.name):
+            raise ValueError(f"model.name = {self.name!r}: expected one of {', '.join(MODELS)} "
+                             "or an import path 'package.module:factory'")
+        return self
 
 
 class AlgorithmConfig(_Strict):
@@ -82,6 +91,7 @@ class ServerConfig(_Strict):
 class RunConfig(_Strict):
     name: str = Field("run", min_length=1, description="run name")
     seed: int = Field(0, ge=0, description="seed of partition, sampling, batches, dropout, init")
+    seeds: list[int] = Field(default_factory=list, description="run every variant once per seed (overrides seed)")
     rounds: int = Field(ge=1, description="T, number of rounds")
     eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (paper: 1)")
     eval_batch_size: int = Field(100, ge=1, description="evaluation batch size")
@@ -100,6 +110,8 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        if any(x < 0 for x in self.seeds) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds = {self.seeds}: expected distinct integers >= 0")
         d, a = self.data, self.algorithm
         if a.clients_per_round > d.num_clients:
             raise ValueError(
@@ -220,20 +232,27 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 
 def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
-    """One RunConfig per variant (or {name: cfg} without variants); each is validated."""
-    if not cfg.variants:
-        return {cfg.name: cfg}
-    base = cfg.model_dump(exclude={"variants"})
+    """One validated RunConfig per (variant, seed), named ``VARIANT`` or ``VARIANT-seedS``.
+
+    Without variants the config itself is the one variant; without ``seeds`` each variant
+    runs once with ``seed``.
+    """
+    base = cfg.model_dump(exclude={"variants", "seeds"})
+    variants = cfg.variants or {cfg.name: {}}
     out = {}
-    for vname, over in cfg.variants.items():
+    for vname, over in variants.items():
         if not isinstance(over, dict):
             raise ConfigError(f"variants.{vname}: expected a table of overrides")
-        merged = deep_merge(base, over)
-        merged["name"] = vname
-        try:
-            out[vname] = validate(merged)
-        except ConfigError as e:
-            raise ConfigError(f"variants.{vname}: {e}") from None
+        for seed in cfg.seeds or [None]:
+            merged = deep_merge(base, over)
+            merged["name"] = vname
+            if seed is not None:
+                merged["seed"] = seed
+            try:
+                run_cfg = validate(merged)
+            except ConfigError as e:
+                raise ConfigError(f"variants.{vname}: {e}" if cfg.variants else str(e)) from None
+            out[vname if seed is None else f"{vname}-seed{seed}"] = run_cfg
     return out
 
 

@@ -110,10 +110,20 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     return algorithm, pretrain, hp
 
 
+def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
+    """The configured model as a pure function; a model the engine cannot run is a ConfigError."""
+    try:
+        return FunctionalModel(build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def check(cfg: RunConfig) -> None:
-    """Every check that needs the data (sizes, batch vs client data, n0), without training."""
+    """Every check that needs the data or the model (sizes, batch vs client data, n0), without training."""
     resolve_device(cfg.device)
-    resolve(cfg, build_federation(cfg.data, cfg.seed))
+    fed = build_federation(cfg.data, cfg.seed)
+    resolve(cfg, fed)
+    make_model(cfg, fed)
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -121,8 +131,8 @@ def prepare(cfg: RunConfig) -> Prepared:
     dtype = getattr(torch, cfg.dtype)
     fed = build_federation(cfg.data, cfg.seed)
     algorithm, pretrain, hp = resolve(cfg, fed)
-    model = build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed)
-    fm = FunctionalModel(model.to(device=device, dtype=dtype))
+    fm = make_model(cfg, fed)
+    fm.module.to(device=device, dtype=dtype)
     executor = make_executor(cfg.executor, fm, device)
     sim = Simulator(fm, fed.to(device, dtype), algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
                     cfg.eval_batch_size)

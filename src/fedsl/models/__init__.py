@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Callable
 
@@ -20,8 +21,28 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+def _import_factory(path: str) -> Callable[..., nn.Module]:
+    module_name, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"model.name = {path!r}: cannot import it ({e}); expected 'package.module:factory' "
+                         "on the Python path") from None
+
+
 def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed: int) -> nn.Module:
-    """Build model ``name`` for inputs of ``input_shape`` (C, H, W), initialised from ``seed``."""
+    """Build model ``name`` for inputs of ``input_shape`` (C, H, W), initialised from ``seed``.
+
+    ``name`` is a built-in model or ``'package.module:factory'``, a callable taking
+    ``(num_classes, input_shape)`` and returning any ``torch.nn.Module`` without BatchNorm.
+    """
+    if ":" in name:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = _import_factory(name)(num_classes=num_classes, input_shape=tuple(input_shape))
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model.name = {name!r} returned {type(model).__name__}: expected a torch.nn.Module")
+        return model
     if name not in MODELS:
         raise ValueError(f"model.name = {name!r}: expected one of {sorted(MODELS)}")
     c = input_shape[0]

@@ -18,14 +18,22 @@ def colour(name: str, i: int) -> str:
     return METHOD_COLOURS.get(name.lower().replace("-", "_"), f"C{i % 10}")
 
 
-def accuracy_curves(curves: dict[str, tuple[list[int], list[float], list[float]]], path: str | Path,
-                    title: str, window: int = 20) -> Path:
-    """Raw test accuracy (thin) and its rolling mean (thick) per method, in one PNG."""
+def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, window: int = 20) -> Path:
+    """Per method: raw test accuracy (thin), its rolling mean (thick) and, when given, a ±1 std band.
+
+    ``curves[name] = (rounds, accuracy, rolling_accuracy[, rolling_std])``.
+    """
+    import numpy as np
+
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for i, (name, (rounds, acc, roll)) in enumerate(curves.items()):
+    for i, (name, curve) in enumerate(curves.items()):
+        rounds, acc, roll = curve[:3]
         c = colour(name, i)
         ax.plot(rounds, acc, color=c, alpha=0.25, lw=1)
         ax.plot(rounds, roll, color=c, lw=2.2, label=f"{name} (rolling {window})")
+        if len(curve) > 3 and np.any(np.asarray(curve[3]) > 0):
+            lo, hi = np.asarray(roll) - np.asarray(curve[3]), np.asarray(roll) + np.asarray(curve[3])
+            ax.fill_between(rounds, lo, hi, color=c, alpha=0.15, lw=0)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_title(title)
