@@ -51,7 +51,7 @@ def _print_tables(path: Path, title: str) -> None:
         for c in columns:
             table.add_column(short.get(c, c), justify="left" if c in ("run", "status", "variant") else "right")
         for r in rows:
-            table.add_row(*(fmt(r.get(c)) for c in columns))
+            table.add_row(*(fmt(r.get(c), c) for c in columns))
         console.print(table)
 
     show(run_rows(path), RUN_COLUMNS, title)

@@ -86,7 +86,9 @@ def variant_rows(path: str | Path) -> list[dict]:
     return rows
 
 
-def fmt(v) -> str:
+def fmt(v, column: str = "") -> str:
+    if column == "wall_time" and isinstance(v, (int, float)):
+        return f"{v:.1f}"
     if v is None:
         return "—"
     if isinstance(v, tuple):  # (mean, std)
@@ -103,7 +105,7 @@ def fmt(v) -> str:
 
 def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
     head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |\n" for r in rows)
+    return head + "".join("| " + " | ".join(fmt(r.get(c), c) for c in columns) + " |\n" for r in rows)
 
 
 def variant_curves(path: Path) -> dict[str, tuple]:
