@@ -7,54 +7,12 @@ EMNIST, STL-10, image folders) plug in here.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from fedsl.data import partition, server_data
+from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
 from fedsl.data.federation import Federation
-
-
-@dataclass
-class ArrayDataset:
-    """Images [n, H, W] or [n, H, W, C] uint8 and labels [n] int64, train and test."""
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    class_names: list[str]
-
-
-def cache_dir() -> Path:
-    """Where decoded/generated arrays are cached: $FEDSL_CACHE or ~/.cache/fedsl."""
-    return Path(os.environ.get("FEDSL_CACHE", Path.home() / ".cache" / "fedsl"))
-
-
-def _cached(name: str, recipe: dict, build) -> dict[str, np.ndarray]:
-    """Arrays for ``recipe`` from the cache, or built and stored (written atomically)."""
-    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir() / f"{name}-{key}.npz"
-    if path.is_file():
-        try:
-            with np.load(path) as z:
-                return {k: z[k] for k in z.files}
-        except (OSError, ValueError):
-            path.unlink(missing_ok=True)  # a corrupt cache entry is rebuilt
-    arrays = build()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home must not stop a run; it only costs regeneration
-    return arrays
 
 
 def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed: int = 0) -> ArrayDataset:
@@ -68,8 +26,8 @@ def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed:
         xte, yte = make_font_chars(chars, per_class=test_per_class, seed=seed + 10_007)
         return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
 
-    a = _cached("synthetic_chars", recipe, build)
-    return ArrayDataset(a["x_train"], a["y_train"], a["x_test"], a["y_test"], list(chars))
+    a = cached_arrays("synthetic_chars", recipe, build)
+    return ArrayDataset(ImageSet(a["x_train"], a["y_train"], list(chars)), ImageSet(a["x_test"], a["y_test"], list(chars)))
 
 
 def to_tensor(images: np.ndarray) -> torch.Tensor:
@@ -87,7 +45,7 @@ def load_arrays(data_cfg) -> ArrayDataset:
 def build_federation(data_cfg, seed: int) -> Federation:
     """Load the dataset, partition it over N clients and pick D0, all from ``seed``."""
     ds = load_arrays(data_cfg)
-    labels = ds.y_train
+    labels = ds.train.y
     n_pool = len(labels)
     n0 = data_cfg.server_size
     if n0 > n_pool:
@@ -102,6 +60,6 @@ def build_federation(data_cfg, seed: int) -> Federation:
         clients = partition.by_classes(labels, data_cfg.num_clients, data_cfg.classes_per_client, n_i, seed, pool)
     else:
         clients = partition.iid(n_pool, data_cfg.num_clients, n_i, seed, pool)
-    return Federation(to_tensor(ds.x_train), torch.from_numpy(labels).long(), clients, server,
-                      to_tensor(ds.x_test), torch.from_numpy(ds.y_test).long(),
+    return Federation(to_tensor(ds.train.x), torch.from_numpy(labels).long(), clients, server,
+                      to_tensor(ds.test.x), torch.from_numpy(ds.test.y).long(),
                       num_classes=len(ds.class_names), class_names=ds.class_names)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedsl.data.errors import DataError
 from fedsl.engine.rng import PARTITION, rng
 
 
-class PartitionError(ValueError):
+class PartitionError(DataError):
     """A partition that the data cannot satisfy."""
 
 
