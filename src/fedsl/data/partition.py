@@ -75,3 +75,73 @@ def iid(num_samples: int, num_clients: int, samples_per_client: int, seed: int,
             f"data.num_clients × data.samples_per_client = {need} exceeds the {len(pool)} samples available")
     order = pool[rng(seed, PARTITION).permutation(len(pool))][:need]
     return [np.sort(order[i * samples_per_client:(i + 1) * samples_per_client]) for i in range(num_clients)]
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int, pool: np.ndarray | None = None,
+              min_size: int = 1, max_tries: int = 100) -> list[np.ndarray]:
+    """Label skew by Dirichlet(α) (Hsu et al. 2019): each class is split over clients in proportions ~ Dir(α).
+
+    Small α gives clients few dominant classes, large α approaches IID. Proportions are
+    redrawn until every client holds at least ``min_size`` samples.
+    """
+    if alpha <= 0:
+        raise PartitionError(f"data.dirichlet_alpha = {alpha}: expected > 0")
+    labels = np.asarray(labels)
+    pool = np.arange(len(labels)) if pool is None else np.asarray(pool, dtype=np.int64)
+    if num_clients * min_size > len(pool):
+        raise PartitionError(f"data.num_clients = {num_clients}: more clients than the {len(pool)} samples allow")
+    gen = rng(seed, PARTITION)
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for c in np.unique(labels[pool]):
+            members = pool[labels[pool] == c]
+            members = members[gen.permutation(len(members))]
+            cuts = (np.cumsum(gen.dirichlet(np.full(num_clients, alpha))) * len(members)).astype(int)[:-1]
+            for i, chunk in enumerate(np.split(members, cuts)):
+                parts[i].append(chunk)
+        clients = [np.sort(np.concatenate(p)) for p in parts]
+        if min(len(c) for c in clients) >= min_size:
+            return clients
+    raise PartitionError(f"data.dirichlet_alpha = {alpha}: after {max_tries} draws some client still had fewer "
+                         f"than {min_size} samples; raise the alpha or lower data.num_clients")
+
+
+def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: int,
+           pool: np.ndarray | None = None) -> list[np.ndarray]:
+    """McMahan et al. (2017): sort by label, cut into N·s equal shards, give each client s random shards."""
+    labels = np.asarray(labels)
+    pool = np.arange(len(labels)) if pool is None else np.asarray(pool, dtype=np.int64)
+    total = num_clients * shards_per_client
+    if shards_per_client < 1 or total > len(pool):
+        raise PartitionError(f"data.shards_per_client = {shards_per_client}: expected >= 1 and N·s <= {len(pool)} samples")
+    gen = rng(seed, PARTITION)
+    # a seeded shuffle first, then a stable sort: ties within a class are in random order
+    order = pool[gen.permutation(len(pool))]
+    order = order[np.argsort(labels[order], kind="stable")]
+    size = len(order) // total
+    cut = [order[k * size:(k + 1) * size] for k in range(total)]
+    assignment = gen.permutation(total)
+    return [np.sort(np.concatenate([cut[k] for k in assignment[i::num_clients]])) for i in range(num_clients)]
+
+
+def skewed_sizes(total: int, num_clients: int, beta: float, seed: int, min_size: int = 1) -> np.ndarray:
+    """Client sizes ∝ Dir(β) (quantity skew), each >= ``min_size``, summing to ``total``."""
+    if beta <= 0:
+        raise PartitionError(f"data.quantity_skew = {beta}: expected > 0")
+    if num_clients * min_size > total:
+        raise PartitionError(f"data.num_clients = {num_clients}: more clients than the {total} samples allow")
+    p = rng(seed, PARTITION, 1).dirichlet(np.full(num_clients, beta))
+    spare = total - num_clients * min_size
+    sizes = min_size + np.floor(p * spare).astype(int)
+    sizes[np.argsort(-p)[: total - sizes.sum()]] += 1  # hand out the rounding remainder
+    return sizes
+
+
+def iid_sizes(num_samples: int, sizes: np.ndarray, seed: int, pool: np.ndarray | None = None) -> list[np.ndarray]:
+    """IID labels with given client sizes (e.g. from ``skewed_sizes``)."""
+    pool = np.arange(num_samples) if pool is None else np.asarray(pool, dtype=np.int64)
+    if sizes.sum() > len(pool):
+        raise PartitionError(f"client sizes add up to {sizes.sum()}, more than the {len(pool)} samples available")
+    order = pool[rng(seed, PARTITION).permutation(len(pool))]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return [np.sort(order[bounds[i]:bounds[i + 1]]) for i in range(len(sizes))]

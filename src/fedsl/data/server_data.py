@@ -27,3 +27,35 @@ def iid_per_class(labels: np.ndarray, size: int, seed: int, pool: np.ndarray | N
             raise PartitionError(f"data.server_size = {size} needs {k} samples of class {c}, only {len(members)} exist")
         picked.append(members[gen.permutation(len(members))[:k]])
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
+
+
+def from_clients(clients: list[np.ndarray], num_clients: int, per_client: int, seed: int) -> np.ndarray:
+    """D0 from c clients × s samples (paper Scenario 2): c clients drawn once without replacement,
+    s samples of each drawn without replacement. D0 then follows those clients' (non-IID) labels."""
+    if not 1 <= num_clients <= len(clients):
+        raise PartitionError(f"data.server_clients = {num_clients}: expected 1..{len(clients)} (data.num_clients)")
+    gen = rng(seed, SERVER_DATA, 1)
+    chosen = gen.choice(len(clients), size=num_clients, replace=False)
+    picked = []
+    for i in sorted(chosen):
+        if per_client > len(clients[i]):
+            raise PartitionError(f"data.server_samples_per_client = {per_client}: client {i} holds only "
+                                 f"{len(clients[i])} samples")
+        picked.append(clients[i][gen.permutation(len(clients[i]))[:per_client]])
+    return np.sort(np.concatenate(picked))
+
+
+def balanced_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """Positions of ``size`` samples of ``labels``, as class-balanced as the counts allow (a size budget)."""
+    labels = np.asarray(labels)
+    if size > len(labels):
+        raise PartitionError(f"data.server_size = {size}: the server source has only {len(labels)} samples")
+    gen = rng(seed, SERVER_DATA, 2)
+    queues = {c: list(np.flatnonzero(labels == c)[gen.permutation(int((labels == c).sum()))])
+              for c in np.unique(labels)}
+    picked: list[int] = []
+    while len(picked) < size:  # round-robin over classes that still have samples
+        for c in gen.permutation(list(queues)):
+            if queues[c] and len(picked) < size:
+                picked.append(queues[c].pop())
+    return np.sort(np.asarray(picked, dtype=np.int64))
