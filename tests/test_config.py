@@ -276,7 +276,7 @@ def test_zero_gamma_is_allowed():
     ("algorithm", "name", "fedprox", "'fedavg', 'fsl', 'fsl_p' or 'ds'"),
     ("algorithm", "weighted", [True], "valid boolean"),
     ("data", "num_clients", -3, "greater than or equal to 1"),
-    ("data", "dataset", "mnist", "'synthetic_chars'"),
+    ("data", "dataset", "svhn", "'synthetic_chars'"),
     ("data", "chars", "x", "at least 2 characters"),
     ("server", "weight", 1.0, "less than 1"),
     ("server", "weight", 0.0, "greater than 0"),

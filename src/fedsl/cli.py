@@ -27,11 +27,11 @@ def _clean_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from fedsl.data.partition import PartitionError
+        from fedsl.data.errors import DataError
         from fedsl.experiments.config import ConfigError
         try:
             return fn(*args, **kwargs)
-        except (UserError, ConfigError, PartitionError) as e:
+        except (UserError, ConfigError, DataError) as e:
             # one line, whatever the message quotes back (newlines in keys, ':emoji:' codes)
             msg = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(e))
             err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)

@@ -1,18 +1,51 @@
 """Datasets by name, as arrays, and the federation built from a data config.
 
-Issue 2 ships the offline one, ``synthetic_chars`` (font-rendered characters, generated
-deterministically and cached on disk); the loaders of the publishers' formats (CIFAR-10,
-EMNIST, STL-10, image folders) plug in here.
+Where files are looked for: ``data.data_dir`` (``--data-dir``), else the environment
+variable ``FEDSL_DATA_DIR``, else ``~/.cache/fedsl/data``; inside it, a dataset's own
+sub-folder (e.g. ``cifar10/``, ``cifar10-jpeg/``, ``emnist/``) or the folder itself.
+Each loader reads the publisher's format (and the one-folder-per-class layout);
+downloads happen only with ``data.download = true``.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from fedsl.data import partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
+from fedsl.data.errors import DataError
 from fedsl.data.federation import Federation
+
+# sub-folders of data_dir where each dataset may live (first existing one wins)
+SUBDIRS = {
+    "cifar10": ("cifar10", "cifar-10", "cifar10-jpeg", "."),
+    "emnist": ("emnist", "."),
+    "mnist": ("mnist", "MNIST", "."),
+    "fashion_mnist": ("fashion_mnist", "fashion-mnist", "FashionMNIST", "."),
+    "stl10": ("stl10", "stl10-subset", "stl10_binary", "."),
+    "image_folder": (".",),
+}
+
+
+def data_root(data_dir: str | None) -> Path:
+    """data_dir, else $FEDSL_DATA_DIR, else ~/.cache/fedsl/data."""
+    if data_dir:
+        return Path(data_dir).expanduser()
+    env = os.environ.get("FEDSL_DATA_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fedsl" / "data"
+
+
+def dataset_dir(name: str, data_dir: str | None) -> Path:
+    """The folder of dataset ``name``: the first existing candidate sub-folder of the data root."""
+    root = data_root(data_dir)
+    for sub in SUBDIRS[name]:
+        if (root / sub).is_dir() and (sub == "." or any((root / sub).iterdir())):
+            return (root / sub).resolve()
+    return root / SUBDIRS[name][0]  # where a download would go
 
 
 def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed: int = 0) -> ArrayDataset:
@@ -30,36 +63,154 @@ def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed:
     return ArrayDataset(ImageSet(a["x_train"], a["y_train"], list(chars)), ImageSet(a["x_test"], a["y_test"], list(chars)))
 
 
+def _is_image_folder_split(root: Path) -> bool:
+    return (root / "train").is_dir() and (root / "test").is_dir()
+
+
+def _subset(ds: ArrayDataset, names: list[str], setting: str = "data.classes") -> ArrayDataset:
+    """Keep classes ``names`` (relabelled 0..k-1 in that order)."""
+    missing = [c for c in names if c not in ds.class_names]
+    if missing:
+        raise DataError(f"{setting}: {missing} are not classes of this dataset; expected names from {ds.class_names}")
+    old = np.array([ds.class_names.index(c) for c in names])
+
+    def pick(s: ImageSet) -> ImageSet:
+        keep = np.isin(s.y, old)
+        remap = np.full(len(ds.class_names), -1, dtype=np.int64)
+        remap[old] = np.arange(len(old))
+        return ImageSet(s.x[keep], remap[s.y[keep]], list(names))
+
+    return ArrayDataset(pick(ds.train), pick(ds.test))
+
+
+def load_arrays(d) -> ArrayDataset:
+    """The dataset of data config ``d`` (train and test splits)."""
+    if d.dataset == "synthetic_chars":
+        ds = synthetic_chars(d.chars, d.train_per_class, d.test_per_class)
+    elif d.dataset == "cifar10":
+        root = dataset_dir("cifar10", d.data_dir)
+        if _is_image_folder_split(root):
+            from fedsl.data.cifar10 import CIFAR10_CLASSES
+            from fedsl.data.image_folder import load_image_folder_dataset
+            ds = load_image_folder_dataset(root, class_names=CIFAR10_CLASSES, size=(32, 32), mode="RGB")
+        else:
+            from fedsl.data.cifar10 import load_cifar10
+            ds = load_cifar10(root, download=d.download)
+    elif d.dataset == "emnist":
+        from fedsl.data import emnist
+        root = dataset_dir("emnist", d.data_dir)
+        classes = list(emnist.PAPER_45_CLASSES) if d.classes == "paper45" else d.classes
+        if d.carve:
+            return emnist.carve_emnist(root, d.emnist_split, classes=classes, train_per_class=d.train_per_class,
+                                       test_per_class=d.test_per_class, seed=0)
+        return emnist.load_emnist(root, d.emnist_split, classes=classes, download=d.download)
+    elif d.dataset in ("mnist", "fashion_mnist"):
+        from fedsl.data import emnist
+        load = emnist.load_mnist if d.dataset == "mnist" else emnist.load_fashion_mnist
+        ds = load(dataset_dir(d.dataset, d.data_dir), download=d.download)
+    elif d.dataset == "image_folder":
+        from fedsl.data.image_folder import load_image_folder_dataset
+        root = dataset_dir("image_folder", d.data_dir)
+        if not _is_image_folder_split(root):
+            raise DataError(f"data.data_dir = {str(root)!r}: expected train/<class>/ and test/<class>/ sub-folders")
+        ds = load_image_folder_dataset(root)
+    else:  # the config's Literal makes this unreachable
+        raise DataError(f"data.dataset = {d.dataset!r}: unknown dataset")
+    if isinstance(d.classes, list):
+        ds = _subset(ds, d.classes)
+    return ds
+
+
+def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
+    """D0 from another source, with labels aligned to the clients' classes and images to their shape."""
+    shape = train.x.shape[1:]
+    names = train.class_names
+    if d.server_dataset == "fslsyn":
+        from fedsl.data.synthetic import fslsyn_chars
+        bad = [c for c in names if len(c) != 1]
+        if bad:
+            raise DataError(f"data.server_dataset = 'fslsyn' draws characters, but the classes include {bad[:3]}; "
+                            "use it with emnist or synthetic_chars")
+        x, y = fslsyn_chars("".join(names), image_size=shape[0])
+        s = ImageSet(x, y, list(names))
+    elif d.server_dataset == "synthetic_chars":
+        from fedsl.data.synthetic import make_font_chars
+        x, y = make_font_chars("".join(names), per_class=d.server_per_class or 15, seed=seed + 20_011,
+                               image_size=shape[0])
+        s = ImageSet(x, y, list(names))
+    elif d.server_dataset == "stl10":
+        from fedsl.data.stl10 import load_stl10_as_cifar10
+        if d.dataset != "cifar10":
+            raise DataError(f"data.server_dataset = 'stl10' maps STL-10 onto CIFAR-10's labels; "
+                            f"data.dataset is {d.dataset!r}")
+        root = dataset_dir("stl10", d.server_data_dir or d.data_dir)
+        s = load_stl10_as_cifar10(root, size=shape[:2], per_class=d.server_per_class, seed=seed, download=d.download)
+    else:
+        from fedsl.data.image_folder import load_image_folder
+        if not d.server_data_dir:
+            raise DataError("data.server_dataset = 'image_folder' needs data.server_data_dir: a folder of class folders")
+        s = load_image_folder(Path(d.server_data_dir).expanduser(), class_names=names, size=shape[:2],
+                              mode="L" if len(shape) == 2 else "RGB", per_class=d.server_per_class, seed=seed)
+    if s.x.shape[1:] != shape:
+        raise DataError(f"server images have shape {s.x.shape[1:]}, the clients' {shape}")
+    if d.server_per_class and d.server_dataset != "stl10" and d.server_dataset != "image_folder":
+        keep = np.concatenate([np.flatnonzero(s.y == c)[: d.server_per_class] for c in np.unique(s.y)])
+        s = ImageSet(s.x[np.sort(keep)], s.y[np.sort(keep)], s.class_names)
+    return s
+
+
 def to_tensor(images: np.ndarray) -> torch.Tensor:
     """uint8 [n, H, W(, C)] -> float32 [n, C, H, W] in [0, 1]."""
     t = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
     return t.unsqueeze(1) if t.dim() == 3 else t.permute(0, 3, 1, 2).contiguous()
 
 
-def load_arrays(data_cfg) -> ArrayDataset:
-    if data_cfg.dataset == "synthetic_chars":
-        return synthetic_chars(data_cfg.chars, data_cfg.train_per_class, data_cfg.test_per_class)
-    raise ValueError(f"data.dataset = {data_cfg.dataset!r}: unknown dataset")
-
-
-def build_federation(data_cfg, seed: int) -> Federation:
+def build_federation(d, seed: int) -> Federation:
     """Load the dataset, partition it over N clients and pick D0, all from ``seed``."""
-    ds = load_arrays(data_cfg)
-    labels = ds.train.y
-    n_pool = len(labels)
-    n0 = data_cfg.server_size
-    if n0 > n_pool:
-        raise partition.PartitionError(f"data.server_size = {n0}: expected at most the {n_pool} training samples")
-    server = server_data.iid_per_class(labels, n0, seed) if n0 else np.zeros(0, dtype=np.int64)
-    pool = np.arange(n_pool) if data_cfg.server_overlap else np.setdiff1d(np.arange(n_pool), server)
-    n_i = data_cfg.samples_per_client or len(pool) // data_cfg.num_clients
+    ds = load_arrays(d)
+    train = ds.train
+    labels = train.y
+    n_train = len(labels)
+    x, y = train.x, labels
+
+    server = np.zeros(0, dtype=np.int64)
+    pool = np.arange(n_train)
+    if d.server_source == "iid" and d.server_size:
+        if d.server_size > n_train:
+            raise partition.PartitionError(f"data.server_size = {d.server_size}: expected at most the "
+                                           f"{n_train} training samples")
+        server = server_data.iid_per_class(labels, d.server_size, seed)
+        if not d.server_overlap:
+            pool = np.setdiff1d(pool, server)
+
+    clients = _partition(d, labels, pool, seed)
+
+    if d.server_source == "clients":
+        server = server_data.from_clients(clients, d.server_clients, d.server_samples_per_client, seed)
+    elif d.server_source == "dataset":
+        ext = external_server_set(d, train, seed)
+        server = n_train + np.arange(len(ext))  # appended to the pool; no client draws from it
+        x, y = np.concatenate([x, ext.x]), np.concatenate([y, ext.y])
+    if d.server_source != "iid" and d.server_size:
+        server = server[server_data.balanced_subset(y[server], d.server_size, seed)]
+
+    return Federation(to_tensor(x), torch.from_numpy(y).long(), clients, server,
+                      to_tensor(ds.test.x), torch.from_numpy(ds.test.y).long(),
+                      num_classes=len(ds.class_names), class_names=list(ds.class_names))
+
+
+def _partition(d, labels: np.ndarray, pool: np.ndarray, seed: int) -> list[np.ndarray]:
+    n_i = d.samples_per_client or len(pool) // d.num_clients
     if n_i < 1:
         raise partition.PartitionError(
-            f"data.num_clients = {data_cfg.num_clients}: more clients than the {len(pool)} samples available")
-    if data_cfg.partition == "classes":
-        clients = partition.by_classes(labels, data_cfg.num_clients, data_cfg.classes_per_client, n_i, seed, pool)
-    else:
-        clients = partition.iid(n_pool, data_cfg.num_clients, n_i, seed, pool)
-    return Federation(to_tensor(ds.train.x), torch.from_numpy(labels).long(), clients, server,
-                      to_tensor(ds.test.x), torch.from_numpy(ds.test.y).long(),
-                      num_classes=len(ds.class_names), class_names=ds.class_names)
+            f"data.num_clients = {d.num_clients}: more clients than the {len(pool)} samples available")
+    if d.partition == "classes":
+        return partition.by_classes(labels, d.num_clients, d.classes_per_client, n_i, seed, pool)
+    if d.partition == "dirichlet":
+        return partition.dirichlet(labels, d.num_clients, d.dirichlet_alpha, seed, pool)
+    if d.partition == "shards":
+        return partition.shards(labels, d.num_clients, d.shards_per_client, seed, pool)
+    if d.quantity_skew is not None:
+        sizes = partition.skewed_sizes(min(len(pool), n_i * d.num_clients), d.num_clients, d.quantity_skew, seed)
+        return partition.iid_sizes(len(labels), sizes, seed, pool)
+    return partition.iid(len(labels), d.num_clients, n_i, seed, pool)

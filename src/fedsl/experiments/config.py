@@ -30,25 +30,61 @@ class _Strict(BaseModel):
 PosInt = Field(ge=1)
 
 
+DATASETS = ("synthetic_chars", "cifar10", "emnist", "mnist", "fashion_mnist", "image_folder")
+
+
 class DataConfig(_Strict):
-    dataset: Literal["synthetic_chars"] = Field(description="dataset name")
-    data_dir: str | None = Field(None, description="folder with the dataset files (or env FEDSL_DATA_DIR)")
+    dataset: Literal[DATASETS] = Field(description="dataset name: " + ", ".join(DATASETS))
+    data_dir: str | None = Field(None, description="folder with the dataset files (else env FEDSL_DATA_DIR, "
+                                                   "else ~/.cache/fedsl/data)")
+    download: bool = Field(False, description="download missing publisher files (needs a network)")
+    emnist_split: Literal["balanced", "bymerge", "byclass", "letters", "digits", "mnist"] = Field(
+        "balanced", description="EMNIST split")
+    classes: list[str] | Literal["paper45"] | None = Field(
+        None, description="class subset by name (EMNIST: 'paper45' = the paper's 45 classes)")
+    carve: bool = Field(False, description="carve train/test (train_per_class + test_per_class per class) out of "
+                                           "the one split that exists locally, e.g. EMNIST ByMerge test")
     num_clients: int = Field(20, ge=1, description="N, number of clients")
-    partition: Literal["classes", "iid"] = Field("classes", description="'classes' (paper: C classes per client) or 'iid'")
+    partition: Literal["classes", "iid", "dirichlet", "shards"] = Field(
+        "classes", description="'classes' (paper: C classes per client), 'iid', 'dirichlet' or 'shards'")
     classes_per_client: int = Field(2, ge=1, description="C, label classes per client")
     samples_per_client: int | None = Field(None, ge=1, description="n_i; default: the pool split evenly over N")
-    server_size: int = Field(0, ge=0, description="n0 = |D0|, server samples (≈ n0/L per class)")
-    server_overlap: bool = Field(True, description="D0 drawn from the whole pool (paper) or disjoint from clients")
+    dirichlet_alpha: float = Field(0.5, gt=0, description="α of the Dirichlet label-skew partition")
+    shards_per_client: int = Field(2, ge=1, description="shards per client (McMahan et al. partition)")
+    quantity_skew: float | None = Field(None, gt=0, description="β: IID labels, client sizes ∝ Dirichlet(β)")
+    server_source: Literal["iid", "clients", "dataset"] = Field(
+        "iid", description="D0 from: 'iid' training samples, 'clients' (c clients × s samples) or another 'dataset'")
+    server_size: int = Field(0, ge=0, description="n0 = |D0| (iid: ≈ n0/L per class; other sources: a size budget, "
+                                                  "0 = all they give)")
+    server_overlap: bool = Field(True, description="iid D0 drawn from the whole pool (paper) or disjoint from clients")
+    server_clients: int = Field(10, ge=1, description="c, clients the server takes samples from (paper Scenario 2)")
+    server_samples_per_client: int = Field(50, ge=1, description="s, samples taken from each of the c clients")
+    server_dataset: Literal["fslsyn", "synthetic_chars", "stl10", "image_folder"] = Field(
+        "fslsyn", description="other-source D0: 'fslsyn' (paper's font characters), 'synthetic_chars', 'stl10', "
+                              "'image_folder'")
+    server_data_dir: str | None = Field(None, description="folder of the other-source D0 (default: data_dir)")
+    server_per_class: int | None = Field(None, ge=1, description="other-source D0: samples per class "
+                                                                 "(paper FSLsyn: STL-10 56 or 80)")
     # font-rendered characters (fedsl.data.synthetic)
     chars: str = Field("0123456789", min_length=2, description="characters (classes) of synthetic_chars")
-    train_per_class: int = Field(200, ge=1, description="synthetic_chars training images per class")
-    test_per_class: int = Field(100, ge=1, description="synthetic_chars test images per class")
+    train_per_class: int = Field(200, ge=1, description="training images per class (synthetic_chars, carve)")
+    test_per_class: int = Field(100, ge=1, description="test images per class (synthetic_chars, carve)")
 
     @model_validator(mode="after")
-    def _distinct_chars(self) -> "DataConfig":
+    def _checks(self) -> "DataConfig":
         if len(set(self.chars)) != len(self.chars):
             raise ValueError(f"data.chars = {self.chars!r}: expected distinct characters")
+        if isinstance(self.classes, list) and len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"data.classes = {self.classes!r}: expected distinct class names")
+        if self.classes == "paper45" and self.dataset != "emnist":
+            raise ValueError(f"data.classes = 'paper45' is for dataset 'emnist', not {self.dataset!r}")
+        if self.quantity_skew is not None and self.partition != "iid":
+            raise ValueError(f"data.quantity_skew = {self.quantity_skew}: only with data.partition = 'iid'")
         return self
+
+    @property
+    def has_server_data(self) -> bool:
+        return self.server_source != "iid" or self.server_size > 0
 
 
 class ModelConfig(_Strict):
@@ -119,10 +155,12 @@ class RunConfig(_Strict):
         if d.classes_per_client > len(d.chars) and d.dataset == "synthetic_chars":
             raise ValueError(
                 f"data.classes_per_client = {d.classes_per_client}: expected at most the {len(d.chars)} classes of data.chars")
-        if a.name in ("fsl", "fsl_p", "ds") and d.server_size == 0:
-            raise ValueError(f"algorithm.name = {a.name!r} needs server data: expected data.server_size > 0")
-        if self.server.pretrain and d.server_size == 0:
-            raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0")
+        if a.name in ("fsl", "fsl_p", "ds") and not d.has_server_data:
+            raise ValueError(f"algorithm.name = {a.name!r} needs server data: expected data.server_size > 0 "
+                             "or data.server_source = 'clients' / 'dataset'")
+        if self.server.pretrain and not d.has_server_data:
+            raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
+                             "or data.server_source = 'clients' / 'dataset'")
         return self
 
 
