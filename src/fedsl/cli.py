@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -60,20 +61,26 @@ def _print_tables(path: Path, title: str) -> None:
         show(vrows, VARIANT_COLUMNS, "mean ± std over seeds")
 
 
+def _load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path]):
+    from fedsl.experiments import config as C
+    from fedsl.experiments import presets
+    if (config is None) == (preset is None):
+        raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
+    base = presets.load(preset) if preset else None
+    extra = [f"data.data_dir={str(data_dir)!r}"] if data_dir is not None else []
+    return C.load(config, [*set_, *extra], base=base)
+
+
 @app.command()
 @_clean_errors
 def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", show_default=False),
         preset: Optional[str] = typer.Option(None, "--preset", "-p", help="run a bundled preset (see `fedsl presets`)"),
         set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set algorithm.local_lr=0.05"),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="results folder (default runs/NAME-TIME)"),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="dataset folder (sets data.data_dir)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
-    from fedsl.experiments import config as C
-    from fedsl.experiments import presets
-    if (config is None) == (preset is None):
-        raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
-    base = presets.load(preset) if preset else None
-    cfg = C.load(config, set_, base=base)
+    cfg = _load_config(config, preset, set_, data_dir)
     from fedsl.experiments.runner import check
     for variant in C.expand_variants(cfg).values():  # every variant, data checks included, before any work
         check(variant)
@@ -134,6 +141,139 @@ def list_presets() -> None:
     for name, desc in presets.describe():
         table.add_row(name, desc)
     console.print(table)
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, show, prepare, synthesise, partition.")
+app.add_typer(data_app, name="data")
+
+KNOWN_SIZES = {  # publisher's train / test sizes, classes
+    "synthetic_chars": "generated: data.train_per_class / test_per_class per class",
+    "cifar10": "50,000 / 10,000, 10 classes",
+    "emnist": "balanced 112,800 / 18,800, 47 classes (other splits: see the docs)",
+    "mnist": "60,000 / 10,000, 10 classes",
+    "fashion_mnist": "60,000 / 10,000, 10 classes",
+    "stl10": "5,000 labelled train / 8,000 test, 10 classes (9 shared with CIFAR-10)",
+    "image_folder": "train/<class>/ and test/<class>/ images",
+}
+
+
+def _data_config(name: str, data_dir: Optional[Path], download: bool, split: str, carve: bool):
+    from fedsl.experiments.config import ConfigError, DataConfig
+    from pydantic import ValidationError
+    try:
+        return DataConfig(dataset=name, data_dir=str(data_dir) if data_dir else None, download=download,
+                          emnist_split=split, carve=carve)
+    except ValidationError as e:
+        raise ConfigError(f"dataset {name!r}: {e.errors()[0]['msg']}") from None
+
+
+@data_app.command("list")
+@_clean_errors
+def data_list(data_dir: Optional[Path] = typer.Option(None, "--data-dir")) -> None:
+    """Known datasets and where each is looked for."""
+    from fedsl.data.datasets import data_root, locate
+    table = Table(title=f"datasets (data root: {data_root(str(data_dir) if data_dir else None)})")
+    for col in ("name", "found at", "size (publisher)"):
+        table.add_column(col)
+    for name, size in KNOWN_SIZES.items():
+        if name == "synthetic_chars":
+            where = "generated (cached in $FEDSL_CACHE)"
+        else:
+            found = locate(name, str(data_dir) if data_dir else None)
+            where = str(found) if found else "not found"
+        table.add_row(name, where, size)
+    console.print(table)
+
+
+@data_app.command("show")
+@_clean_errors
+def data_show(name: str = typer.Argument(..., help="dataset name"),
+              data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+              split: str = typer.Option("balanced", "--split", help="EMNIST split"),
+              carve: bool = typer.Option(False, "--carve", help="carve train/test out of the one local split"),
+              out: Path = typer.Option(Path("contact-sheet.png"), "--out", "-o", help="PNG of samples")) -> None:
+    """Counts per class and a contact sheet of samples."""
+    from fedsl.data.datasets import load_arrays
+    from fedsl.report.plots import contact_sheet
+    ds = load_arrays(_data_config(name, data_dir, False, split, carve))
+    table = Table(title=f"{name}: {len(ds.train)} train / {len(ds.test)} test, image {tuple(ds.train.x.shape[1:])}")
+    for col in ("class", "train", "test"):
+        table.add_column(col, justify="right" if col != "class" else "left")
+    import numpy as np
+    tr = np.bincount(ds.train.y, minlength=len(ds.class_names))
+    te = np.bincount(ds.test.y, minlength=len(ds.class_names))
+    for c, cname in enumerate(ds.class_names):
+        table.add_row(cname, str(tr[c]), str(te[c]))
+    console.print(table)
+    contact_sheet(ds.train.x, ds.train.y, ds.class_names, out, title=name)
+    console.print(f"samples: {out}", markup=False)
+
+
+@data_app.command("prepare")
+@_clean_errors
+def data_prepare(name: str = typer.Argument(..., help="dataset name"),
+                 data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+                 download: bool = typer.Option(False, "--download", help="download missing files"),
+                 split: str = typer.Option("balanced", "--split", help="EMNIST split")) -> None:
+    """Find (or download), verify, decode and cache a dataset."""
+    from fedsl.data.datasets import load_arrays
+    ds = load_arrays(_data_config(name, data_dir, download, split, False))
+    console.print(f"{name}: {len(ds.train)} train, {len(ds.test)} test, {len(ds.class_names)} classes — "
+                  "decoded and cached", markup=False)
+
+
+@data_app.command("synth")
+@_clean_errors
+def data_synth(out: Path = typer.Option(Path("synthetic-chars"), "--out", "-o", help="image folder to write"),
+               chars: str = typer.Option("0123456789", "--chars"),
+               per_class: int = typer.Option(100, "--per-class", min=1),
+               seed: int = typer.Option(0, "--seed", min=0),
+               fslsyn: bool = typer.Option(False, "--fslsyn", help="the paper's FSLsyn recipe (15 per class)")) -> None:
+    """Write font-rendered characters to OUT/<char>/NNNN.png (an image folder)."""
+    from PIL import Image
+    from fedsl.data.synthetic import fslsyn_chars, make_font_chars
+    try:
+        x, y = fslsyn_chars(chars) if fslsyn else make_font_chars(chars, per_class=per_class, seed=seed)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for c, ch in enumerate(chars):
+        # folder names must be distinct on case-insensitive file systems: 'a' and 'A' differ
+        folder = out / (f"{ch}_lower" if ch.islower() else ch)
+        folder.mkdir(parents=True, exist_ok=True)
+        for k, i in enumerate(np.flatnonzero(y == c)):
+            Image.fromarray(x[i]).save(folder / f"{k:04d}.png")
+    console.print(f"wrote {len(y)} images of {len(chars)} classes to {out}", markup=False)
+
+
+@data_app.command("partition")
+@_clean_errors
+def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML config file"),
+                   preset: Optional[str] = typer.Option(None, "--preset", "-p"),
+                   set_: List[str] = typer.Option([], "--set", "-s"),
+                   data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+                   out: Path = typer.Option(Path("partition.png"), "--out", "-o", help="heat-map PNG")) -> None:
+    """Per-client class histograms of a config's partition, and a heat map."""
+    from fedsl.data.datasets import build_federation
+    from fedsl.report.plots import partition_heatmap
+    cfg = _load_config(config, preset, set_, data_dir)
+    fed = build_federation(cfg.data, cfg.seed)
+    y = fed.y.numpy()
+    counts = np.stack([np.bincount(y[c], minlength=fed.num_classes) for c in fed.clients])
+    table = Table(title=f"{cfg.name}: {cfg.data.partition} partition, N={fed.num_clients}, n={fed.n}, n0={fed.n0}")
+    table.add_column("client")
+    table.add_column("n_i", justify="right")
+    table.add_column("classes (count)")
+    shown = counts if len(counts) <= 50 else counts[:50]
+    for i, row in enumerate(shown):
+        table.add_row(str(i), str(row.sum()), " ".join(f"{fed.class_names[c]}:{row[c]}" for c in np.flatnonzero(row)))
+    if fed.n0:
+        h = fed.server_histogram()
+        table.add_row("server", str(fed.n0), " ".join(f"{fed.class_names[c]}:{h[c]}" for c in range(len(h)) if h[c]))
+    console.print(table)
+    if len(counts) > 50:
+        console.print(f"(first 50 of {len(counts)} clients shown)")
+    partition_heatmap(counts, fed.class_names, out, title=f"{cfg.name}: {cfg.data.partition}")
+    console.print(f"heat map: {out}", markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,13 +39,31 @@ def data_root(data_dir: str | None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "fedsl" / "data"
 
 
-def dataset_dir(name: str, data_dir: str | None) -> Path:
-    """The folder of dataset ``name``: the first existing candidate sub-folder of the data root."""
+# files (globs) whose presence says a folder holds the dataset
+MARKERS = {
+    "cifar10": ("cifar-10-batches-py", "cifar-10-python.tar.gz", "cifar-10-batches-bin", "cifar-10-binary.tar.gz",
+                "train/airplane"),
+    "emnist": ("emnist-*-ubyte.gz", "gzip.zip", "gzip/emnist-*"),
+    "mnist": ("train-images-idx3-ubyte*", "t10k-images-idx3-ubyte*"),
+    "fashion_mnist": ("train-images-idx3-ubyte*", "t10k-images-idx3-ubyte*"),
+    "stl10": ("stl10_binary", "stl10_binary.tar.gz", "train_X.bin", "airplane"),
+    "image_folder": ("train", "test"),
+}
+
+
+def locate(name: str, data_dir: str | None) -> Path | None:
+    """The folder holding dataset ``name`` (first candidate sub-folder with its files), or None."""
     root = data_root(data_dir)
     for sub in SUBDIRS[name]:
-        if (root / sub).is_dir() and (sub == "." or any((root / sub).iterdir())):
-            return (root / sub).resolve()
-    return root / SUBDIRS[name][0]  # where a download would go
+        folder = root / sub
+        if folder.is_dir() and any(any(folder.glob(m)) for m in MARKERS[name]):
+            return folder.resolve()
+    return None
+
+
+def dataset_dir(name: str, data_dir: str | None) -> Path:
+    """Where dataset ``name`` is (``locate``), else where a download would put it."""
+    return locate(name, data_dir) or data_root(data_dir) / SUBDIRS[name][0]
 
 
 def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed: int = 0) -> ArrayDataset:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -40,6 +41,55 @@ def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, wind
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def contact_sheet(images, labels, class_names: list[str], path: str | Path, per_class: int = 8,
+                  title: str = "") -> Path:
+    """A grid of ``per_class`` samples of each class (rows), uint8 [n, H, W(, C)] images."""
+    import numpy as np
+
+    classes = [c for c in range(len(class_names)) if np.any(labels == c)]
+    rows, cols = len(classes), per_class
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 0.7 + 1.2, rows * 0.7 + 0.5), dpi=100, squeeze=False)
+    for r, c in enumerate(classes):
+        idx = np.flatnonzero(labels == c)[:per_class]
+        for k in range(cols):
+            ax = axes[r][k]
+            ax.axis("off")
+            if k < len(idx):
+                img = images[idx[k]]
+                ax.imshow(img, cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=255)
+        axes[r][0].text(-0.15, 0.5, class_names[c], transform=axes[r][0].transAxes, ha="right", va="center",
+                        fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def partition_heatmap(counts, class_names: list[str], path: str | Path, title: str = "") -> Path:
+    """Clients (rows) × classes (columns) sample counts."""
+    import numpy as np
+
+    counts = np.asarray(counts)
+    n, L = counts.shape
+    fig, ax = plt.subplots(figsize=(min(2 + 0.3 * L, 16), min(1.5 + 0.12 * n, 14)), dpi=110)
+    im = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("class")
+    ax.set_ylabel("client")
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    if L <= 50:
+        ax.set_xticks(range(L), class_names, rotation=90 if L > 12 else 0, fontsize=7)
+    fig.colorbar(im, ax=ax, label="samples")
+    ax.set_title(title or f"{n} clients × {L} classes")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)
