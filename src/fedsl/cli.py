@@ -81,8 +81,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
     cfg = _load_config(config, preset, set_, data_dir)
+    from fedsl.experiments.config import expand_variants
     from fedsl.experiments.runner import check
-    for variant in C.expand_variants(cfg).values():  # every variant, data checks included, before any work
+    for variant in expand_variants(cfg).values():  # every variant, data checks included, before any work
         check(variant)
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -75,6 +75,15 @@ def fetch(url: str, dest: str | Path, checksum: str | None = None, *, timeout: f
                     _progress(dest.name, done, total)
         if sys.stderr.isatty():
             sys.stderr.write("\n")
+    except urllib.error.HTTPError as e:
+        if not (have and e.code == 416):  # 416: the partial file already holds every byte (or more)
+            raise DataError(f"cannot download {url} (HTTP {e.code}); offline, put the file at {dest}") from None
+        if verify(part, checksum):
+            os.replace(part, dest)
+            return dest
+        part.unlink()
+        raise DataError(f"{part} did not match {url} and the server refused to resume it: it was removed; "
+                        "run again to download from the start") from None
     except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError) as e:
         raise DataError(f"cannot download {url} ({e}); the partial file {part} is kept and the next try resumes it. "
                         f"Offline, put the file at {dest}") from None
