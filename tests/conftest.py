@@ -28,3 +28,18 @@ def random_federation(sizes, n0=12, num_classes=4, shape=(1, 8, 8), dtype=torch.
     yt = torch.randint(0, num_classes, (n_test,), generator=g)
     return Federation(x, y, clients, server, xt, yt, num_classes, [str(c) for c in range(num_classes)]).to(
         torch.device("cpu"), dtype)
+
+
+def shared_data_dir():
+    """The offline datasets (../shared/data from the repo, or $FEDSL_SHARED_DATA)."""
+    from pathlib import Path
+    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(os.environ.get("FEDSL_SHARED_DATA", default))
+
+
+@pytest.fixture
+def shared_data():
+    d = shared_data_dir()
+    if not d.is_dir():
+        pytest.skip(f"offline datasets not found at {d} (set FEDSL_SHARED_DATA to run this test)")
+    return d
