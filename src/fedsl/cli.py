@@ -14,8 +14,9 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Federated Learning with Server Learning (FSL): simulate, compare, reproduce.")
-console = Console()
-err_console = Console(stderr=True)
+# Piped or captured output gets wide lines instead of rich's 80-column wrapping and truncation.
+console = Console() if sys.stdout.isatty() else Console(width=160)
+err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=1000)
 
 
 class UserError(Exception):
@@ -197,7 +198,9 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
     from fedsl.data.datasets import load_arrays
     from fedsl.report.plots import contact_sheet
     ds = load_arrays(_data_config(name, data_dir, False, split, carve))
-    table = Table(title=f"{name}: {len(ds.train)} train / {len(ds.test)} test, image {tuple(ds.train.x.shape[1:])}")
+    console.print(f"{name}: {len(ds.train)} train / {len(ds.test)} test, image {tuple(ds.train.x.shape[1:])}",
+                  markup=False, highlight=False)
+    table = Table()
     for col in ("class", "train", "test"):
         table.add_column(col, justify="right" if col != "class" else "left")
     import numpy as np
@@ -260,7 +263,9 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
     fed = build_federation(cfg.data, cfg.seed)
     y = fed.y.numpy()
     counts = np.stack([np.bincount(y[c], minlength=fed.num_classes) for c in fed.clients])
-    table = Table(title=f"{cfg.name}: {cfg.data.partition} partition, N={fed.num_clients}, n={fed.n}, n0={fed.n0}")
+    console.print(f"{cfg.name}: {cfg.data.partition} partition, N={fed.num_clients}, n={fed.n}, n0={fed.n0}",
+                  markup=False, highlight=False)
+    table = Table()
     table.add_column("client")
     table.add_column("n_i", justify="right")
     table.add_column("classes (count)")
