@@ -25,10 +25,10 @@ def _sim(alg, fed, model="small_cnn", executor=SequentialExecutor, S=3, seed=5):
 
 
 def _rounds(sim, rounds, pretrain=None):
-    p = sim.initial_params(pretrain)
+    st = sim.initial_state(pretrain)
     for t in range(rounds):
-        p, _ = sim.round(p, t)
-    return p
+        st, _ = sim.round(st, t)
+    return st.x
 
 
 @pytest.mark.parametrize("executor", [SequentialExecutor, VectorisedExecutor])
@@ -112,9 +112,11 @@ def test_fsl_p_aggregates_server_update_with_weight():
     fed = random_federation(SIZES, n0=8, dtype=torch.float64)
     server = ServerLearning(1.0, 0.2, 4, 1, weight=0.25)
     sim = _sim(make_algorithm("fsl_p", LocalTraining(1e-300, 5), 2.0, server), fed, model="linear")
-    x = sim.initial_params()
-    got, _ = sim.round(x, 0)
-    x0, _ = sim._server_sgd(x, 0)
+    st = sim.initial_state()
+    x = st.x
+    got, _ = sim.round(st, 0)
+    got = got.x
+    x0, _ = sim._server_sgd(x, 0, 1.0)
     for k in x:
         assert torch.allclose(got[k], x[k] + 2.0 * 0.25 * (x0[k] - x[k]), atol=1e-12)
 

@@ -273,7 +273,7 @@ def test_zero_gamma_is_allowed():
     ("algorithm", "local_lr", 0, "greater than 0"),
     ("algorithm", "local_lr", -0.1, "greater than 0"),
     ("algorithm", "batch_size", 0, "greater than or equal to 1"),
-    ("algorithm", "name", "fedprox", "'fedavg', 'fsl', 'fsl_p' or 'ds'"),
+    ("algorithm", "name", "fednova", "'scaffold' or 'feddyn'"),
     ("algorithm", "weighted", [True], "valid boolean"),
     ("data", "num_clients", -3, "greater than or equal to 1"),
     ("data", "dataset", "svhn", "'synthetic_chars'"),

@@ -23,10 +23,10 @@ def _run(executor_cls, alg_name, dtype, rounds=3, model="small_cnn", epochs=1, s
     server = ServerLearning(gamma=0.8, lr=0.05, batch_size=6, epochs=1)
     alg = make_algorithm(alg_name, LocalTraining(0.1, 8, epochs, steps), 1.7, server)
     sim = Simulator(fm, fed, alg, executor_cls(fm), clients_per_round=5, seed=11)
-    p = sim.initial_params()
+    st = sim.initial_state()
     for t in range(rounds):
-        p, info = sim.round(p, t)
-    return p, info
+        st, info = sim.round(st, t)
+    return st.x, info
 
 
 @pytest.mark.parametrize("alg", ["fedavg", "fsl", "fsl_p", "ds"])
@@ -77,10 +77,10 @@ def test_any_module_without_batchnorm_runs_on_both_executors():
         fed = random_federation(SIZES, dtype=torch.float64)
         alg = make_algorithm("fsl", LocalTraining(0.1, 8), 1.0, ServerLearning(1.0, 0.1, 6, 1))
         sim = Simulator(fm, fed, alg, ex(fm), 4, seed=0)
-        p = sim.initial_params()
+        st = sim.initial_state()
         for t in range(2):
-            p, _ = sim.round(p, t)
-        out.append(p)
+            st, _ = sim.round(st, t)
+        out.append(st.x)
     assert all(torch.allclose(out[0][n], out[1][n], atol=1e-10, rtol=0) for n in out[0])
 
 
@@ -135,7 +135,8 @@ def test_cuda_matches_cpu():
     fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).double().cuda())
     alg = make_algorithm("fsl", LocalTraining(0.1, 8), 1.7, ServerLearning(0.8, 0.05, 6, 1))
     sim = Simulator(fm, fed, alg, VectorisedExecutor(fm), 5, seed=11)
-    p = sim.initial_params()
+    st = sim.initial_state()
     for t in range(3):
-        p, _ = sim.round(p, t)
+        st, _ = sim.round(st, t)
+    p = st.x
     assert all(torch.allclose(a[n], p[n].cpu(), atol=1e-9, rtol=0) for n in a)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean
 from fedsl.engine.functional import Params
 
 
@@ -16,15 +19,33 @@ def aggregate(x: Params, client_params: Params, weights: torch.Tensor, global_lr
         weights: w_i, summing to 1 (1/S for the plain mean of Algorithm 1, n_i/Σn_j if weighted).
         global_lr: η_g, the server step size (paper default √S).
     """
-    out = {}
-    for n, p in x.items():
-        delta = client_params[n] - p  # Δ_i, [S, ...]
-        w = weights.to(delta.dtype).reshape(-1, *([1] * p.dim()))
-        out[n] = p + global_lr * (w * delta).sum(0)
-    return out
+    mean = weighted_mean(deltas(x, client_params), weights)
+    return {n: p + global_lr * mean[n] for n, p in x.items()}
 
 
 def client_weights(sizes: list[int], weighted: bool) -> torch.Tensor:
     """1/S each (Algorithm 1), or n_i / Σ n_j when ``weighted``."""
     s = torch.tensor(sizes, dtype=torch.float64)
     return s / s.sum() if weighted else torch.full_like(s, 1.0 / len(sizes))
+
+
+@dataclass(frozen=True)
+class FedAvg:
+    """x̄ = x + η_g · mean_i Δ_i. Stateless.
+
+    Attributes:
+        global_lr: η_g (paper: √S).
+    """
+
+    global_lr: float
+    name: str = "fedavg"
+
+    def init_state(self, x: Params, num_clients: int) -> State:
+        return {}
+
+    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
+        return Correction()
+
+    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
+               ctx: RoundContext) -> tuple[Params, State]:
+        return aggregate(x, finals, weights, self.global_lr), state

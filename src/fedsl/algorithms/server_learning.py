@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from fedsl.algorithms.gamma_schedule import GammaSchedule
+
 
 @dataclass(frozen=True)
 class ServerLearning:
@@ -30,6 +32,9 @@ class ServerLearning:
         mode: "incremental" (FSL, Algorithm 1) or "parallel" (FSL-p).
         weight: w0, FSL-p only: the server update's weight in the average
             (None: n0 relative to the sampled clients' data).
+        schedule: γ_t over the rounds (default constant γ, as in the paper).
+        log_angle: measure cos θ_t between -∇f0 and the clients' update each round
+            (always on for the adaptive schedule; costs one full gradient on D0).
     """
 
     gamma: float
@@ -39,15 +44,25 @@ class ServerLearning:
     steps: int | None = None
     mode: Literal["incremental", "parallel"] = "incremental"
     weight: float | None = None
+    schedule: GammaSchedule | None = None
+    log_angle: bool = False
 
     @property
     def step_size(self) -> float:
-        """γ·η0, the learning rate of the server's LocalSGD."""
+        """γ·η0, the learning rate of the server's LocalSGD (at the base γ)."""
         return self.gamma * self.lr
 
     @property
     def active(self) -> bool:
         return self.gamma > 0 and self.steps != 0
+
+    @property
+    def gamma_schedule(self) -> GammaSchedule:
+        return self.schedule or GammaSchedule("constant", self.gamma)
+
+    @property
+    def measures_angle(self) -> bool:
+        return self.log_angle or self.gamma_schedule.kind == "adaptive"
 
     def parallel_weight(self, n0: int, client_sizes: list[int]) -> float:
         """w0 for FSL-p: the configured weight, or n0 / (n0 + Σ n_i)."""

@@ -23,8 +23,13 @@ from fedsl.engine.plan import BatchPlan
 class Executor(Protocol):
     name: str
 
-    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
-        """Final parameters of each planned client, stacked on a leading dim [S, ...]."""
+    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float,
+                  correction=None) -> Params:
+        """Final parameters of each planned client, stacked on a leading dim [S, ...].
+
+        ``correction`` (an ``algorithms.Correction``) adds prox·(y - params) + linear_i to
+        every local gradient (FedProx, SCAFFOLD, FedDyn).
+        """
         ...
 
 
@@ -34,16 +39,23 @@ class SequentialExecutor:
     def __init__(self, fm: FunctionalModel) -> None:
         self.fm = fm
 
-    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
+    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float,
+                  correction=None) -> Params:
         self.fm.train(True)
+        corrected = correction is not None and correction.active
         finals: list[Params] = []
         for j in range(plan.num_clients):
             p = params
+            lin = {n: v[j] for n, v in correction.linear.items()} if corrected and correction.linear else None
             for k in range(plan.steps[j]):
                 w = plan.weight[j, k]
                 b = int((w > 0).sum())  # real samples come first; the rest is padding
                 idx = plan.idx[j, k, :b]
-                p = self.fm.sgd_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr)
+                if corrected:
+                    p = self.fm.corrected_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr, params,
+                                               correction.prox, lin)
+                else:
+                    p = self.fm.sgd_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr)
             finals.append(p)
         return {n: torch.stack([f[n] for f in finals]) for n in params}
 
@@ -57,13 +69,22 @@ class VectorisedExecutor:
         # fedsl's dropout takes its randomness from the (batched) key instead.
         self._step = vmap(fm.sgd_step, in_dims=(0, 0, 0, 0, 0, None), randomness="different")
 
-    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
+    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float,
+                  correction=None) -> Params:
         self.fm.train(True)
         s = plan.num_clients
         stacked = {n: p.unsqueeze(0).expand(s, *p.shape).contiguous() for n, p in params.items()}
+        step = self._step
+        if correction is not None and correction.active:
+            lin_dim = 0 if correction.linear is not None else None
+            corrected = vmap(self.fm.corrected_step, in_dims=(0, 0, 0, 0, 0, None, None, None, lin_dim),
+                             randomness="different")
+
+            def step(p, xb, yb, wb, kb, lr_):
+                return corrected(p, xb, yb, wb, kb, lr_, params, correction.prox, correction.linear)
         for k in range(plan.max_steps):
             idx = plan.idx[:, k]  # [S, B]
-            stacked = self._step(stacked, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
+            stacked = step(stacked, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
         return stacked
 
 

@@ -57,6 +57,25 @@ class FunctionalModel:
         g = grad(self.loss)(params, x, y, w, key)
         return {n: p - lr * g[n] for n, p in params.items()}
 
+    def corrected_step(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, key: torch.Tensor,
+                       lr: torch.Tensor | float, anchor: Params, prox: float, linear: Params | None) -> Params:
+        """One SGD step on a corrected gradient: g + prox·(y - anchor) + linear.
+
+        FedProx / FedDyn (prox, anchor = x_t) and SCAFFOLD / FedDyn (linear). A step whose
+        batch has zero weight (padding) is a no-op: the correction would otherwise move it.
+        """
+        g = grad(self.loss)(params, x, y, w, key)
+        active = (w.sum() > 0).to(w.dtype)
+        out = {}
+        for n, p in params.items():
+            d = g[n]
+            if prox:
+                d = d + prox * (p - anchor[n])
+            if linear is not None:
+                d = d + linear[n]
+            out[n] = p - (lr * active) * d
+        return out
+
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)
 

@@ -100,8 +100,11 @@ class ModelConfig(_Strict):
         return self
 
 
+ALGORITHM_NAMES = ("fedavg", "fsl", "fsl_p", "ds", "fedprox", "fedavgm", "fedadam", "scaffold", "feddyn")
+
+
 class AlgorithmConfig(_Strict):
-    name: Literal["fedavg", "fsl", "fsl_p", "ds"] = Field(description="algorithm")
+    name: Literal[ALGORITHM_NAMES] = Field(description="algorithm: " + ", ".join(ALGORITHM_NAMES))
     clients_per_round: int = Field(5, ge=1, description="S, clients sampled per round")
     local_lr: float = Field(0.01, gt=0, description="η_l, client learning rate")
     batch_size: int = Field(50, ge=1, description="B, client batch size")
@@ -109,10 +112,27 @@ class AlgorithmConfig(_Strict):
     local_steps: int | None = Field(None, ge=1, description="K, client steps per round (overrides local_epochs)")
     global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
     weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
+    mu: float = Field(0.01, ge=0, description="μ, FedProx proximal weight")
+    momentum: float = Field(0.9, ge=0, lt=1, description="β, FedAvgM server momentum")
+    beta1: float = Field(0.9, ge=0, lt=1, description="β1, FedAdam first-moment decay")
+    beta2: float = Field(0.99, ge=0, lt=1, description="β2, FedAdam second-moment decay")
+    tau: float = Field(1e-3, gt=0, description="τ, FedAdam adaptivity")
+    alpha: float = Field(0.01, gt=0, description="α, FedDyn regularisation (paper: 0.01)")
 
 
 class ServerConfig(_Strict):
+    learning: Literal["auto", "off", "incremental", "parallel"] = Field(
+        "auto", description="server learning: auto (fsl: incremental, fsl_p: parallel, others: off), or add it "
+                            "to any algorithm (e.g. scaffold + incremental)")
     gamma: float = Field(1.0, ge=0, description="γ, weight of the server loss f0 (paper: 1)")
+    gamma_schedule: Literal["constant", "step", "linear", "cosine", "inv_sqrt", "adaptive"] = Field(
+        "constant", description="γ over rounds (paper: constant)")
+    gamma_final: float = Field(0.0, ge=0, description="linear/cosine schedules: γ at the last round")
+    gamma_every: int = Field(100, ge=1, description="step schedule: rounds between decays")
+    gamma_factor: float = Field(0.5, gt=0, le=1, description="step schedule: decay factor")
+    gamma_threshold: float = Field(0.0, ge=-1, le=1, description="adaptive: smallest cos θ that counts as agreement")
+    gamma_shrink: float = Field(0.5, gt=0, lt=1, description="adaptive: γ ← shrink·γ when ∇f0 disagrees")
+    log_angle: bool = Field(False, description="log cos θ_t between -∇f0 and the clients' update every round")
     lr: float | None = Field(None, gt=0, description="η0, server base step size (paper: √S·η_l·K/K0)")
     batch_size: int | None = Field(None, ge=1, description="B0, server batch size (paper: B)")
     epochs: int | None = Field(None, ge=1, description="E_s, server epochs per round (paper: ⌈n/(N·n0)·E_c⌉)")
@@ -155,9 +175,15 @@ class RunConfig(_Strict):
         if d.classes_per_client > len(d.chars) and d.dataset == "synthetic_chars":
             raise ValueError(
                 f"data.classes_per_client = {d.classes_per_client}: expected at most the {len(d.chars)} classes of data.chars")
-        if a.name in ("fsl", "fsl_p", "ds") and not d.has_server_data:
-            raise ValueError(f"algorithm.name = {a.name!r} needs server data: expected data.server_size > 0 "
-                             "or data.server_source = 'clients' / 'dataset'")
+        sl = self.server.learning
+        if (a.name in ("fsl", "fsl_p", "ds") or sl in ("incremental", "parallel")) and not d.has_server_data:
+            raise ValueError(f"algorithm.name = {a.name!r} with server.learning = {sl!r} needs server data: "
+                             "expected data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
+        if sl == "parallel" and a.name not in ("fedavg", "fsl_p", "fedprox", "fedavgm", "fedadam"):
+            raise ValueError(f"server.learning = 'parallel' (FSL-p) composes with fedavg, fedprox, fedavgm, fedadam; "
+                             f"not algorithm.name = {a.name!r}")
+        if (a.name == "fsl" and sl in ("off", "parallel")) or (a.name == "fsl_p" and sl in ("off", "incremental")):
+            raise ValueError(f"server.learning = {sl!r} contradicts algorithm.name = {a.name!r}: expected 'auto'")
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
                              "or data.server_source = 'clients' / 'dataset'")

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
-METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time"]
+# gamma: γ_t of server learning; cos_theta: cos of the angle between -∇f0 and the clients' update
+# (when measured); comm_params: parameters sent down and up in the round (SCAFFOLD doubles it).
+METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time", "gamma", "cos_theta", "comm_params"]
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -52,7 +54,7 @@ class RunDir:
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         with open(self.metrics_file, "a", newline="") as f:
-            csv.writer(f).writerow([row[c] for c in METRIC_COLUMNS])
+            csv.writer(f).writerow(["" if row.get(c) is None else row[c] for c in METRIC_COLUMNS])
             f.flush()
 
     def read_metrics(self) -> list[dict[str, float]]:
@@ -60,7 +62,12 @@ class RunDir:
             return []
         with open(self.metrics_file, newline="") as f:
             rows = list(csv.DictReader(f))
-        return [{k: (int(v) if k == "round" else float(v)) for k, v in r.items()} for r in rows if r.get("round")]
+        def value(k: str, v: str):
+            if v == "" or v is None:
+                return None
+            return int(v) if k in ("round", "comm_params") else float(v)
+
+        return [{k: value(k, v) for k, v in r.items()} for r in rows if r.get("round")]
 
     def truncate_metrics(self, last_round: int) -> list[dict[str, float]]:
         """Keep the rows up to ``last_round`` (the checkpoint's); returns them."""
@@ -70,7 +77,7 @@ class RunDir:
             with open(p, "w", newline="") as f:
                 w = csv.writer(f)
                 w.writerow(METRIC_COLUMNS)
-                w.writerows([[r[c] for c in METRIC_COLUMNS] for r in rows])
+                w.writerows([["" if r.get(c) is None else r[c] for c in METRIC_COLUMNS] for r in rows])
 
         _atomic_write(self.metrics_file, write)
         return rows
@@ -81,9 +88,14 @@ class RunDir:
     def read_summary(self) -> dict[str, Any]:
         return json.loads(self.summary_file.read_text()) if self.summary_file.is_file() else {}
 
-    def save_checkpoint(self, round_: int, params: dict[str, torch.Tensor], wall_time: float) -> None:
-        state = {"round": round_, "params": {n: p.detach().cpu() for n, p in params.items()}, "wall_time": wall_time}
-        _atomic_write(self.checkpoint_file, lambda p: torch.save(state, p))
+    def save_checkpoint(self, round_: int, state, wall_time: float) -> None:
+        """The run's state after ``round_`` rounds: model, algorithm state (control variates, ...), γ_t."""
+        def cpu(d):
+            return {k: cpu(v) if isinstance(v, dict) else v.detach().cpu() for k, v in d.items()}
+
+        blob = {"round": round_, "params": cpu(state.x), "algo": cpu(state.algo), "gamma": state.gamma,
+                "wall_time": wall_time}
+        _atomic_write(self.checkpoint_file, lambda p: torch.save(blob, p))
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_file.is_file():

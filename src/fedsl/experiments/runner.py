@@ -16,12 +16,13 @@ from typing import Callable
 import torch
 
 from fedsl import metrics
-from fedsl.algorithms import Algorithm, LocalTraining, Pretraining, ServerLearning, defaults, make_algorithm
+from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
+                              make_algorithm)
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
-from fedsl.engine.simulator import Simulator
+from fedsl.engine.simulator import RunState, Simulator
 from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.results import RunDir
 from fedsl.models import build_model
@@ -77,11 +78,23 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     note("E_c", "client epochs", a.local_epochs, a.local_epochs if a.local_epochs != defaults.LOCAL_EPOCHS else None)
     k = a.local_steps or a.local_epochs * math.ceil((n / N) / a.batch_size)
     note("K", "client steps per round (mean client)", k, a.local_steps, "derived: E_c·⌈n_i/B⌉")
-    eta_g = note("η_g", "server step size", a.global_lr or defaults.global_lr(S), a.global_lr, "paper default √S")
+    if a.name == "feddyn":
+        eta_g = 1.0  # FedDyn's server rule has no step size
+    elif a.name in defaults.GLOBAL_LR:
+        eta_g = note("η_g", "server step size", a.global_lr or defaults.GLOBAL_LR[a.name], a.global_lr,
+                     f"default for {a.name}")
+    else:
+        eta_g = note("η_g", "server step size", a.global_lr or defaults.global_lr(S), a.global_lr, "paper default √S")
+    rule_hp = {"fedprox": {"mu": a.mu}, "fedavgm": {"momentum": a.momentum}, "feddyn": {"alpha": a.alpha},
+               "fedadam": {"beta1": a.beta1, "beta2": a.beta2, "tau": a.tau}}.get(a.name, {})
+    symbols = {"mu": "μ", "momentum": "β", "alpha": "α", "beta1": "β1", "beta2": "β2", "tau": "τ"}
+    for key, value in rule_hp.items():
+        note(symbols[key], f"{a.name} {key}", value, True)
     local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps)
 
     server = None
-    if a.name in ("fsl", "fsl_p"):
+    mode = {"fsl": "incremental", "fsl_p": "parallel"}.get(a.name, "off") if s.learning == "auto" else s.learning
+    if mode != "off":
         b0 = s.batch_size or a.batch_size
         if b0 > n0:
             raise ConfigError(f"server.batch_size = {b0}: expected at most data.server_size n0 = {n0}")
@@ -95,12 +108,20 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         eta0 = s.lr or (defaults.server_lr(S, a.local_lr, k, k0) if k0 > 0 else 0.0)
         note("η0", "server base step size", eta0, s.lr, "paper default √S·η_l·K/K0")
         note("γ·η0", "server learning rate", s.gamma * eta0, None, "derived")
-        if a.name == "fsl_p":
+        if mode == "parallel":
             note("w0", "FSL-p server weight", s.weight, s.weight, "n0/(n0+Σn_i)")
-        server = ServerLearning(s.gamma, eta0, b0, e_s, s.steps, weight=s.weight)
-    elif a.name == "ds":
+        schedule = GammaSchedule(s.gamma_schedule, s.gamma, s.gamma_final, s.gamma_every, s.gamma_factor,
+                                 cfg.rounds, s.gamma_threshold, s.gamma_shrink)
+        if s.gamma_schedule != "constant":
+            note("γ_t", "γ schedule", s.gamma_schedule, True)
+        server = ServerLearning(s.gamma, eta0, b0, e_s, s.steps, mode=mode, weight=s.weight, schedule=schedule,
+                                log_angle=s.log_angle)
+    if a.name == "ds":
         note("n0", "shared samples |D0|", n0, True)
-    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted)
+    try:
+        algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, **rule_hp)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
     pretrain = None
     if s.pretrain:
@@ -183,12 +204,17 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
     prep = prepare(cfg)
     sim, fed = prep.sim, prep.fed
     start, wall0, history = 0, 0.0, []
-    params = None
+    state = None
     if resume:
         ckpt = rd.load_checkpoint()
         if ckpt is not None:
             start, wall0 = ckpt["round"], ckpt["wall_time"]
-            params = {n: p.to(device=prep.device, dtype=sim.dtype) for n, p in ckpt["params"].items()}
+
+            def dev(d):
+                return {k: dev(v) if isinstance(v, dict) else v.to(device=prep.device, dtype=sim.dtype)
+                        for k, v in d.items()}
+
+            state = RunState(dev(ckpt["params"]), dev(ckpt.get("algo", {})), ckpt.get("gamma"))
             history = rd.truncate_metrics(start)
         log(f"{cfg.name}: resuming at round {start + 1} of {cfg.rounds}")
     else:
@@ -204,12 +230,12 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
         "hyperparameters": {h.symbol: {"value": h.value, "source": h.source} for h in prep.hparams},
     })
     t_start = time.perf_counter()
-    if params is None:
-        params = sim.initial_params(prep.pretrain)
-        summary["initial_accuracy"], _ = sim.evaluate(params)
+    if state is None:
+        state = sim.initial_state(prep.pretrain)
+        summary["initial_accuracy"], _ = sim.evaluate(state.x)
         if prep.pretrain is not None:
             log(f"{cfg.name}: pretrained on D0, test accuracy {summary['initial_accuracy']:.4f}")
-        rd.save_checkpoint(0, params, 0.0)
+        rd.save_checkpoint(0, state, 0.0)
 
     rounds = [int(r["round"]) for r in history]
     accs = [r["accuracy"] for r in history]
@@ -230,11 +256,11 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
             if stop_after is not None and done - start >= stop_after:
                 status = "interrupted"
                 break
-            params, _ = sim.round(params, t)
+            state, info = sim.round(state, t)
             done = t + 1
             acc = None
             if done % cfg.eval_every == 0 or done == cfg.rounds:
-                acc, loss = sim.evaluate(params)
+                acc, loss = sim.evaluate(state.x)
                 if not math.isfinite(loss):
                     status = "diverged"
                     log(f"{cfg.name}: loss is {loss} at round {done}: stopping (status 'diverged')")
@@ -243,24 +269,25 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
                 accs.append(acc)
                 roll = metrics.rolling(rounds, accs, cfg.rolling_window)[-1]
                 rd.append_metrics({"round": done, "accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
-                                   "wall_time": round(wall0 + time.perf_counter() - t_start, 4)})
+                                   "wall_time": round(wall0 + time.perf_counter() - t_start, 4),
+                                   "gamma": info.gamma, "cos_theta": info.cos_theta, "comm_params": info.comm_params})
             if done % cfg.checkpoint_every == 0 or done == cfg.rounds:
-                rd.save_checkpoint(done, params, wall0 + time.perf_counter() - t_start)
+                rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)
             bar.update(done, acc, (done - start) / max(time.perf_counter() - t_start, 1e-9))
         else:
             status = "completed"
     except KeyboardInterrupt:
         bar.close()
-        rd.save_checkpoint(done, params, wall0 + time.perf_counter() - t_start)
+        rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)
         finish("interrupted")
         log(f"{cfg.name}: interrupted after round {done}; continue with: fedsl resume {rd.path}")
         raise
     except BaseException:
         bar.close()
-        rd.save_checkpoint(done, params, wall0 + time.perf_counter() - t_start)  # keep finished rounds resumable
+        rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)  # keep finished rounds resumable
         finish("failed")
         raise
     bar.close()
     if status == "interrupted":
-        rd.save_checkpoint(done, params, wall0 + time.perf_counter() - t_start)
+        rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)
     return finish(status)

@@ -1,0 +1,73 @@
+"""Server optimisers on the mean client update (Hsu et al. 2019; Reddi et al. 2021).
+
+The pseudo-gradient is -Δ_t with Δ_t = Σ w_i Δ_i. FedAvgM keeps a momentum buffer v,
+FedAdam the Adam moments m, v. Their state is measured from the clients' updates only:
+server learning moves the model after the optimiser step, and that move is *not* fed
+back into momentum, so SL acts as a correction the next round's clients start from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean, zeros_like
+from fedsl.engine.functional import Params
+
+
+@dataclass(frozen=True)
+class FedAvgM:
+    """v ← β v + Δ_t; x ← x + η_g v.
+
+    Attributes:
+        global_lr: η_g (default 1).
+        momentum: β (default 0.9).
+    """
+
+    global_lr: float = 1.0
+    momentum: float = 0.9
+    name: str = "fedavgm"
+
+    def init_state(self, x: Params, num_clients: int) -> State:
+        return {"v": zeros_like(x)}
+
+    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
+        return Correction()
+
+    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
+               ctx: RoundContext) -> tuple[Params, State]:
+        d = weighted_mean(deltas(x, finals), weights)
+        v = {n: self.momentum * state["v"][n] + d[n] for n in x}
+        return {n: p + self.global_lr * v[n] for n, p in x.items()}, {"v": v}
+
+
+@dataclass(frozen=True)
+class FedAdam:
+    """m ← β1 m + (1-β1) Δ_t; v ← β2 v + (1-β2) Δ_t²; x ← x + η_g m / (√v + τ) (Reddi et al., no bias correction).
+
+    Attributes:
+        global_lr: η_g (default 0.1).
+        beta1, beta2: moment decays (0.9, 0.99).
+        tau: τ, adaptivity (1e-3).
+    """
+
+    global_lr: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+    name: str = "fedadam"
+
+    def init_state(self, x: Params, num_clients: int) -> State:
+        return {"m": zeros_like(x), "v": zeros_like(x)}
+
+    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
+        return Correction()
+
+    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
+               ctx: RoundContext) -> tuple[Params, State]:
+        d = weighted_mean(deltas(x, finals), weights)
+        m = {n: self.beta1 * state["m"][n] + (1 - self.beta1) * d[n] for n in x}
+        v = {n: self.beta2 * state["v"][n] + (1 - self.beta2) * d[n] ** 2 for n in x}
+        new = {n: p + self.global_lr * m[n] / (v[n].sqrt() + self.tau) for n, p in x.items()}
+        return new, {"m": m, "v": v}

@@ -1,0 +1,27 @@
+"""FedProx (Li et al. 2020): clients minimise f_i(y) + μ/2·‖y - x_t‖²; the server averages as FedAvg."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedsl.algorithms.base import Correction, State
+from fedsl.algorithms.fedavg import FedAvg
+from fedsl.engine.functional import Params
+
+
+@dataclass(frozen=True)
+class FedProx(FedAvg):
+    """FedAvg's server rule with the proximal term μ(y - x_t) added to every local gradient.
+
+    Attributes:
+        global_lr: η_g.
+        mu: μ, the proximal weight (μ = 0 is FedAvg exactly).
+    """
+
+    mu: float = 0.01
+    name: str = "fedprox"
+
+    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
+        return Correction(prox=self.mu)

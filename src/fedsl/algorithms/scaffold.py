@@ -1,0 +1,47 @@
+"""SCAFFOLD (Karimireddy et al. 2020), option II control variates.
+
+Clients correct every local gradient by c - c_i; after K_i steps from x to y_i:
+    c_i⁺ = c_i - c + (x - y_i) / (K_i η_l)            (option II)
+Server:  x ← x + η_g · mean_i (y_i - x);  c ← c + (1/N) Σ_{i∈S} (c_i⁺ - c_i)
+(the paper uses η_g = √S). Sending c down and Δc_i up doubles the communication.
+The control variates are measured from the model the clients received: with server
+learning that is the post-SL model x_{t+1}, so SL's move is part of the reference point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean, zeros_like
+from fedsl.engine.functional import Params
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    """Attributes: global_lr: η_g (paper: √S)."""
+
+    global_lr: float
+    name: str = "scaffold"
+    comm_factor: int = 2  # x and c down, Δy and Δc up
+
+    def init_state(self, x: Params, num_clients: int) -> State:
+        return {"c": zeros_like(x), "c_i": zeros_like(x, (num_clients,))}
+
+    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
+        return Correction(linear={n: state["c"][n] - state["c_i"][n][ids] for n in x})
+
+    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
+               ctx: RoundContext) -> tuple[Params, State]:
+        d = deltas(x, finals)
+        scale = 1.0 / (ctx.steps.to(next(iter(x.values())).dtype) * ctx.local_lr)  # 1/(K_i η_l)
+        c, c_i = {}, {}
+        for n in x:
+            s = scale.reshape(-1, *([1] * x[n].dim()))
+            old = state["c_i"][n][ids]
+            c_i[n] = old - state["c"][n] - s * d[n]
+            c[n] = state["c"][n] + (c_i[n] - old).sum(0) / ctx.num_clients
+        mean = weighted_mean(d, weights)
+        # "c_i" holds the sampled clients' new rows only (see base.ServerRule)
+        return {n: p + self.global_lr * mean[n] for n, p in x.items()}, {"c": c, "c_i": c_i}
