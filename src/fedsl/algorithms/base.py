@@ -20,7 +20,7 @@ cost more than the round (N = 1000 CIFAR clients: 2 GB).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -115,7 +115,7 @@ class Algorithm:
 
     name: str
     local: LocalTraining
-    rule: ServerRule = field(default=None)  # type: ignore[assignment]
+    rule: ServerRule
     weighted: bool = False
     server_learning: ServerLearning | None = None
     share_server_data: bool = False

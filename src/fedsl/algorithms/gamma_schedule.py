@@ -8,9 +8,9 @@ the model nears a stationary point of F, where ∇f0 stops pointing downhill for
 - cosine: γ_t = final + (γ - final)·(1 + cos(π t/T))/2
 - inv_sqrt: γ_t = γ / √(t + 1)
 - adaptive: the paper's descent condition (Eq. grad_f0_cond_angle) asks ∇f0 and ∇F to
-  make an acute angle. Each round we measure cos θ_t between -∇f0(x̄_t) and the clients'
-  mean update Δ_t (a descent direction of F); while cos θ_t < ``threshold`` γ shrinks by
-  ``shrink``, otherwise it recovers by ``1/shrink`` per round up to γ.
+  make an acute angle. Each round we measure cos θ_t between -∇f0(x_t) and the clients'
+  mean update Δ_t from x_t (the server's stand-in for -∇F); while cos θ_t < ``threshold``
+  γ shrinks by ``shrink``, otherwise it recovers by ``1/shrink`` per round up to γ.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class RoundInfo:
     client_steps: tuple[int, ...]  # K_i actually taken
     server_steps: int  # K0 actually taken (0 without server learning)
     gamma: float | None = None  # γ_t used by server learning this round
-    cos_theta: float | None = None  # cos of the angle between -∇f0(x̄_t) and the clients' update
+    cos_theta: float | None = None  # cos of the angle between -∇f0(x_t) and the clients' update
     comm_params: int = 0  # parameters sent down and up this round
 
 
@@ -128,7 +128,7 @@ class Simulator:
         algo = {**state.algo, **{k: v for k, v in out.items() if not k.endswith("_i")}}
         cos = None
         if on and sl.measures_angle:
-            cos = self._angle(new, params, stacked, weights)
+            cos = self._angle(params, stacked, weights)
         if on and sl.mode == "incremental":
             new, server_steps = self._server_sgd(new, t, gamma)  # Algorithm 1, line 10
         next_gamma = state.gamma
@@ -142,14 +142,20 @@ class Simulator:
                 algo[key][n][ids_t] = r
         return RunState(new, algo, next_gamma), info
 
-    def _angle(self, x_bar: Params, x: Params, stacked: Params, weights: torch.Tensor) -> float:
-        """cos θ_t between -∇f0(x̄_t) and the clients' mean update Δ_t (the paper's descent condition)."""
+    def _angle(self, x: Params, stacked: Params, weights: torch.Tensor) -> float:
+        """cos θ_t between -∇f0(x_t) and the clients' mean update Δ_t from x_t.
+
+        Δ_t stands in for -∇F(x_t), which the server cannot compute: the paper's descent
+        condition needs ⟨∇F, ∇f0⟩ > 0. Both are taken at x_t, where the clients start; at
+        x̄_t (after aggregation) we measured the sign flipped on the quickstart data even
+        though the true cos(∇F, ∇f0) stayed near 0.9.
+        """
         n_clients = len(weights) if self.alg.server_learning.mode == "incremental" else len(weights) - 1
         w = weights[:n_clients] / weights[:n_clients].sum()
         delta = {n: (w.to(v.dtype).reshape(-1, *([1] * x[n].dim())) * (stacked[n][:n_clients] - x[n])).sum(0)
                  for n, v in stacked.items()}
         idx = torch.as_tensor(self.fed.server, device=self.device)
-        g0 = full_gradient(self.fm, x_bar, self.fed.x[idx], self.fed.y[idx])
+        g0 = full_gradient(self.fm, x, self.fed.x[idx], self.fed.y[idx])
         dot = sum(-(g0[n] * delta[n]).sum() for n in x)
         norm = torch.sqrt(sum((g0[n] ** 2).sum() for n in x)) * torch.sqrt(sum((delta[n] ** 2).sum() for n in x))
         return float(dot / norm) if norm > 0 else float("nan")
