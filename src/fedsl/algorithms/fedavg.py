@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,7 +38,7 @@ class FedAvg:
     """
 
     global_lr: float
-    name: str = "fedavg"
+    name: str = field(default="fedavg", init=False)
 
     def init_state(self, x: Params, num_clients: int) -> State:
         return {}

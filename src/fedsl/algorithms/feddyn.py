@@ -9,7 +9,7 @@ By construction h = (1/m) Σ_{i∈[N]} ∇L_i at every round (a test checks this
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,7 +22,7 @@ class FedDyn:
     """Attributes: alpha: α, the regularisation weight (paper: 0.01; tuned in {0.01, 0.05, 0.1, 0.5})."""
 
     alpha: float = 0.01
-    name: str = "feddyn"
+    name: str = field(default="feddyn", init=False)
 
     def init_state(self, x: Params, num_clients: int) -> State:
         return {"h": zeros_like(x), "grad_i": zeros_like(x, (num_clients,))}

@@ -8,7 +8,7 @@ back into momentum, so SL acts as a correction the next round's clients start fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +27,7 @@ class FedAvgM:
 
     global_lr: float = 1.0
     momentum: float = 0.9
-    name: str = "fedavgm"
+    name: str = field(default="fedavgm", init=False)
 
     def init_state(self, x: Params, num_clients: int) -> State:
         return {"v": zeros_like(x)}
@@ -56,7 +56,7 @@ class FedAdam:
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-3
-    name: str = "fedadam"
+    name: str = field(default="fedadam", init=False)
 
     def init_state(self, x: Params, num_clients: int) -> State:
         return {"m": zeros_like(x), "v": zeros_like(x)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,7 +21,7 @@ class FedProx(FedAvg):
     """
 
     mu: float = 0.01
-    name: str = "fedprox"
+    name: str = field(default="fedprox", init=False)
 
     def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
         return Correction(prox=self.mu)

@@ -10,7 +10,7 @@ learning that is the post-SL model x_{t+1}, so SL's move is part of the referenc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,7 +23,7 @@ class Scaffold:
     """Attributes: global_lr: η_g (paper: √S)."""
 
     global_lr: float
-    name: str = "scaffold"
+    name: str = field(default="scaffold", init=False)
     comm_factor: int = 2  # x and c down, Δy and Δc up
 
     def init_state(self, x: Params, num_clients: int) -> State:
