@@ -153,6 +153,8 @@ class RunConfig(_Strict):
     eval_batch_size: int = Field(100, ge=1, description="evaluation batch size")
     rolling_window: int = Field(20, ge=1, description="rounds in the rolling accuracy window (paper: 20)")
     checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every this many rounds")
+    diag_every: int = Field(0, ge=0, description="measure ξ², G² and cos(∇F, ∇f0) every this many rounds "
+                                                 "(full-batch gradients; 0 = never; paper: 50)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
     executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")

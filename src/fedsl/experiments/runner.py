@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +20,7 @@ from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraini
                               make_algorithm)
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
+from fedsl.diagnostics import measure
 from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import RunState, Simulator
@@ -233,6 +234,8 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
     if state is None:
         state = sim.initial_state(prep.pretrain)
         summary["initial_accuracy"], _ = sim.evaluate(state.x)
+        if cfg.diag_every:
+            summary["initial_diagnostics"] = asdict(measure(sim.fm, state.x, sim.fed))
         if prep.pretrain is not None:
             log(f"{cfg.name}: pretrained on D0, test accuracy {summary['initial_accuracy']:.4f}")
         rd.save_checkpoint(0, state, 0.0)
@@ -259,7 +262,8 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
             state, info = sim.round(state, t)
             done = t + 1
             acc = None
-            if done % cfg.eval_every == 0 or done == cfg.rounds:
+            diag = cfg.diag_every and done % cfg.diag_every == 0
+            if done % cfg.eval_every == 0 or done == cfg.rounds or diag:
                 acc, loss = sim.evaluate(state.x)
                 if not math.isfinite(loss):
                     status = "diverged"
@@ -270,7 +274,8 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
                 roll = metrics.rolling(rounds, accs, cfg.rolling_window)[-1]
                 rd.append_metrics({"round": done, "accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
                                    "wall_time": round(wall0 + time.perf_counter() - t_start, 4),
-                                   "gamma": info.gamma, "cos_theta": info.cos_theta, "comm_params": info.comm_params})
+                                   "gamma": info.gamma, "cos_theta": info.cos_theta, "comm_params": info.comm_params,
+                                   **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})})
             if done % cfg.checkpoint_every == 0 or done == cfg.rounds:
                 rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)
             bar.update(done, acc, (done - start) / max(time.perf_counter() - t_start, 1e-9))
