@@ -69,7 +69,8 @@ def test_run_writes_results_folder(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(tiny(tmp_path, rounds=5)), "--out", str(out), "--quiet"]) == 0
     run_dir = out / "tiny"
-    assert json.loads((out / "group.json").read_text())["runs"] == {"tiny": {"dir": "tiny", "variant": "tiny", "seed": 3}}
+    assert json.loads((out / "group.json").read_text())["runs"] == {"tiny": {"dir": "tiny", "variant": "tiny", "seed": 3,
+                                                                    "params": {}}}
     cfg = C.validate(json.loads((run_dir / "config.json").read_text()))  # the resolved config re-validates
     assert cfg.rounds == 5
     r = rows(run_dir)
@@ -246,7 +247,7 @@ def test_user_module_and_seeds_with_mean_std(tmp_path, monkeypatch, capsys):
                  "--out", str(out), "--quiet"]) == 0
     group = json.loads((out / "group.json").read_text())["runs"]
     assert set(group) == {"FedAvg-seed0", "FedAvg-seed1", "FSL-seed0", "FSL-seed1"}
-    assert group["FSL-seed1"] == {"dir": "FSL-seed1", "variant": "FSL", "seed": 1}
+    assert group["FSL-seed1"] == {"dir": "FSL-seed1", "variant": "FSL", "seed": 1, "params": {}}
     s0 = json.loads((out / "FSL-seed0" / "summary.json").read_text())
     s1 = json.loads((out / "FSL-seed1" / "summary.json").read_text())
     md = (out / "comparison.md").read_text()
@@ -260,3 +261,45 @@ def test_user_module_and_seeds_with_mean_std(tmp_path, monkeypatch, capsys):
     assert len(err) == 1 and "BatchNorm2d" in err[0] and not (tmp_path / "bn").exists()
     assert main(["run", str(cfg), "--set", "model.name=user_models:nope", "--out", str(tmp_path / "x")]) == 2
     assert "cannot import" in capsys.readouterr().err
+
+
+def test_sweep_grid_index_resume_and_divergence(tmp_path, capsys):
+    import pandas as pd
+
+    extra = '\n[sweep]\n"algorithm.local_lr" = [0.05, 1e9]\n"server.gamma" = [0.5, 1.0]\n'
+    cfg = tiny(tmp_path, rounds=4, extra=extra)
+    out = tmp_path / "sweep"
+    assert main(["run", str(cfg), "--set", "seeds=[0, 1]", "--out", str(out), "--quiet"]) == 0
+    index = pd.read_csv(out / "index.csv")
+    assert len(index) == 8  # 2 lr x 2 gamma x 2 seeds
+    assert set(index["algorithm.local_lr"]) == {0.05, 1e9} and set(index["server.gamma"]) == {0.5, 1.0}
+    assert set(index["run"]) >= {"tiny-local_lr=0.05-gamma=0.5-seed0", "tiny-local_lr=1e+09-gamma=1-seed1"}
+    # the diverging learning rate is recorded as such and the sweep went on
+    assert set(index.loc[index["algorithm.local_lr"] == 1e9, "status"]) == {"diverged"}
+    assert set(index.loc[index["algorithm.local_lr"] == 0.05, "status"]) == {"completed"}
+    run_dir = out / "tiny-local_lr=0.05-gamma=0.5-seed1"
+    assert json.loads((run_dir / "config.json").read_text())["server"]["gamma"] == 0.5
+    # seeds aggregate per sweep point in the comparison
+    assert "| tiny-local_lr=0.05-gamma=0.5 | 2 |" in (out / "comparison.md").read_text()
+
+    # an interrupted run is resumed, finished ones are skipped
+    (run_dir / "summary.json").write_text(json.dumps({**json.loads((run_dir / "summary.json").read_text()),
+                                                      "status": "interrupted"}))
+    before = (out / "tiny-local_lr=0.05-gamma=1-seed0" / "metrics.csv").stat().st_mtime_ns
+    assert main(["resume", str(out), "--quiet"]) == 0
+    assert (out / "tiny-local_lr=0.05-gamma=1-seed0" / "metrics.csv").stat().st_mtime_ns == before
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    capsys.readouterr()
+    assert main(["sweep", "status", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "8 runs" in text and "4 completed" in text and "4 diverged" in text
+
+
+def test_bad_sweep_is_a_one_line_error(tmp_path, capsys):
+    cfg = tiny(tmp_path, rounds=2, extra='\n[sweep]\n"server.gamma" = [1.0, -1.0]\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: sweep point tiny-gamma=-1: server.gamma = -1.0") and "\n" not in err
+    cfg = tiny(tmp_path, rounds=2, extra='\n[sweep]\n"seed" = [1, 2]\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert "use seeds" in capsys.readouterr().err

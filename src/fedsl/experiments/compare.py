@@ -15,11 +15,12 @@ import numpy as np
 
 from fedsl import metrics
 from fedsl.experiments import runner
-from fedsl.experiments.config import RunConfig, expand_variants
+from fedsl.experiments.config import RunConfig, expand_variants, get_dotted
 from fedsl.experiments.results import RunDir
 from fedsl.report.plots import accuracy_curves
 
 RUN_COLUMNS = ("run", "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done", "wall_time")
+FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips
 VARIANT_COLUMNS = ("variant", "seeds", "final_accuracy", "rise_time", "T_0.5")
 
 
@@ -33,16 +34,21 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
     runs = expand_variants(cfg)
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
-        spec = {r: {"dir": r, "variant": c.name, "seed": c.seed} for r, c in runs.items()}
+        spec = {r: {"dir": r, "variant": c.name, "seed": c.seed,
+                    "params": {k: get_dotted(c.model_dump(), k) for k in cfg.sweep}} for r, c in runs.items()}
         (out / "group.json").write_text(json.dumps(
             {"name": cfg.name, "description": cfg.description, "window": cfg.rolling_window, "runs": spec}, indent=2))
     summaries = []
     for rname, rcfg in runs.items():
         rd = RunDir(out / rname)
-        if resume and rd.read_summary().get("status") in ("completed", "diverged"):
+        if resume and rd.read_summary().get("status") in FINISHED:
             summaries.append(rd.read_summary())
             continue
-        summaries.append(runner.run(rcfg, rd.path, resume=resume and rd.is_run(), log=log, progress=progress))
+        try:
+            summaries.append(runner.run(rcfg, rd.path, resume=resume and rd.is_run(), log=log, progress=progress))
+        except Exception as e:  # noqa: BLE001 — one failed run must not stop a sweep; it is recorded
+            log(f"{rname}: failed ({type(e).__name__}: {e}); the group goes on")
+            summaries.append(rd.read_summary())
     write_comparison(out)
     return summaries
 
@@ -89,6 +95,11 @@ def variant_rows(path: str | Path) -> list[dict]:
 def fmt(v, column: str = "") -> str:
     if column == "wall_time" and isinstance(v, (int, float)):
         return f"{v:.1f}"
+    if (column in ("rise_time", "rounds_done") or column.startswith("T_")) and v is not None:
+        if isinstance(v, tuple):  # mean ± std of round numbers
+            m, s = v
+            return "—" if np.isnan(m) else (f"{m:.0f}" if s == 0 else f"{m:.1f} ± {s:.1f}")
+        return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
     if v is None:
         return "—"
     if isinstance(v, tuple):  # (mean, std)
@@ -146,4 +157,25 @@ def write_comparison(path: str | Path) -> tuple[Path, Path]:
             + "\n![accuracy curves](comparison.png)\n")
     md = path / "comparison.md"
     md.write_text(text)
+    write_index(path)
     return md, png
+
+
+def write_index(path: str | Path) -> Path:
+    """index.csv: one row per run (run, variant, seed, swept parameters, status, metrics), for pandas."""
+    import csv
+
+    path = Path(path)
+    spec = _spec(path).get("runs", {})
+    params = sorted({k for s in spec.values() for k in s.get("params", {})})
+    cols = ["run", "variant", "seed", *params, "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done",
+            "wall_time"]
+    with open(path / "index.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r, rd in group_runs(path).items():
+            s, sp = rd.read_summary(), spec.get(r, {})
+            row = {"run": r, "variant": sp.get("variant", r), "seed": sp.get("seed"), **sp.get("params", {}),
+                   "status": s.get("status", "pending"), **{c: s.get(c) for c in cols[len(params) + 4:]}}
+            w.writerow(["" if row.get(c) is None else row[c] for c in cols])
+    return path / "index.csv"

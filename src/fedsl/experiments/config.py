@@ -9,6 +9,7 @@ Errors are ``ConfigError``: one line naming the key, the value and what is expec
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 import tomllib
@@ -148,6 +149,9 @@ class RunConfig(_Strict):
     name: str = Field("run", min_length=1, description="run name")
     seed: int = Field(0, ge=0, description="seed of partition, sampling, batches, dropout, init")
     seeds: list[int] = Field(default_factory=list, description="run every variant once per seed (overrides seed)")
+    sweep: dict[str, list[Any]] = Field(
+        default_factory=dict, description="dotted key -> list of values: one run per combination, e.g. "
+                                          "'server.gamma' = [0.5, 1, 1.5] (× variants × seeds)")
     rounds: int = Field(ge=1, description="T, number of rounds")
     eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (paper: 1)")
     eval_batch_size: int = Field(100, ge=1, description="evaluation batch size")
@@ -170,6 +174,12 @@ class RunConfig(_Strict):
     def _cross_checks(self) -> "RunConfig":
         if any(x < 0 for x in self.seeds) or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds = {self.seeds}: expected distinct integers >= 0")
+        for key, values in self.sweep.items():
+            if key.split(".")[0] in ("seed", "seeds", "sweep", "variants", "name") or not key or "" in key.split("."):
+                raise ValueError(f"sweep key {key!r}: expected a dotted config key such as 'server.gamma' "
+                                 "(use seeds = [...] for seeds)")
+            if not values:
+                raise ValueError(f"sweep.{key} = []: expected a non-empty list of values")
         d, a = self.data, self.algorithm
         if a.clients_per_round > d.num_clients:
             raise ValueError(
@@ -297,28 +307,52 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
-    """One validated RunConfig per (variant, seed), named ``VARIANT`` or ``VARIANT-seedS``.
+def get_dotted(data: dict, key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node[part]
+    return node
 
-    Without variants the config itself is the one variant; without ``seeds`` each variant
-    runs once with ``seed``.
+
+def _label(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
+    """One validated RunConfig per (variant, sweep point, seed).
+
+    Runs are named ``VARIANT[-key=value...][-seedS]``; a run's ``name`` (what tables
+    aggregate seeds over) is the part before ``-seedS``. Without variants the config itself
+    is the one variant; without ``seeds`` each runs once with ``seed``.
     """
-    base = cfg.model_dump(exclude={"variants", "seeds"})
+    base = cfg.model_dump(exclude={"variants", "seeds", "sweep"})
     variants = cfg.variants or {cfg.name: {}}
+    keys = list(cfg.sweep)
+    points = list(itertools.product(*cfg.sweep.values()))
     out = {}
     for vname, over in variants.items():
         if not isinstance(over, dict):
             raise ConfigError(f"variants.{vname}: expected a table of overrides")
-        for seed in cfg.seeds or [None]:
-            merged = deep_merge(base, over)
-            merged["name"] = vname
-            if seed is not None:
-                merged["seed"] = seed
-            try:
-                run_cfg = validate(merged)
-            except ConfigError as e:
-                raise ConfigError(f"variants.{vname}: {e}" if cfg.variants else str(e)) from None
-            out[vname if seed is None else f"{vname}-seed{seed}"] = run_cfg
+        for point in points:
+            label = vname + "".join(f"-{k.split('.')[-1]}={_label(v)}" for k, v in zip(keys, point))
+            for seed in cfg.seeds or [None]:
+                merged = deep_merge(base, over)
+                for k, v in zip(keys, point):
+                    node = merged
+                    for part in k.split(".")[:-1]:
+                        node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+                    node[k.split(".")[-1]] = copy.deepcopy(v)
+                merged["name"] = label
+                if seed is not None:
+                    merged["seed"] = seed
+                try:
+                    run_cfg = validate(merged)
+                except ConfigError as e:
+                    where = f"variants.{vname}" if cfg.variants else ""
+                    if keys:
+                        where = f"{where} sweep point {label}".strip()
+                    raise ConfigError(f"{where}: {e}" if where else str(e)) from None
+                out[label if seed is None else f"{label}-seed{seed}"] = run_cfg
     return out
 
 
