@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.colors
 import matplotlib.ticker
 
 matplotlib.use("Agg")
@@ -15,8 +16,16 @@ METHOD_COLOURS = {"fedavg": "#1f77b4", "fl": "#1f77b4", "fsl": "#d62728", "fsl_p
                   "scaffold": "#ff7f0e", "feddyn": "#8c564b", "fslsyn": "#e377c2"}
 
 
-def colour(name: str, i: int) -> str:
-    return METHOD_COLOURS.get(name.lower().replace("-", "_"), f"C{i % 10}")
+def colours(names: list[str]) -> dict[str, str]:
+    """The method's fixed colour where it has one, distinct tab20 colours for the rest."""
+    out = {n: METHOD_COLOURS[n.lower().replace("-", "_")] for n in names
+           if n.lower().replace("-", "_") in METHOD_COLOURS}
+    spare = [matplotlib.colors.to_hex(c) for c in plt.get_cmap("tab20").colors]
+    spare = [c for c in spare if c not in out.values()]
+    for n in names:
+        if n not in out:
+            out[n] = spare.pop(0) if spare else "#555555"
+    return out
 
 
 def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, window: int = 20) -> Path:
@@ -26,10 +35,12 @@ def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, wind
     """
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for i, (name, curve) in enumerate(curves.items()):
+    many = len(curves) > 6
+    fig, ax = plt.subplots(figsize=(9.5 if many else 7, 4.2), dpi=120)
+    palette = colours(list(curves))
+    for name, curve in curves.items():
         rounds, acc, roll = curve[:3]
-        c = colour(name, i)
+        c = palette[name]
         ax.plot(rounds, acc, color=c, alpha=0.25, lw=1)
         ax.plot(rounds, roll, color=c, lw=2.2, label=f"{name} (rolling {window})")
         if len(curve) > 3 and np.any(np.asarray(curve[3]) > 0):
@@ -40,7 +51,10 @@ def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, wind
     ax.set_title(title)
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    if many:  # outside the axes, so that it hides no curve
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    else:
+        ax.legend(loc="lower right")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)
