@@ -132,6 +132,18 @@ def show(path: Path = typer.Argument(..., help="a run or group folder")) -> None
     _print_tables(path, str(path))
 
 
+@app.command()
+@_clean_errors
+def report(path: Path = typer.Argument(..., help="a run group or sweep folder")) -> None:
+    """Figures and a Markdown report (with the paper's numbers for paper presets) in PATH/report/."""
+    from fedsl.experiments.compare import is_group
+    from fedsl.report.report import write_report
+    if not is_group(path):
+        raise UserError(f"{str(path)!r} is not a run folder of `fedsl run`: expected group.json in it")
+    md = write_report(path)
+    console.print(f"report: {md}", markup=False)
+
+
 @app.command("presets")
 @_clean_errors
 def list_presets() -> None:

@@ -37,7 +37,8 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
         spec = {r: {"dir": r, "variant": c.name, "seed": c.seed,
                     "params": {k: get_dotted(c.model_dump(), k) for k in cfg.sweep}} for r, c in runs.items()}
         (out / "group.json").write_text(json.dumps(
-            {"name": cfg.name, "description": cfg.description, "window": cfg.rolling_window, "runs": spec}, indent=2))
+            {"name": cfg.name, "description": cfg.description, "window": cfg.rolling_window, "runs": spec,
+             "sweep": list(cfg.sweep), "paper": cfg.paper, "paper_claims": cfg.paper_claims}, indent=2))
     summaries = []
     for rname, rcfg in runs.items():
         rd = RunDir(out / rname)

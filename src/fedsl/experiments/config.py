@@ -149,6 +149,10 @@ class RunConfig(_Strict):
     name: str = Field("run", min_length=1, description="run name")
     seed: int = Field(0, ge=0, description="seed of partition, sampling, batches, dropout, init")
     seeds: list[int] = Field(default_factory=list, description="run every variant once per seed (overrides seed)")
+    paper: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="the paper's numbers per variant (e.g. {FSL = {final_accuracy = 0.61, "
+                                          "T_0.5 = 203}}), shown beside ours by `fedsl report`")
+    paper_claims: list[str] = Field(default_factory=list, description="the paper's claims for this experiment, as text")
     sweep: dict[str, list[Any]] = Field(
         default_factory=dict, description="dotted key -> list of values: one run per combination, e.g. "
                                           "'server.gamma' = [0.5, 1, 1.5] (× variants × seeds)")
@@ -325,7 +329,7 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
     aggregate seeds over) is the part before ``-seedS``. Without variants the config itself
     is the one variant; without ``seeds`` each runs once with ``seed``.
     """
-    base = cfg.model_dump(exclude={"variants", "seeds", "sweep"})
+    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims"})
     variants = cfg.variants or {cfg.name: {}}
     keys = list(cfg.sweep)
     points = list(itertools.product(*cfg.sweep.values()))

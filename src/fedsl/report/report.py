@@ -1,0 +1,181 @@
+"""``fedsl report DIR``: figures and a Markdown report of a run group (variants × sweep × seeds).
+
+Writes into ``DIR/report/``: accuracy curves (mean ± std over seeds), bars of final
+accuracy, rise time and T_0.5, plots of a swept parameter (one sweep key) or a heat map
+(two sweep keys, as the paper's Fig. 5), the diagnostics ξ² and G² over rounds when they
+were measured, and ``report.md`` with the tables — and, for presets of the paper, our
+numbers next to the paper's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedsl import metrics
+from fedsl.experiments.compare import VARIANT_COLUMNS, fmt, group_runs, markdown_table, variant_curves, variant_rows
+from fedsl.report.plots import accuracy_curves, colours, plt
+
+
+def _spec(path: Path) -> dict:
+    f = path / "group.json"
+    return json.loads(f.read_text()) if f.is_file() else {"name": path.name, "runs": {}}
+
+
+def _bars(rows: list[dict], path: Path) -> Path:
+    names = [r["variant"] for r in rows]
+    palette = colours(names)
+    fig, axes = plt.subplots(1, 3, figsize=(min(4 + 0.9 * len(names), 16), 3.6), dpi=110)
+    for ax, col, label in zip(axes, ("final_accuracy", "rise_time", "T_0.5"),
+                              ("final accuracy", "rise time (rounds)", "T_0.5 (rounds)")):
+        means = [r[col][0] for r in rows]
+        stds = [r[col][1] for r in rows]
+        ax.bar(range(len(names)), np.nan_to_num(means), yerr=np.nan_to_num(stds),
+               color=[palette[n] for n in names], capsize=3)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _sweep_points(path: Path, spec: dict) -> list[dict]:
+    """One record per run: variant base name (without sweep suffix), swept values, summary."""
+    out = []
+    for r, rd in group_runs(path).items():
+        s = spec["runs"].get(r, {})
+        base = s.get("variant", r).split("-")[0] if s.get("params") else s.get("variant", r)
+        out.append({"base": base, "params": s.get("params", {}), "summary": rd.read_summary()})
+    return out
+
+
+def _sweep_plot(points: list[dict], key: str, path: Path) -> Path:
+    """Final accuracy and rise time against one swept parameter (the paper's Fig. 3 layout)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=110)
+    bases = sorted({p["base"] for p in points})
+    palette = colours(bases)
+    for base in bases:
+        xs = sorted({p["params"][key] for p in points if p["base"] == base})
+        for ax, col in zip(axes, ("final_accuracy", "rise_time")):
+            stats = [metrics.mean_std([p["summary"].get(col) for p in points
+                                       if p["base"] == base and p["params"][key] == x]) for x in xs]
+            ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3,
+                        color=palette[base], label=base)
+    for ax, label in zip(axes, ("final accuracy", "rise time (rounds)")):
+        ax.set_xlabel(key)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _heatmaps(points: list[dict], keys: list[str], path: Path) -> Path:
+    """Final accuracy over two swept parameters, one panel per method (the paper's Fig. 5 layout)."""
+    k1, k2 = keys[:2]
+    bases = sorted({p["base"] for p in points})
+    v1 = sorted({p["params"][k1] for p in points})
+    v2 = sorted({p["params"][k2] for p in points})
+    fig, axes = plt.subplots(1, len(bases), figsize=(3.4 * len(bases) + 0.8, 3.2), dpi=110, squeeze=False)
+    for ax, base in zip(axes[0], bases):
+        grid = np.full((len(v1), len(v2)), np.nan)
+        for i, a in enumerate(v1):
+            for j, b in enumerate(v2):
+                grid[i, j] = metrics.mean_std([p["summary"].get("final_accuracy") for p in points
+                                               if p["base"] == base and p["params"][k1] == a
+                                               and p["params"][k2] == b])[0]
+        im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        for i in range(len(v1)):
+            for j in range(len(v2)):
+                if np.isfinite(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if grid[i, j] < 0.6 else "black")
+        ax.set_xticks(range(len(v2)), [str(v) for v in v2], fontsize=8)
+        ax.set_yticks(range(len(v1)), [str(v) for v in v1], fontsize=8)
+        ax.set_xlabel(k2)
+        ax.set_ylabel(k1)
+        ax.set_title(base, fontsize=10)
+    fig.colorbar(im, ax=axes[0].tolist(), label="final accuracy")
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _diagnostics(path: Path, out: Path) -> Path | None:
+    series = {}
+    for r, rd in group_runs(path).items():
+        rows = [m for m in rd.read_metrics() if m.get("G2") is not None]
+        if rows:
+            series[r] = rows
+    if not series:
+        return None
+    palette = colours(list(series))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
+    for r, rows in series.items():
+        rounds = [m["round"] for m in rows]
+        axes[0].plot(rounds, [m["xi2"] for m in rows], marker="o", color=palette[r], label=r)
+        axes[1].plot(rounds, [m["G2"] for m in rows], marker="o", color=palette[r], label=r)
+    for ax, label in zip(axes, ("ξ² = ‖∇f0 − ∇F‖²", "G² = (1/N)Σ‖∇f_i − ∇F‖²")):
+        ax.set_yscale("log")
+        ax.set_xlabel("round")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def write_report(path: str | Path) -> Path:
+    """Write ``path/report/`` (figures and report.md) for the group at ``path``; returns report.md."""
+    path = Path(path)
+    spec = _spec(path)
+    out = path / "report"
+    out.mkdir(exist_ok=True)
+    window = spec.get("window", metrics.WINDOW)
+    title = spec.get("name", path.name)
+    rows = variant_rows(path)
+    parts = [f"# {title}\n", spec.get("description", ""), ""]
+
+    accuracy_curves(variant_curves(path), out / "curves.png", title, window)
+    _bars(rows, out / "bars.png")
+    parts += [f"Rolling window {window} rounds; mean ± std over seeds where there are several.\n",
+              markdown_table(rows, VARIANT_COLUMNS), "![accuracy](curves.png)\n", "![summary](bars.png)\n"]
+
+    keys = spec.get("sweep", [])
+    points = _sweep_points(path, spec)
+    if len(keys) == 1:
+        _sweep_plot(points, keys[0], out / "sweep.png")
+        parts.append(f"## Sweep over {keys[0]}\n\n![sweep](sweep.png)\n")
+    elif len(keys) >= 2:
+        _heatmaps(points, keys, out / "heatmap.png")
+        parts.append(f"## Final accuracy over {keys[0]} × {keys[1]}\n\n![heat map](heatmap.png)\n")
+    if _diagnostics(path, out / "diagnostics.png"):
+        parts.append("## Non-IIDness diagnostics\n\n![diagnostics](diagnostics.png)\n")
+
+    paper = spec.get("paper") or {}
+    if paper or spec.get("paper_claims"):
+        parts.append("## Ours next to the paper's\n")
+        if paper:
+            ours = {r["variant"]: r for r in rows}
+            cols = sorted({c for v in paper.values() for c in v})
+            head = "| variant | " + " | ".join(f"{c} (ours) | {c} (paper)" for c in cols) + " |\n"
+            head += "|---|" + "---|---|" * len(cols) + "\n"
+            body = ""
+            for v, numbers in paper.items():
+                mine = ours.get(v, {})
+                body += f"| {v} | " + " | ".join(f"{fmt(mine.get(c), c)} | {fmt(numbers.get(c), c)}"
+                                                 for c in cols) + " |\n"
+            parts.append(head + body)
+        for claim in spec.get("paper_claims", []):
+            parts.append(f"- Paper: {claim}")
+    md = out / "report.md"
+    md.write_text("\n".join(parts) + "\n")
+    return md

@@ -1,0 +1,37 @@
+"""fedsl report: figures and report.md for groups, sweeps (1 and 2 keys), diagnostics and paper numbers."""
+
+import json
+
+from fedsl.cli import main
+from test_runs import tiny
+
+
+def test_report_of_a_two_key_sweep_with_paper_numbers(tmp_path, capsys):
+    top = ('diag_every = 2\npaper_claims = ["FSL converges faster than FedAvg"]\n'
+           'paper = { "FSL-local_lr=0.05-gamma=1" = { final_accuracy = 0.6144, "T_0.5" = 203 } }\n')
+    tables = ('\n[sweep]\n"algorithm.local_lr" = [0.02, 0.05]\n"server.gamma" = [0.5, 1.0]\n'
+              '[variants.FSL.algorithm]\nname = "fsl"\n')
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(top + tiny(tmp_path, rounds=2).read_text() + tables)
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "group.json").read_text())["sweep"] == ["algorithm.local_lr", "server.gamma"]
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    rep = out / "report"
+    for png in ("curves.png", "bars.png", "heatmap.png", "diagnostics.png"):
+        assert (rep / png).stat().st_size > 5_000, png
+    md = (rep / "report.md").read_text()
+    assert "Ours next to the paper's" in md and "| FSL-local_lr=0.05-gamma=1 |" in md and "0.6144" in md
+    assert "Paper: FSL converges faster than FedAvg" in md
+
+
+def test_report_of_a_one_key_sweep_and_errors(tmp_path, capsys):
+    cfg = tiny(tmp_path, rounds=2, extra='\n[sweep]\n"server.gamma" = [0.5, 1.0]\n')
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    assert main(["report", str(out)]) == 0
+    assert (out / "report" / "sweep.png").stat().st_size > 5_000
+    assert not (out / "report" / "heatmap.png").exists()
+    assert main(["report", str(tmp_path)]) == 2
+    assert "group.json" in capsys.readouterr().err
