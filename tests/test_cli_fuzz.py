@@ -85,7 +85,7 @@ for _name, _field in RunConfig.model_fields.items():
     if isinstance(_ann, type) and issubclass(_ann, BaseModel):
         SECTIONS[_name] = _ann
         LEAVES += [leaf for sub, f in _ann.model_fields.items() if (leaf := _leaf((_name, sub), f)) is not None]
-    elif _name not in ("variants", "seeds", "sweep"):  # tables/lists: covered by test_config.py
+    elif _name not in ("variants", "seeds", "sweep", "paper", "paper_claims", "quick"):  # tables/lists: covered by test_config.py
         LEAVES.append(_leaf((_name,), _field))
 
 FIELDS = {(): set(RunConfig.model_fields), **{(s,): set(m.model_fields) for s, m in SECTIONS.items()}}

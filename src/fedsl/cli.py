@@ -62,14 +62,15 @@ def _print_tables(path: Path, title: str) -> None:
         show(vrows, VARIANT_COLUMNS, "mean ± std over seeds")
 
 
-def _load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path]):
+def _load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path],
+                 quick: bool = False):
     from fedsl.experiments import config as C
     from fedsl.experiments import presets
     if (config is None) == (preset is None):
         raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
     base = presets.load(preset) if preset else None
     extra = [f"data.data_dir={str(data_dir)!r}"] if data_dir is not None else []
-    return C.load(config, [*set_, *extra], base=base)
+    return C.load(config, [*set_, *extra], base=base, quick=quick)
 
 
 @app.command()
@@ -79,9 +80,11 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set algorithm.local_lr=0.05"),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="results folder (default runs/NAME-TIME)"),
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="dataset folder (sets data.data_dir)"),
+        quick: bool = typer.Option(False, "--quick", help="the config's quick form: few rounds, one seed, "
+                                                           "small subsets"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
-    cfg = _load_config(config, preset, set_, data_dir)
+    cfg = _load_config(config, preset, set_, data_dir, quick)
     from fedsl.experiments.config import expand_variants
     from fedsl.experiments.runner import check
     for variant in expand_variants(cfg).values():  # every variant, data checks included, before any work

@@ -153,6 +153,8 @@ class RunConfig(_Strict):
         default_factory=dict, description="the paper's numbers per variant (e.g. {FSL = {final_accuracy = 0.61, "
                                           "T_0.5 = 203}}), shown beside ours by `fedsl report`")
     paper_claims: list[str] = Field(default_factory=list, description="the paper's claims for this experiment, as text")
+    quick: dict[str, Any] = Field(default_factory=dict, description="dotted overrides applied by --quick: a "
+                                                                    "minutes-long form of the experiment")
     sweep: dict[str, list[Any]] = Field(
         default_factory=dict, description="dotted key -> list of values: one run per combination, e.g. "
                                           "'server.gamma' = [0.5, 1, 1.5] (× variants × seeds)")
@@ -329,7 +331,7 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
     aggregate seeds over) is the part before ``-seedS``. Without variants the config itself
     is the one variant; without ``seeds`` each runs once with ``seed``.
     """
-    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims"})
+    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "quick"})
     variants = cfg.variants or {cfg.name: {}}
     keys = list(cfg.sweep)
     points = list(itertools.product(*cfg.sweep.values()))
@@ -360,7 +362,26 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
     return out
 
 
-def load(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> RunConfig:
-    """Read, override and validate a config (``base`` is a preset's dict when no file is given)."""
+def apply_quick(data: dict) -> dict:
+    """The config's ``quick`` overrides applied (few rounds, one seed, small subsets)."""
+    out = copy.deepcopy(data)
+    quick = out.get("quick", {})
+    if not isinstance(quick, dict):
+        raise ConfigError("quick: expected a table of dotted overrides")
+    for key, value in quick.items():
+        set_dotted(out, key, copy.deepcopy(value))
+    if isinstance(out.get("seeds"), list) and len(out["seeds"]) > 1:
+        out["seeds"] = out["seeds"][:1]
+    return out
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None,
+         quick: bool = False) -> RunConfig:
+    """Read, override and validate a config (``base`` is a preset's dict when no file is given).
+
+    ``quick`` applies the config's ``quick`` table first; ``overrides`` come last.
+    """
     data = read_file(path) if path is not None else copy.deepcopy(base or {})
+    if quick:
+        data = apply_quick(data)
     return validate(apply_overrides(data, overrides or []))

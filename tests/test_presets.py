@@ -1,0 +1,39 @@
+"""Every preset has a --quick form that runs (on the offline copies in ../shared/data) and reports."""
+
+import json
+
+import pytest
+
+from fedsl.cli import main
+from fedsl.experiments import config as C
+from fedsl.experiments import presets
+
+PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
+
+
+def test_paper_presets_name_their_figure_and_have_quick_forms():
+    assert {"fig2-cifar10", "fig2-emnist", "fig3-cifar10", "fig3-emnist", "fig5-cifar10", "fig5-emnist",
+            "table1-cifar10", "appendix-no-pretrain", "appendix-fslp", "appendix-diagnostics"} <= set(PAPER)
+    for name in presets.names():
+        raw = presets.load(name)
+        assert raw.get("quick"), f"{name} has no [quick] table"
+        cfg = C.load(base=raw, quick=True)
+        assert cfg.rounds <= 3 and len(cfg.seeds) <= 1
+        if name in PAPER:
+            assert raw["description"].startswith("Paper")
+        if name.startswith(("fig", "table", "appendix")):
+            assert raw.get("paper_claims") or raw.get("paper"), f"{name} states nothing of the paper's results"
+    table1 = C.load(base=presets.load("table1-cifar10"))
+    assert table1.paper["FSL-500"] == {"final_accuracy": 0.6144, "T_0.5": 203}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PAPER)
+def test_quick_form_runs_and_reports(name, shared_data, tmp_path, capsys):
+    out = tmp_path / name
+    assert main(["run", "--preset", name, "--quick", "--data-dir", str(shared_data), "--out", str(out), "--quiet"]) == 0
+    runs = json.loads((out / "group.json").read_text())["runs"]
+    for r in runs:
+        assert json.loads((out / r / "summary.json").read_text())["status"] == "completed", r
+    assert main(["report", str(out)]) == 0
+    assert (out / "report" / "report.md").is_file()
