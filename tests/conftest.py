@@ -43,3 +43,13 @@ def shared_data():
     if not d.is_dir():
         pytest.skip(f"offline datasets not found at {d} (set FEDSL_SHARED_DATA to run this test)")
     return d
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two busy-waiting
+    threads made a module 10x slower; the previous setting is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

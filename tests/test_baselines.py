@@ -33,14 +33,7 @@ GLOBAL_LR = {"fedavg": 1.7, "fedprox": 1.7, "fedavgm": 1.0, "fedadam": 0.1, "sca
 SL = ServerLearning(gamma=0.8, lr=0.05, batch_size=6, epochs=1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two busy-waiting
-    threads made this module 10x slower; the previous setting is restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _sim(name, fed, *, executor=SequentialExecutor, model="mlp", local=LocalTraining(0.1, 8), global_lr=None,

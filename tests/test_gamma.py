@@ -19,14 +19,7 @@ from fedsl.experiments.runner import run
 from fedsl.models import build_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two busy-waiting
-    threads made this module 10x slower; the previous setting is restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # ---------------------------------------------------------------- the schedules, by hand
 
