@@ -53,3 +53,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def run_rounds(sim, rounds, st=None):
+    """``rounds`` rounds of ``sim`` from ``st`` (default: its initial state); returns (state, infos)."""
+    st = sim.initial_state() if st is None else st
+    infos = []
+    for t in range(rounds):
+        st, info = sim.round(st, t)
+        infos.append(info)
+    return st, infos

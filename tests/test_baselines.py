@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import random_federation
+from conftest import random_federation, run_rounds
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.engine import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
@@ -50,13 +50,7 @@ def _clone(st: RunState) -> RunState:
                     {k: {n: p.clone() for n, p in v.items()} for k, v in st.algo.items()}, st.gamma)
 
 
-def _run(sim, rounds, st=None):
-    st = sim.initial_state() if st is None else st
-    infos = []
-    for t in range(rounds):
-        st, info = sim.round(st, t)
-        infos.append(info)
-    return st, infos
+_run = run_rounds
 
 
 def _flat(st: RunState) -> dict:

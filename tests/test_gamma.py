@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import random_federation
+from conftest import random_federation, run_rounds
 from fedsl.algorithms import GammaSchedule, LocalTraining, ServerLearning, make_algorithm
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import SequentialExecutor
@@ -116,13 +116,7 @@ def _sim(fed, server, name="fedavg", model="mlp", lr=0.02, global_lr=1.5, S=3, s
     return Simulator(fm, fed, alg, SequentialExecutor(fm), S, seed=seed)
 
 
-def _rounds(sim, rounds, st=None):
-    st = sim.initial_state() if st is None else st
-    infos = []
-    for t in range(rounds):
-        st, info = sim.round(st, t)
-        infos.append(info)
-    return st, infos
+_rounds = run_rounds
 
 
 def _adaptive(gamma=1.0, threshold=0.0, shrink=0.5, lr=0.1, steps=None):
