@@ -1,7 +1,6 @@
 """The paper's data settings expressed in config and built on the offline copies in ../shared/data."""
 
 import numpy as np
-import pytest
 
 from fedsl.cli import main
 from fedsl.data.datasets import build_federation

@@ -171,7 +171,7 @@ def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
                               mode="L" if len(shape) == 2 else "RGB", per_class=d.server_per_class, seed=seed)
     if s.x.shape[1:] != shape:
         raise DataError(f"server images have shape {s.x.shape[1:]}, the clients' {shape}")
-    if d.server_per_class and d.server_dataset != "stl10" and d.server_dataset != "image_folder":
+    if d.server_per_class and d.server_dataset == "fslsyn":  # the other sources take per_class themselves
         keep = np.concatenate([np.flatnonzero(s.y == c)[: d.server_per_class] for c in np.unique(s.y)])
         s = ImageSet(s.x[np.sort(keep)], s.y[np.sort(keep)], s.class_names)
     return s

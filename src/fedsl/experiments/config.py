@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fedsl.algorithms import defaults
+
 
 class ConfigError(ValueError):
     """A bad configuration; the message is one line meant for the user."""
@@ -109,7 +111,7 @@ class AlgorithmConfig(_Strict):
     clients_per_round: int = Field(5, ge=1, description="S, clients sampled per round")
     local_lr: float = Field(0.01, gt=0, description="η_l, client learning rate")
     batch_size: int = Field(50, ge=1, description="B, client batch size")
-    local_epochs: int = Field(1, ge=1, description="E_c, client epochs per round (paper: 1)")
+    local_epochs: int = Field(defaults.LOCAL_EPOCHS, ge=1, description="E_c, client epochs per round (paper: 1)")
     local_steps: int | None = Field(None, ge=1, description="K, client steps per round (overrides local_epochs)")
     global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
     weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
@@ -125,7 +127,7 @@ class ServerConfig(_Strict):
     learning: Literal["auto", "off", "incremental", "parallel"] = Field(
         "auto", description="server learning: auto (fsl: incremental, fsl_p: parallel, others: off), or add it "
                             "to any algorithm (e.g. scaffold + incremental)")
-    gamma: float = Field(1.0, ge=0, description="γ, weight of the server loss f0 (paper: 1)")
+    gamma: float = Field(defaults.GAMMA, ge=0, description="γ, weight of the server loss f0 (paper: 1)")
     gamma_schedule: Literal["constant", "step", "linear", "cosine", "inv_sqrt", "adaptive"] = Field(
         "constant", description="γ over rounds (paper: constant)")
     gamma_final: float = Field(0.0, ge=0, description="linear/cosine schedules: γ at the last round")
@@ -140,8 +142,8 @@ class ServerConfig(_Strict):
     steps: int | None = Field(None, ge=0, description="K0, server steps per round (overrides epochs)")
     weight: float | None = Field(None, gt=0, lt=1, description="w0, FSL-p server weight (default n0/(n0+Σn_i))")
     pretrain: bool = Field(False, description="pretrain the initial model on D0 (paper Scenario 1)")
-    pretrain_epochs: int = Field(500, ge=1, description="pretraining epochs (paper: 500)")
-    pretrain_lr: float = Field(0.01, gt=0, description="pretraining learning rate (paper: 0.01)")
+    pretrain_epochs: int = Field(defaults.PRETRAIN_EPOCHS, ge=1, description="pretraining epochs (paper: 500)")
+    pretrain_lr: float = Field(defaults.PRETRAIN_LR, gt=0, description="pretraining learning rate (paper: 0.01)")
     pretrain_batch_size: int | None = Field(None, ge=1, description="pretraining batch size (paper: B)")
 
 
