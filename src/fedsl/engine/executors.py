@@ -32,6 +32,12 @@ class Executor(Protocol):
         """
         ...
 
+    def local_sgd_many(self, starts: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+                       lrs: list[float], correction=None) -> Params:
+        """Client j of ``plan`` starts from ``starts[.][j]`` with step ``lrs[j]``: the clients of
+        several runs (``StackedSimulator``) in one call; each client's prox anchor is its start."""
+        ...
+
 
 class SequentialExecutor:
     name = "sequential"
@@ -42,22 +48,34 @@ class SequentialExecutor:
     def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float,
                   correction=None) -> Params:
         self.fm.train(True)
-        corrected = correction is not None and correction.active
-        finals: list[Params] = []
-        for j in range(plan.num_clients):
-            p = params
-            lin = {n: v[j] for n, v in correction.linear.items()} if corrected and correction.linear else None
-            for k in range(plan.steps[j]):
-                w = plan.weight[j, k]
-                b = int((w > 0).sum())  # real samples come first; the rest is padding
-                idx = plan.idx[j, k, :b]
-                if corrected:
-                    p = self.fm.corrected_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr, params,
-                                               correction.prox, lin)
-                else:
-                    p = self.fm.sgd_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr)
-            finals.append(p)
+        finals = [self._client(params, plan, j, x, y, lr, params, correction) for j in range(plan.num_clients)]
         return {n: torch.stack([f[n] for f in finals]) for n in params}
+
+    def local_sgd_many(self, starts: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+                       lrs: list[float], correction=None) -> Params:
+        """Like ``local_sgd`` but client j starts from ``starts[.][j]`` with step ``lrs[j]`` (stacked runs)."""
+        self.fm.train(True)
+        finals = []
+        for j in range(plan.num_clients):
+            p = {n: v[j] for n, v in starts.items()}
+            finals.append(self._client(p, plan, j, x, y, lrs[j], p, correction))
+        return {n: torch.stack([f[n] for f in finals]) for n in starts}
+
+    def _client(self, p: Params, plan: BatchPlan, j: int, x: torch.Tensor, y: torch.Tensor, lr: float,
+                anchor: Params, correction) -> Params:
+        """Client j's real steps (no padding) from p; ``anchor`` is its x_t for prox terms."""
+        corrected = correction is not None and correction.active
+        lin = {n: v[j] for n, v in correction.linear.items()} if corrected and correction.linear else None
+        for k in range(plan.steps[j]):
+            w = plan.weight[j, k]
+            b = int((w > 0).sum())  # real samples come first; the rest is padding
+            idx = plan.idx[j, k, :b]
+            if corrected:
+                p = self.fm.corrected_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr, anchor,
+                                           correction.prox, lin)
+            else:
+                p = self.fm.sgd_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr)
+        return p
 
 
 class VectorisedExecutor:
@@ -84,6 +102,27 @@ class VectorisedExecutor:
                 return corrected(p, xb, yb, wb, kb, lr_, params, correction.prox, correction.linear)
         for k in range(plan.max_steps):
             idx = plan.idx[:, k]  # [S, B]
+            stacked = step(stacked, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
+        return stacked
+
+    def local_sgd_many(self, starts: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+                       lrs: list[float], correction=None) -> Params:
+        """Like ``local_sgd`` but client j starts from ``starts[.][j]`` with step ``lrs[j]`` (stacked runs)."""
+        self.fm.train(True)
+        stacked = {n: v.contiguous() for n, v in starts.items()}
+        anchors = stacked
+        lr = torch.tensor(lrs, dtype=next(iter(starts.values())).dtype, device=plan.idx.device)
+        if correction is not None and correction.active:
+            lin_dim = 0 if correction.linear is not None else None
+            corrected = vmap(self.fm.corrected_step, in_dims=(0, 0, 0, 0, 0, 0, 0, None, lin_dim),
+                             randomness="different")
+
+            def step(p, xb, yb, wb, kb, lr_):
+                return corrected(p, xb, yb, wb, kb, lr_, anchors, correction.prox, correction.linear)
+        else:
+            step = vmap(self.fm.sgd_step, in_dims=(0, 0, 0, 0, 0, 0), randomness="different")
+        for k in range(plan.max_steps):
+            idx = plan.idx[:, k]
             stacked = step(stacked, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
         return stacked
 

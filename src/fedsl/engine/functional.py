@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad
+from torch.func import functional_call, grad, vmap
 
 from fedsl.models.dropout import replace_dropout
 
@@ -93,6 +93,28 @@ def evaluate(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torch.Tens
         loss += F.cross_entropy(logits, yb, reduction="sum").item()
         correct += (logits.argmax(1) == yb).sum().item()
     return correct / len(x), loss / len(x)
+
+
+@torch.inference_mode()
+def evaluate_many(fm: FunctionalModel, stacked: Params, x: torch.Tensor, y: torch.Tensor,
+                  batch_size: int = 500) -> list[tuple[float, float]]:
+    """``evaluate`` for R models stacked on a leading dim, in one vmapped pass per batch.
+
+    The R models see each test batch together; memory is R × batch activations, so the
+    caller picks ``batch_size`` (R × batch_size samples per forward).
+    """
+    fm.train(False)
+    r = next(iter(stacked.values())).shape[0]
+    fwd = vmap(fm.forward, in_dims=(0, None))
+    correct = torch.zeros(r, dtype=torch.int64, device=x.device)
+    loss = torch.zeros(r, dtype=torch.float64, device=x.device)
+    for i in range(0, len(x), batch_size):
+        logits = fwd(stacked, x[i:i + batch_size])  # [R, b, classes]
+        yb = y[i:i + batch_size]
+        ce = F.cross_entropy(logits.flatten(0, 1), yb.repeat(r), reduction="none").view(r, -1)
+        loss += ce.sum(1).double()
+        correct += (logits.argmax(2) == yb).sum(1)
+    return [(c / len(x), l / len(x)) for c, l in zip(correct.tolist(), loss.tolist())]
 
 
 def full_gradient(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torch.Tensor,

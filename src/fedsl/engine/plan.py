@@ -85,3 +85,27 @@ def make_plan(datasets: list[np.ndarray], ids: list[int], batch_size: int, epoch
         key_arr[j, : len(batches)] = keys[j]
     return BatchPlan(torch.from_numpy(idx), torch.from_numpy(weight), torch.from_numpy(key_arr),
                      tuple(len(b) for b in per_client))
+
+
+def concat_plans(plans: list[BatchPlan], offsets: list[int] | None = None) -> BatchPlan:
+    """One plan for the clients of several plans (stacked runs), padded to a common K and B.
+
+    Padded steps and samples have zero weight, so they are exact no-ops; ``offsets[r]`` is
+    added to plan r's indices when the runs' pools are concatenated.
+    """
+    kmax = max(p.max_steps for p in plans)
+    bmax = max(p.idx.shape[2] for p in plans)
+    idx, weight, keys = [], [], []
+    for r, p in enumerate(plans):
+        s, k, b = p.idx.shape
+        i = torch.zeros((s, kmax, bmax), dtype=p.idx.dtype, device=p.idx.device)
+        i[:, :k, :b] = p.idx + (offsets[r] if offsets else 0)
+        i[:, :k, b:] = i[:, :k, :1]  # padding points at a real sample of the same batch; weight 0
+        w = torch.zeros((s, kmax, bmax), dtype=p.weight.dtype, device=p.weight.device)
+        w[:, :k, :b] = p.weight
+        kk = torch.zeros((s, kmax), dtype=p.keys.dtype, device=p.keys.device)
+        kk[:, :k] = p.keys
+        idx.append(i)
+        weight.append(w)
+        keys.append(kk)
+    return BatchPlan(torch.cat(idx), torch.cat(weight), torch.cat(keys), tuple(s for p in plans for s in p.steps))

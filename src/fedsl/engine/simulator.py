@@ -14,14 +14,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from fedsl.algorithms.base import Algorithm, RoundContext, State
+from fedsl.algorithms.base import Algorithm, Correction, RoundContext, State
 from fedsl.algorithms.fedavg import client_weights
 from fedsl.algorithms.server_learning import Pretraining
 from fedsl.data.federation import Federation
 from fedsl.engine import rng
 from fedsl.engine.executors import Executor
 from fedsl.engine.functional import FunctionalModel, Params, evaluate, full_gradient
-from fedsl.engine.plan import make_plan
+from fedsl.engine.plan import BatchPlan, make_plan
 
 SERVER_ID = -1  # the server's id in batch-plan streams
 
@@ -49,6 +49,31 @@ class RoundInfo:
     gamma: float | None = None  # γ_t used by server learning this round
     cos_theta: float | None = None  # cos of the angle between -∇f0(x_t) and the clients' update
     comm_params: int = 0  # parameters sent down and up this round
+
+
+@dataclass
+class ClientWork:
+    """A round's client phase: x_t (in the engine's layout), who trains, on which batches."""
+
+    params: Params
+    ids: np.ndarray
+    ids_t: torch.Tensor
+    sizes: list[int]  # n_i of the sampled clients (D_i ∪ D0 for DS)
+    plan: BatchPlan
+    correction: Correction | None
+
+
+@dataclass
+class Aggregate:
+    """After the rule's update, before incremental server learning."""
+
+    new: Params  # x̄_{t+1}
+    algo: State
+    rows: dict[str, Params]  # new rows of the per-client tables, written by end_round
+    gamma: float | None
+    cos: float | None
+    server_steps: int  # K0 already taken (FSL-p)
+    incremental: bool  # whether server learning (Algorithm 1, line 10) is still to run
 
 
 class Simulator:
@@ -100,18 +125,34 @@ class Simulator:
 
     def round(self, state: RunState, t: int) -> tuple[RunState, RoundInfo]:
         """x_{t+1} (and the algorithm's state) from x_t: one round of the algorithm."""
-        alg, fed = self.alg, self.fed
+        work = self.begin_round(state, t)
+        stacked = self.executor.local_sgd(work.params, work.plan, self.fed.x, self.fed.y, self.alg.local.lr,
+                                          work.correction)
+        agg = self.aggregate(state, t, work, stacked)
+        new, server_steps = agg.new, agg.server_steps
+        if agg.incremental:
+            new, server_steps = self._server_sgd(new, t, agg.gamma)  # Algorithm 1, line 10
+        return self.end_round(state, work, agg, new, server_steps)
+
+    # A round in three phases, so that ``StackedSimulator`` can run the clients (and the
+    # server's SGD) of several runs in one executor call between them.
+
+    def begin_round(self, state: RunState, t: int) -> "ClientWork":
+        """Sample S clients, plan their batches, and the rule's gradient correction."""
         params = self._layout(state.x)
-        ids = rng.sample_clients(self.seed, t, fed.num_clients, self.S)
+        ids = rng.sample_clients(self.seed, t, self.fed.num_clients, self.S)
         ids_t = torch.as_tensor(ids, device=self.device)
         data = [self.client_data[i] for i in ids]
-        loc = alg.local
+        loc = self.alg.local
         plan = make_plan(data, ids.tolist(), loc.batch_size, loc.epochs, loc.steps, self.seed, t,
                          rng.CLIENT_BATCHES).to(self.device, self.dtype)
-        correction = alg.rule.correction(params, state.algo, ids_t)
-        stacked = self.executor.local_sgd(params, plan, fed.x, fed.y, loc.lr, correction)
-        weights = client_weights([len(d) for d in data], alg.weighted).to(self.device)
+        correction = self.alg.rule.correction(params, state.algo, ids_t)
+        return ClientWork(params, ids, ids_t, [len(d) for d in data], plan, correction)
 
+    def aggregate(self, state: RunState, t: int, work: "ClientWork", stacked: Params) -> "Aggregate":
+        """The rule's update from the clients' final models (FSL-p's server joins as one more client)."""
+        alg, params = self.alg, work.params
+        weights = client_weights(work.sizes, alg.weighted).to(self.device)
         sl = alg.server_learning
         on = sl is not None and sl.active
         gamma = sl.gamma_schedule.value(t, state.gamma) if on else None
@@ -119,27 +160,30 @@ class Simulator:
         if on and sl.mode == "parallel":
             # FSL-p: the server trains from x_t like one more client, weight w0.
             x0, server_steps = self._server_sgd(params, t, gamma)
-            w0 = sl.parallel_weight(fed.n0, [len(d) for d in data])
+            w0 = sl.parallel_weight(self.fed.n0, work.sizes)
             stacked = {n: torch.cat([stacked[n], x0[n].unsqueeze(0)]) for n in stacked}
             weights = torch.cat([(1.0 - w0) * weights, torch.tensor([w0], dtype=weights.dtype, device=self.device)])
-        ctx = RoundContext(loc.lr, torch.tensor(plan.steps, device=self.device), fed.num_clients)
-        new, out = alg.rule.update(params, stacked, weights, ids_t, state.algo, ctx)
+        ctx = RoundContext(alg.local.lr, torch.tensor(work.plan.steps, device=self.device), self.fed.num_clients)
+        new, out = alg.rule.update(params, stacked, weights, work.ids_t, state.algo, ctx)
         rows = {k: v for k, v in out.items() if k.endswith("_i")}  # sampled clients' new rows of [N, ...] tables
         algo = {**state.algo, **{k: v for k, v in out.items() if not k.endswith("_i")}}
-        cos = None
-        if on and sl.measures_angle:
-            cos = self._angle(params, stacked, weights)
-        if on and sl.mode == "incremental":
-            new, server_steps = self._server_sgd(new, t, gamma)  # Algorithm 1, line 10
+        cos = self._angle(params, stacked, weights) if on and sl.measures_angle else None
+        return Aggregate(new, algo, rows, gamma, cos, server_steps, on and sl.mode == "incremental")
+
+    def end_round(self, state: RunState, work: "ClientWork", agg: "Aggregate", new: Params,
+                  server_steps: int) -> tuple[RunState, RoundInfo]:
+        """γ's adaptation, the round's record, and the per-client tables' new rows."""
+        sl = self.alg.server_learning
         next_gamma = state.gamma
-        if on and sl.gamma_schedule.kind == "adaptive":
-            next_gamma = sl.gamma_schedule.adapt(gamma, cos)
-        comm = 2 * self.S * self.num_params * getattr(alg.rule, "comm_factor", 1)
-        info = RoundInfo(ids, plan.steps, server_steps, gamma, cos, comm)
+        if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive":
+            next_gamma = sl.gamma_schedule.adapt(agg.gamma, agg.cos)
+        comm = 2 * self.S * self.num_params * getattr(self.alg.rule, "comm_factor", 1)
+        info = RoundInfo(work.ids, work.plan.steps, server_steps, agg.gamma, agg.cos, comm)
         # last, so that an interruption inside the round leaves the tables as the checkpoint expects
-        for key, new_rows in rows.items():
+        algo = agg.algo
+        for key, new_rows in agg.rows.items():
             for n, r in new_rows.items():
-                algo[key][n][ids_t] = r
+                algo[key][n][work.ids_t] = r
         return RunState(new, algo, next_gamma), info
 
     def _angle(self, x: Params, stacked: Params, weights: torch.Tensor) -> float:
@@ -164,10 +208,15 @@ class Simulator:
         """LocalSGD(params, γ_t·η0, K0, D0) for round t; returns the model and K0."""
         sl = self.alg.server_learning
         assert sl is not None
-        plan = make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
-                         rng.SERVER_BATCHES).to(self.device, self.dtype)
+        plan = self.server_plan(t)
         x = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, gamma * sl.lr))
         return x, plan.steps[0]
+
+    def server_plan(self, t: int) -> BatchPlan:
+        """The server's K0 batches of D0 in round t."""
+        sl = self.alg.server_learning
+        return make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
+                         rng.SERVER_BATCHES).to(self.device, self.dtype)
     def _layout(self, params: Params) -> Params:
         """The memory layout of the fast path (values unchanged)."""
         if not self.channels_last:

@@ -1,0 +1,168 @@
+"""Stacked runs: several independent runs of one algorithm advance in lock-step.
+
+A sweep's runs (seeds, γ, η_l, partitions, ...) of the same model and algorithm share
+everything but numbers. ``StackedSimulator`` runs round t of all of them with *one*
+executor call for all their clients (R runs × S clients become R·S rows of one vmapped
+step, each row with its own start x_t and step size η_l) and one for all their servers'
+K0 steps; the cheap parts of a round (sampling, the server rule, γ) stay per run, in
+each run's own ``Simulator``. Results equal running the runs one by one (tested): every
+run keeps its own seed streams, its own state and its own per-client tables.
+
+What a GPU gains: a Scenario-2 round is 25 steps of 10 clients × 10 samples, far too
+little work to fill the device; 60 stacked runs are 60 times the work per kernel launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from fedsl.algorithms.base import Correction
+from fedsl.engine.functional import Params, evaluate_many
+from fedsl.engine.plan import concat_plans
+from fedsl.engine.simulator import RoundInfo, RunState, Simulator
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b))
+
+
+class StackedSimulator:
+    """R runs (one ``Simulator`` each) advanced together; see the module's docstring.
+
+    The runs must share the model's architecture, device, dtype and the algorithm's kind
+    (rule class, server-learning mode, data sharing); anything numeric may differ, and so
+    may the data pools (identical pools are shared, different ones concatenated).
+    """
+
+    def __init__(self, sims: list[Simulator]) -> None:
+        if not sims:
+            raise ValueError("StackedSimulator needs at least one run, got an empty list")
+        first = sims[0]
+        shapes = {n: p.shape for n, p in first.fm.module.named_parameters()}
+        for i, sim in enumerate(sims[1:], 1):
+            why = self._incompatible(first, sim, shapes)
+            if why:
+                raise ValueError(f"run {i} cannot be stacked with run 0: {why}")
+        self.sims = sims
+        self.executor = first.executor
+        # One pool for all runs: identical pools are shared (and de-duplicated in memory),
+        # different ones concatenated, each run's indices shifted by its pool's offset.
+        pools: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.offsets: list[int] = []
+        for sim in sims:
+            for j, (x, y) in enumerate(pools):
+                if _same_tensor(x, sim.fed.x) and _same_tensor(y, sim.fed.y):
+                    sim.fed = replace(sim.fed, x=x, y=y)
+                    self.offsets.append(sum(len(p[0]) for p in pools[:j]))
+                    break
+            else:
+                self.offsets.append(sum(len(p[0]) for p in pools))
+                pools.append((sim.fed.x, sim.fed.y))
+        self.x = pools[0][0] if len(pools) == 1 else torch.cat([p[0] for p in pools])
+        self.y = pools[0][1] if len(pools) == 1 else torch.cat([p[1] for p in pools])
+        # Runs grouped by test set, for evaluation in one vmapped pass per group.
+        self.test_groups: list[list[int]] = []
+        for r, sim in enumerate(sims):
+            for g in self.test_groups:
+                s0 = sims[g[0]].fed
+                if _same_tensor(s0.x_test, sim.fed.x_test) and _same_tensor(s0.y_test, sim.fed.y_test):
+                    sim.fed = replace(sim.fed, x_test=s0.x_test, y_test=s0.y_test)
+                    g.append(r)
+                    break
+            else:
+                self.test_groups.append([r])
+
+    @staticmethod
+    def _incompatible(a: Simulator, b: Simulator, shapes: dict) -> str:
+        other = {n: p.shape for n, p in b.fm.module.named_parameters()}
+        if other != shapes:
+            return "the models' parameters differ in names or shapes"
+        if (a.device, a.dtype) != (b.device, b.dtype):
+            return f"device/dtype {b.device}/{b.dtype} differs from {a.device}/{a.dtype}"
+        if type(a.executor) is not type(b.executor):
+            return f"executor {b.executor.name!r} differs from {a.executor.name!r}"
+        if type(a.alg.rule) is not type(b.alg.rule):
+            return f"server rule {type(b.alg.rule).__name__} differs from {type(a.alg.rule).__name__}"
+        if getattr(a.alg.rule, "prox", None) != getattr(b.alg.rule, "prox", None) or \
+                getattr(a.alg.rule, "mu", None) != getattr(b.alg.rule, "mu", None) or \
+                getattr(a.alg.rule, "alpha", None) != getattr(b.alg.rule, "alpha", None):
+            return "the local proximal coefficient (μ/α) differs; one vmapped step takes one"
+        if a.alg.share_server_data != b.alg.share_server_data:
+            return "one shares the server data with clients (DS) and the other does not"
+        return ""
+
+    def __len__(self) -> int:
+        return len(self.sims)
+
+    def initial_states(self, pretrain=None) -> list[RunState]:
+        """x_0 and initial state of every run; ``pretrain`` is one ``Pretraining`` or one per run."""
+        pre = pretrain if isinstance(pretrain, list) else [pretrain] * len(self.sims)
+        return [sim.initial_state(p) for sim, p in zip(self.sims, pre)]
+
+    def round(self, states: list[RunState], t: int) -> tuple[list[RunState], list[RoundInfo]]:
+        """Round t of every run: ``[sim.round(s, t) for sim, s in zip(sims, states)]``, batched."""
+        if len(states) != len(self.sims):
+            raise ValueError(f"got {len(states)} states for {len(self.sims)} stacked runs")
+        works = [sim.begin_round(st, t) for sim, st in zip(self.sims, states)]
+        sizes = [w.plan.num_clients for w in works]
+        plan = concat_plans([w.plan for w in works], self.offsets)
+        starts = {n: torch.cat([w.params[n].unsqueeze(0).expand(s, *w.params[n].shape)
+                                for w, s in zip(works, sizes)]) for n in works[0].params}
+        lrs = [sim.alg.local.lr for sim, s in zip(self.sims, sizes) for _ in range(s)]
+        finals = self.executor.local_sgd_many(starts, plan, self.x, self.y, lrs, self._correction(works))
+        aggs, at = [], 0
+        for sim, st, w, s in zip(self.sims, states, works, sizes):
+            aggs.append(sim.aggregate(st, t, w, {n: v[at:at + s] for n, v in finals.items()}))
+            at += s
+        news = [a.new for a in aggs]
+        server_steps = [a.server_steps for a in aggs]
+        sl_runs = [r for r, a in enumerate(aggs) if a.incremental]
+        if sl_runs:  # Algorithm 1, line 10, for every run with server learning on, in one call
+            plans = [self.sims[r].server_plan(t) for r in sl_runs]
+            sl_starts = {n: torch.stack([aggs[r].new[n] for r in sl_runs]) for n in news[0]}
+            sl_lrs = [aggs[r].gamma * self.sims[r].alg.server_learning.lr for r in sl_runs]
+            out = self.executor.local_sgd_many(sl_starts, concat_plans(plans, [self.offsets[r] for r in sl_runs]),
+                                               self.x, self.y, sl_lrs)
+            for j, r in enumerate(sl_runs):
+                news[r] = {n: v[j] for n, v in out.items()}
+                server_steps[r] = plans[j].steps[0]
+        results = [sim.end_round(st, w, a, nw, k0)
+                   for sim, st, w, a, nw, k0 in zip(self.sims, states, works, aggs, news, server_steps)]
+        return [r[0] for r in results], [r[1] for r in results]
+
+    @staticmethod
+    def _correction(works) -> Correction | None:
+        """The runs' corrections as one, their linear terms stacked in client order."""
+        active = [w.correction is not None and w.correction.active for w in works]
+        if not any(active):
+            return None
+        if not all(active):
+            raise ValueError("stacked runs disagree on whether the local gradient is corrected")
+        prox = {w.correction.prox for w in works}
+        if len(prox) > 1:
+            raise ValueError(f"stacked runs have different proximal coefficients {sorted(prox)}")
+        lin = None
+        if works[0].correction.linear is not None:
+            lin = {n: torch.cat([w.correction.linear[n] for w in works]) for n in works[0].correction.linear}
+        return Correction(prox.pop(), lin)
+
+    def evaluate(self, params: list[Params]) -> list[tuple[float, float]]:
+        """(accuracy, loss) of each run's model on its test set.
+
+        With the vectorised executor, the runs sharing a test set are evaluated in one
+        vmapped pass; with the sequential one (CPU, where vmapped convolutions are slow),
+        one after another.
+        """
+        if self.executor.name != "vectorised":
+            return [sim.evaluate(p) for sim, p in zip(self.sims, params)]
+        out: list[tuple[float, float]] = [(0.0, 0.0)] * len(params)
+        for group in self.test_groups:
+            sim = self.sims[group[0]]
+            stacked = {n: torch.stack([self.sims[r]._layout(params[r])[n] for r in group]) for n in params[0]}
+            # the R models see a batch together: keep R × batch near the single-run batch's memory
+            batch = max(1, sim.eval_batch_size * 4 // len(group)) if len(group) > 4 else sim.eval_batch_size
+            for r, res in zip(group, evaluate_many(sim.fm, stacked, sim.fed.x_test, sim.fed.y_test, batch)):
+                out[r] = res
+        return out
