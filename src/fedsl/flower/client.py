@@ -1,0 +1,142 @@
+"""The client side: fedsl's client update (LocalSGD of Algorithm 1) inside a Flower ClientApp.
+
+The update is the engine's own: a batch plan for this one client drawn from
+``rng(seed, round, CLIENT_BATCHES, i)`` (so it needs nothing but its id), the rule's gradient
+correction, and the simulator's executor running ``FunctionalModel.sgd_step`` K_i times
+with step size η_l. Stateful rules keep this client's rows of their per-client tables
+(SCAFFOLD's c_i, FedDyn's ∇L_i) in the ClientApp's ``context.state``; the client updates its
+own row with the rule's own ``update``, exactly as the simulator updates row i of its table.
+
+What goes back to the server is parameters only: the final model x_i (and the
+number of samples n_i and steps K_i as metrics), never samples or labels.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedsl.algorithms.base import RoundContext, State
+from fedsl.engine import rng
+from fedsl.engine.functional import Params
+from fedsl.engine.plan import make_plan
+from fedsl.engine.simulator import Simulator
+from fedsl.flower.config import load_setup
+from fedsl.flower.records import from_record, state_from_record, to_record
+
+STATE_PREFIX = "fedsl."  # context.state keys of the per-client rows, e.g. "fedsl.c_i"
+
+
+def partition_id(node_config: Mapping[str, Any], num_clients: int) -> int:
+    """The node's client id i (its partition D_i) from the node config, checked against N.
+
+    Raises:
+        ValueError: one line naming the missing or bad value.
+    """
+    hint = f"start the SuperNode with --node-config 'partition-id=I' where 0 <= I < data.num_clients = {num_clients}"
+    if "partition-id" not in node_config:
+        raise ValueError(f"node config has no partition-id (keys: {sorted(node_config)}): {hint}")
+    pid = node_config["partition-id"]
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise ValueError(f"node config partition-id = {pid!r}: expected an integer; {hint}")
+    if not 0 <= pid < num_clients:
+        raise ValueError(f"node config partition-id = {pid}: out of range, expected 0 <= partition-id < "
+                         f"data.num_clients = {num_clients}")
+    parts = node_config.get("num-partitions")
+    if parts is not None and parts != num_clients:
+        raise ValueError(f"node config num-partitions = {parts!r}: expected data.num_clients = {num_clients} "
+                         "(the federation is partitioned over data.num_clients clients)")
+    return pid
+
+
+def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state: State | None = None,
+                  rows: State | None = None) -> tuple[Params, int, State]:
+    """Client ``cid``'s update of round ``t``: K_i LocalSGD steps with η_l from x_t.
+
+    Args:
+        sim: the engine (executor, data layout, client data D_i or D_i ∪ D0 for DS).
+        params: x_t, the model the server sent.
+        t: the round (0-based, as in the simulator).
+        cid: the client id i (the node's partition id).
+        server_state: the server-state entries the rule's correction reads (SCAFFOLD's c).
+        rows: this client's rows of the rule's per-client tables (name ending in ``_i``,
+            tensors without the client dimension); missing rows start as the rule's initial ones.
+    Returns:
+        (x_i, K_i, new rows of this client's tables).
+    """
+    alg = sim.alg
+    loc, rule = alg.local, alg.rule
+    params = sim._layout(params)
+    state = rule.init_state(params, 1)  # shapes and initial values; tables have one row: this client's
+    for key, row in (rows or {}).items():
+        if key in state:
+            state[key] = {n: row[n].to(device=sim.device, dtype=sim.dtype).unsqueeze(0) for n in state[key]}
+    for key, value in (server_state or {}).items():
+        state[key] = {n: v.to(device=sim.device, dtype=sim.dtype) for n, v in value.items()}
+    ids = torch.zeros(1, dtype=torch.long, device=sim.device)  # row 0 of the one-row tables
+    plan = make_plan([sim.client_data[cid]], [cid], loc.batch_size, loc.epochs, loc.steps, sim.seed, t,
+                     rng.CLIENT_BATCHES).to(sim.device, sim.dtype)
+    correction = rule.correction(params, state, ids)
+    stacked = sim.executor.local_sgd(params, plan, sim.fed.x, sim.fed.y, loc.lr, correction)
+    new_rows: State = {}
+    if any(k.endswith("_i") for k in state):
+        ctx = RoundContext(loc.lr, torch.tensor(plan.steps, device=sim.device), sim.fed.num_clients)
+        weights = torch.ones(1, dtype=torch.float64, device=sim.device)
+        _, out = rule.update(params, stacked, weights, ids, state, ctx)
+        new_rows = {k: {n: v[0] for n, v in out[k].items()} for k in out if k.endswith("_i")}
+    return {n: v[0] for n, v in stacked.items()}, plan.steps[0], new_rows
+
+
+def _load_rows(context: Context) -> State:
+    rows: State = {}
+    for key in list(context.state.array_records.keys()):
+        if key.startswith(STATE_PREFIX):
+            rows[key[len(STATE_PREFIX):]] = from_record(context.state.array_records[key])
+    return rows
+
+
+def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
+    """A Flower ClientApp running fedsl's client update on the node's partition.
+
+    ``app_dir``: folder a relative ``config-file`` in the run config is resolved against.
+    Handles ``train`` (one client update) and ``query`` (reports the node's partition id and
+    n_i, so that the strategy can address the clients the simulator would sample).
+    """
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        setup = load_setup(context.run_config, app_dir)
+        pid = partition_id(context.node_config, setup.num_clients)
+        info = ConfigRecord({"partition-id": pid, "num-examples": len(setup.sim.client_data[pid])})
+        return Message(RecordDict({"partition": info}), reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        setup = load_setup(context.run_config, app_dir)
+        sim = setup.sim
+        pid = partition_id(context.node_config, setup.num_clients)
+        config = msg.content.config_records["config"]
+        t = int(config["round"])
+        if int(config.get("partition-id", pid)) != pid:
+            raise ValueError(f"train message for partition-id {config['partition-id']} reached node "
+                             f"partition-id {pid}")
+        if setup.options.client_delay:
+            time.sleep(setup.options.client_delay)
+        params = from_record(msg.content.array_records["arrays"], sim.device, sim.dtype, names=sim.fm.names)
+        server_state = {}
+        if "server-state" in msg.content.array_records:
+            server_state = state_from_record(msg.content.array_records["server-state"], sim.device, sim.dtype)
+        final, steps, rows = client_update(sim, params, t, pid, server_state, _load_rows(context))
+        for key, row in rows.items():
+            context.state[STATE_PREFIX + key] = to_record(row)
+        metrics = MetricRecord({"num-examples": len(sim.client_data[pid]), "steps": steps, "partition-id": pid,
+                                "round": t})
+        return Message(RecordDict({"arrays": to_record(final), "metrics": metrics}), reply_to=msg)
+
+    return app

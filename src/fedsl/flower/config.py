@@ -1,0 +1,157 @@
+"""One config for both apps: a fedsl run config carried in Flower's run config.
+
+Flower flattens ``[tool.flwr.app.config]`` (and ``flwr run --run-config``) into dotted
+keys: ``algorithm.local_lr = 0.05`` is fedsl's ``algorithm.local_lr``. A few dashed keys
+are Flower-side options (``FLOWER_KEYS``); everything else is a fedsl config key,
+validated by ``fedsl.experiments.config`` with the same one-line errors as ``fedsl run``.
+A base config may come from a fedsl TOML file (``config-file``) or a bundled preset
+(``preset``), and ``variant`` picks one of its ``[variants.X]``; the run-config keys
+override it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from fedsl.algorithms import Algorithm, Pretraining
+from fedsl.data.federation import Federation
+from fedsl.engine.simulator import Simulator
+from fedsl.experiments import presets
+from fedsl.experiments.config import ConfigError, RunConfig, expand_variants, read_file, set_dotted, validate
+
+# Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
+FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "min-nodes", "node-wait",
+               "threads", "client-delay")
+
+
+@dataclass(frozen=True)
+class FlowerOptions:
+    """Options of a Flower run that are not part of the algorithm.
+
+    Attributes:
+        out_dir: where the ServerApp writes ``final.pt``, ``rounds.json`` and ``metrics.json`` ("" = nowhere).
+        round_timeout: seconds the ServerApp waits for a round's replies; clients that have
+            not replied by then are dropped for the rest of the run.
+        min_nodes: connected SuperNodes to wait for before round 1.
+        node_wait: seconds to wait for them (then the run starts with the nodes there are).
+        threads: torch intra-op threads in each app process (0 = torch's default).
+        client_delay: seconds a ClientApp sleeps before training (for failure tests only).
+    """
+
+    out_dir: str = ""
+    round_timeout: float = 600.0
+    min_nodes: int = 1
+    node_wait: float = 300.0
+    threads: int = 0
+    client_delay: float = 0.0
+
+
+def _option(flat: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = flat.get(key, default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ConfigError(f"run config {key} = {value!r}: expected a {kind.__name__}")
+    return value
+
+
+def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None = None
+                     ) -> tuple[RunConfig, FlowerOptions]:
+    """Flower's (flat) run config -> the fedsl ``RunConfig`` and the Flower options.
+
+    Args:
+        run_config: ``context.run_config``: dotted fedsl keys plus ``FLOWER_KEYS``.
+        app_dir: folder that a relative ``config-file`` is resolved against (the app's folder).
+    Raises:
+        ConfigError: one line naming the bad key and value.
+    """
+    flat = dict(run_config)
+    preset = _option(flat, "preset", str, "")
+    config_file = _option(flat, "config-file", str, "")
+    variant = _option(flat, "variant", str, "")
+    if preset and config_file:
+        raise ConfigError(f"run config preset = {preset!r} and config-file = {config_file!r}: expected at most one")
+    data: dict[str, Any] = {}
+    if preset:
+        data = presets.load(preset)
+    elif config_file:
+        path = Path(config_file).expanduser()
+        if not path.is_absolute() and app_dir is not None:
+            path = Path(app_dir) / path
+        data = read_file(path)
+    data = copy.deepcopy(data)
+    for key, value in flat.items():
+        if key in FLOWER_KEYS:
+            continue
+        set_dotted(data, key, value)
+    for key in ("seeds", "sweep"):
+        if data.get(key):
+            raise ConfigError(f"{key} = {data[key]!r}: a Flower run is one run; set seed = ... instead")
+    variants = data.get("variants") or {}
+    if variant:
+        if variant not in variants:
+            raise ConfigError(f"run config variant = {variant!r}: expected one of {sorted(variants) or '(none)'}")
+        data["variants"] = {variant: variants[variant]}
+    elif len(variants) > 1:
+        raise ConfigError(f"the config has variants {sorted(variants)}: a Flower run is one run; "
+                          "pick one with the run config key variant = \"NAME\"")
+    cfg = validate(data)
+    (cfg,) = expand_variants(cfg).values()
+    options = FlowerOptions(
+        out_dir=_option(flat, "out-dir", str, ""),
+        round_timeout=_option(flat, "round-timeout", float, FlowerOptions.round_timeout),
+        min_nodes=_option(flat, "min-nodes", int, FlowerOptions.min_nodes),
+        node_wait=_option(flat, "node-wait", float, FlowerOptions.node_wait),
+        threads=_option(flat, "threads", int, 0),
+        client_delay=_option(flat, "client-delay", float, 0.0),
+    )
+    if options.round_timeout <= 0:
+        raise ConfigError(f"run config round-timeout = {options.round_timeout}: expected seconds > 0")
+    if options.min_nodes < 0:
+        raise ConfigError(f"run config min-nodes = {options.min_nodes}: expected an integer >= 0")
+    return cfg, options
+
+
+@dataclass
+class FlowerSetup:
+    """What either app builds from the config: the same objects as ``fedsl run``.
+
+    The federation is rebuilt deterministically from (config, seed) on every machine: the
+    ClientApp uses its partition D_i, the ServerApp D0 (n0 samples) and the test set. The
+    ``Simulator`` instance is the engine both sides call into (its executor, layout, and
+    server-learning step with γ·η0, K0 and B0).
+    """
+
+    cfg: RunConfig
+    options: FlowerOptions
+    fed: Federation
+    sim: Simulator
+    algorithm: Algorithm
+    pretrain: Pretraining | None
+
+    @property
+    def num_clients(self) -> int:
+        """N."""
+        return self.fed.num_clients
+
+
+_CACHE: dict[tuple, FlowerSetup] = {}
+
+
+def load_setup(run_config: Mapping[str, Any], app_dir: str | Path | None = None) -> FlowerSetup:
+    """Build (once per process and run config) the federation, algorithm, model and engine."""
+    key = (tuple(sorted((k, repr(v)) for k, v in run_config.items())), str(app_dir))
+    if key not in _CACHE:
+        from fedsl.experiments.runner import prepare  # the runner's own resolution of the paper's defaults
+
+        cfg, options = parse_run_config(run_config, app_dir)
+        if options.threads:
+            torch.set_num_threads(options.threads)
+        prep = prepare(cfg)
+        _CACHE[key] = FlowerSetup(cfg, options, prep.fed, prep.sim, prep.algorithm, prep.pretrain)
+    return _CACHE[key]
