@@ -1,0 +1,250 @@
+"""Benchmark harness: fedsl's engine vs a plain PyTorch loop vs Flower's simulation.
+
+    from fedsl.bench import run_benchmarks
+    report = run_benchmarks(["s2-cifar10+eval"], rounds=3, reps=3)
+    print(report.markdown())
+
+For each workload (``fedsl.bench.workloads``, random data) every available peer
+(``fedsl.bench.peers``, ``fedsl.bench.flower_peer``) is set up and warmed up (one untimed
+round), then run ``reps`` times in turn — fedsl, plain loop, Flower, fedsl, ... — each time
+for a few timed rounds, so that noise from other work on the machine hits all alike. A
+row reports the median seconds per round, samples/s, its speed ratio to each other peer,
+achieved GFLOP/s (FLOPs counted by ``FlopCounterMode``) and their fraction of the
+machine's best rate measured in the same process (``fedsl.bench.machine.best_rates``), and
+peak memory. Also measured: the per-client state of SCAFFOLD and FedDyn for N = 1,000 CIFAR
+clients (``state_footprint``).
+
+Also runs as ``fedsl bench`` and ``python benchmarks/bench.py`` (with only torch and
+numpy installed: ``PYTHONPATH=src python3 benchmarks/bench.py --device cuda``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from fedsl.bench import machine
+from fedsl.bench.peers import EnginePeer, LoopPeer, Peer, StackedPeer, median
+from fedsl.bench.table import Row, add_ratios, markdown
+from fedsl.bench.workloads import DEFAULT_WORKLOADS, Workload, make_data, timed_rounds, workloads
+
+PEERS = ("fedsl", "loop", "flower")
+
+
+@dataclass
+class Report:
+    """Everything one benchmark invocation measured."""
+
+    rows: List[Row]
+    machine: Dict[str, str]
+    rates: Dict[str, machine.Rates]
+    footprint: List[Dict[str, float]]
+    settings: Dict[str, str]
+    command: str = ""
+    started: str = ""
+    seconds: float = 0.0
+    notes: List[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        out = [f"Measured {self.started} in {self.seconds / 60:.1f} min" + (f" with `{self.command}`" if self.command
+                                                                             else "") + ".", ""]
+        out += [f"- {k}: {v}" for k, v in self.machine.items()]
+        out += ["", markdown(self.rows), "",
+                "Ratios `x PEER` = PEER's seconds per round / this row's (above 1: this row is faster). "
+                "`% of best` = the time the row's samples would take at the model's best measured training "
+                "(fwd+bwd) and inference (fwd) rates / the row's time. samples/s counts training and "
+                "evaluation samples. peak MB: the process's peak RSS during the row (Flower: its driver "
+                "+ actors x the largest actor peak), or CUDA memory allocated on a GPU.", ""]
+        out += ["Best rates measured in this run (FLOPs per sample from `torch.utils.flop_counter`):", "",
+                "| model | train MFLOP/sample | eval MFLOP/sample | best train samples/s (GFLOP/s) | setting "
+                "| best eval samples/s (GFLOP/s) | setting | matmul GFLOP/s |", "|---|---:|---:|---:|---|---:|---|---:|"]
+        for name, r in self.rates.items():
+            out.append(f"| {name} | {r.train_flops / 1e6:.1f} | {r.eval_flops / 1e6:.1f} | {r.train_samples_s:,.0f} "
+                       f"({r.train_gflops:.1f}) | {r.train_setting} | {r.eval_samples_s:,.0f} ({r.eval_gflops:.1f}) "
+                       f"| {r.eval_setting} | {r.matmul_gflops:.0f} |")
+        out += ["", "Settings:", ""] + [f"- {k}: {v}" for k, v in self.settings.items()]
+        if self.footprint:
+            out += ["", "Per-client state for N clients (part 5):", "",
+                    "| rule | N | model params | state MB | process RSS MB after init | peak RSS MB over a round |",
+                    "|---|---:|---:|---:|---:|---:|"]
+            for f in self.footprint:
+                out.append(f"| {f['rule']} | {f['N']} | {f['params']:,} | {f['state_mb']:,.0f} | "
+                           f"{f['rss_mb']:,.0f} | {f['round_peak_mb']:,.0f} |")
+        if self.notes:
+            out += [""] + [f"- {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def state_footprint(num_clients: int = 1000, model: str = "cifar_cnn", device: str = "cpu",
+                    rounds: int = 1) -> List[Dict[str, float]]:
+    """Bytes of SCAFFOLD's (c, c_i) and FedDyn's (h, ∇L_i) state for ``num_clients`` clients
+    of ``model``, the process RSS once it is built, and the peak RSS over ``rounds`` engine
+    rounds of that rule on N clients x 50 random samples (S = 10, B = 10)."""
+    from dataclasses import replace
+
+    from fedsl.algorithms import LocalTraining, make_algorithm
+    from fedsl.engine.executors import make_executor
+    from fedsl.engine.functional import FunctionalModel
+    from fedsl.engine.simulator import Simulator
+    from fedsl.models import build_model
+    from fedsl.bench.peers import _federation
+
+    dev = torch.device(device)
+    w = replace(workloads()["s2-cifar10"] if model == "cifar_cnn" else workloads()["s2-emnist"],
+                num_clients=num_clients, test_size=100)
+    data = make_data(w)
+    fed = _federation(w, data, dev)
+    mem = machine.PeakMemory(dev)
+    out = []
+    for rule in ("scaffold", "feddyn"):
+        gc.collect()
+        fm = FunctionalModel(build_model(w.model, w.num_classes, w.input_shape, seed=0))
+        fm.module.to(dev)
+        alg = make_algorithm(rule, LocalTraining(w.lr, w.batch_size, w.epochs), 1.0, None)
+        sim = Simulator(fm, fed, alg, make_executor("auto", fm, dev), w.clients_per_round, 0, 100)
+        mem.reset()
+        st = sim.initial_state()
+        state_bytes = sum(v.numel() * v.element_size() for group in st.algo.values() for v in group.values())
+        rss = machine.current_rss_mb() if dev.type == "cpu" else torch.cuda.memory_allocated(dev) / 2 ** 20
+        for t in range(rounds):
+            st, _ = sim.round(st, t)
+        peak = mem.read()
+        out.append({"rule": rule, "N": num_clients, "params": sim.num_params, "state_mb": state_bytes / 2 ** 20,
+                    "rss_mb": rss, "round_peak_mb": peak.get("cuda_mb", peak["rss_mb"])})
+        del st, sim
+    return out
+
+
+def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], executor: str,
+                flower_actors: int, flower_cpus: int) -> List[Peer]:
+    peers: List[Peer] = []
+    for name in names:
+        if name == "fedsl":
+            peers.append(EnginePeer(w, data, device, executor))
+            if w.seeds > 1:
+                peers.append(StackedPeer(w, data, device, executor))
+        elif name == "loop":
+            peers.append(LoopPeer(w, data, device))
+        elif name == "flower":
+            from fedsl.bench.flower_peer import FlowerPeer
+            peer = FlowerPeer(w, data, device, flower_actors, flower_cpus)
+            if device.type != "cpu":
+                peer.available, peer.why_not = False, "not run on GPU machines"
+            peers.append(peer)
+        else:
+            raise ValueError(f"peer {name!r}: expected one of {PEERS}")
+    return peers
+
+
+def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps: int = 3, device: str = "cpu",
+                   smoke: bool = False, peers: Sequence[str] = PEERS, executor: str = "auto",
+                   threads: Optional[int] = None, flower_actors: int = 2, flower_cpus: int = 1,
+                   footprint_clients: Optional[int] = 1000, log: Callable[[str], None] = print,
+                   command: str = "") -> Report:
+    """Run ``names`` (default ``DEFAULT_WORKLOADS``) through ``peers``, interleaved; see the module doc.
+
+    Args:
+        rounds: timed rounds per repetition (heavy Scenario-1 rounds: 1, see ``timed_rounds``).
+        reps: repetitions; a row's seconds is the median over all its timed rounds.
+        device: "cpu" or "cuda" (CUDA is synchronised before every clock reading).
+        smoke: tiny model and data, small rate measurements (CI checks the harness only).
+        executor: the engine's executor ("auto" picks by device as ``fedsl run`` does).
+        threads: torch intra-op threads of this process (default: torch's own choice).
+        flower_actors, flower_cpus: Ray actors and CPUs (= torch threads) per actor.
+        footprint_clients: N of the SCAFFOLD/FedDyn state measurement (None: skip it).
+    """
+    t_start = time.perf_counter()
+    dev = torch.device(device)
+    if threads:
+        torch.set_num_threads(threads)
+    table = workloads(smoke)
+    names = list(names or DEFAULT_WORKLOADS)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown workloads {unknown}: expected some of {sorted(table)}")
+    chosen = [table[n] for n in names]
+    mem = machine.PeakMemory(dev)
+    notes: List[str] = []
+
+    rates: Dict[str, machine.Rates] = {}
+    for model in dict.fromkeys(w.model for w in chosen):
+        w0 = next(w for w in chosen if w.model == model)
+        log(f"best rates of {model} ...")
+        from fedsl.bench.peers import plain_model
+        kw = dict(train_batches=(16,), eval_batches=(32,), repeats=1) if smoke else {}
+        rates[model] = machine.best_rates(lambda: plain_model(w0, 0, torch.device("cpu")), w0.input_shape,
+                                          w0.num_classes, dev, **kw)
+
+    rows: List[Row] = []
+    settings: Dict[str, str] = {}
+    for w in chosen:
+        log(f"{w.name}: {w.describe()}")
+        data = make_data(w)
+        r = rates[w.model]
+        n_rounds = timed_rounds(w, rounds)
+        flops = w.train_samples_per_round * r.train_flops + w.eval_samples_per_round * r.eval_flops
+        best = w.train_samples_per_round / r.train_samples_s + w.eval_samples_per_round / r.eval_samples_s
+        samples = w.train_samples_per_round + w.eval_samples_per_round
+        ps = _make_peers(w, data, dev, peers, executor, flower_actors, flower_cpus)
+        wrows = {p.name: Row(w.name, p.name, samples=samples, flops=flops, best_seconds=best) for p in ps}
+        live = []
+        for p in ps:
+            if not p.available:
+                wrows[p.name].note = p.why_not
+                continue
+            try:
+                p.setup()
+                live.append(p)
+            except Exception as e:  # a peer that fails is reported, the others go on
+                wrows[p.name].note = f"failed: {type(e).__name__}: {e}"[:200]
+        for rep in range(reps):
+            for p in live:
+                gc.collect()
+                mem.reset()
+                try:
+                    ts = p.run(n_rounds)
+                except Exception as e:
+                    wrows[p.name].note = f"failed: {type(e).__name__}: {e}"[:200]
+                    live.remove(p)
+                    continue
+                peak = mem.read()
+                row = wrows[p.name]
+                row.times += ts
+                mb = peak.get("cuda_mb", peak["rss_mb"])
+                if "actor_peak_mb" in p.extra and dev.type == "cpu":
+                    mb += p.extra["actors"] * p.extra["actor_peak_mb"]
+                row.peak_mb = max(row.peak_mb or 0.0, mb)
+                log(f"  rep {rep + 1}/{reps} {p.name}: " + ", ".join(f"{t:.3f}" for t in ts) + " s/round")
+        for p in live:
+            row = wrows[p.name]
+            row.seconds = median(row.times)
+            row.settings = p.settings
+            if "startup_s" in p.extra:
+                row.note = f"start-up {p.extra['startup_s']:.1f} s/run not counted"
+            settings.setdefault(p.name, p.settings)
+            p.close()
+        rows += wrows.values()
+        del ps, live, data
+        gc.collect()
+    add_ratios(rows)
+
+    footprint: List[Dict[str, float]] = []
+    if footprint_clients:
+        log(f"per-client state for N={footprint_clients} ...")
+        footprint = state_footprint(footprint_clients if not smoke else 20,
+                                    "cifar_cnn", device)
+    info = machine.describe(dev)
+    fl = machine.optional_version("flwr")
+    info["flwr"] = fl or "not installed"
+    return Report(rows, info, rates, footprint, settings, command,
+                  datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  time.perf_counter() - t_start, notes)
+
+
+__all__ = ["PEERS", "Report", "Row", "Workload", "run_benchmarks", "state_footprint", "workloads"]

@@ -1,0 +1,236 @@
+"""What the machine can do: FLOPs per sample, best measured rates, memory, a description.
+
+- ``flops_per_sample``: ``torch.utils.flop_counter.FlopCounterMode`` counts the FLOPs of
+  one forward (evaluation) or forward + backward (training: gradients of the parameters,
+  not of the input) of the model on a batch, divided by the batch size. Only matmuls and
+  convolutions are counted (as FlopCounterMode does); ReLU, pooling and the loss are not.
+- ``best_rates``: the model's best training rate (forward + backward + nothing else, at a
+  large batch, in the better of contiguous and channels-last layouts) and best inference
+  rate (forward under ``inference_mode``), in samples/s and GFLOP/s, and a large float32
+  matmul's GFLOP/s, all measured in the running process (so in the same conditions as the
+  rows they are compared with).
+- ``PeakMemory``: the process's peak resident memory between ``reset`` and ``read`` on
+  Linux (VmHWM, reset through /proc/self/clear_refs), ``ru_maxrss`` elsewhere (not
+  resettable), and ``torch.cuda.max_memory_allocated`` on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued CUDA work, so that wall-clock timing covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def flops_per_sample(model: nn.Module, input_shape: Tuple[int, ...], num_classes: int, train: bool,
+                     batch: int = 8) -> float:
+    """FLOPs of one sample: forward (``train=False``) or forward + backward (``train=True``)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    p = next(model.parameters())
+    x = torch.rand(batch, *input_shape, dtype=p.dtype, device=p.device)
+    y = torch.randint(0, num_classes, (batch,), device=p.device)
+    was = model.training
+    model.train(train)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        if train:
+            F.cross_entropy(model(x), y).backward()
+        else:
+            with torch.no_grad():
+                model(x)
+    model.zero_grad(set_to_none=True)
+    model.train(was)
+    return counter.get_total_flops() / batch
+
+
+def _layout(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
+
+
+def _time(fn: Callable[[], None], device: torch.device, repeats: int, min_seconds: float = 0.0) -> float:
+    """Median seconds of ``fn`` after one warm-up call."""
+    fn()
+    sync(device)
+    times = []
+    t_end = time.perf_counter() + min_seconds
+    while len(times) < repeats or time.perf_counter() < t_end:
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+@dataclass
+class Rates:
+    """Best measured rates of one model on this machine (same process as the benchmark)."""
+
+    train_flops: float  # FLOPs per sample, forward + backward
+    eval_flops: float  # FLOPs per sample, forward
+    train_samples_s: float
+    eval_samples_s: float
+    train_setting: str  # batch and layout of the best training rate
+    eval_setting: str
+    matmul_gflops: float
+
+    @property
+    def train_gflops(self) -> float:
+        return self.train_samples_s * self.train_flops / 1e9
+
+    @property
+    def eval_gflops(self) -> float:
+        return self.eval_samples_s * self.eval_flops / 1e9
+
+
+def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of an n×n float32 matmul (2n³ FLOPs), median of ``repeats``."""
+    a = torch.rand(n, n, device=device)
+    b = torch.rand(n, n, device=device)
+    s = _time(lambda: torch.mm(a, b), device, repeats)
+    return 2 * n ** 3 / s / 1e9
+
+
+def best_rates(model_factory: Callable[[], nn.Module], input_shape: Tuple[int, ...], num_classes: int,
+               device: torch.device, train_batches: Tuple[int, ...] = (128, 512),
+               eval_batches: Tuple[int, ...] = (100, 500, 2000), repeats: int = 3) -> Rates:
+    """The model's best fwd+bwd and fwd rates over the given batches and both memory layouts.
+
+    Training: ``cross_entropy(model(x), y).backward()`` (what any training step must do, no
+    optimiser). Evaluation: ``model(x)`` under ``torch.inference_mode``. ``model_factory``
+    builds a fresh plain module (torch's own dropout).
+    """
+    model = model_factory().to(device)
+    f_train = flops_per_sample(model, input_shape, num_classes, True)
+    f_eval = flops_per_sample(model, input_shape, num_classes, False)
+    layouts = (False, True) if len(input_shape) == 3 else (False,)
+    best_t, best_e = (0.0, ""), (0.0, "")
+    for cl in layouts:
+        m = model_factory().to(device)
+        if cl:
+            m = m.to(memory_format=torch.channels_last)
+        tag = "channels-last" if cl else "contiguous"
+        for b in train_batches:
+            x = _layout(torch.rand(b, *input_shape, device=device), cl)
+            y = torch.randint(0, num_classes, (b,), device=device)
+            m.train(True)
+
+            def step() -> None:
+                m.zero_grad(set_to_none=True)
+                F.cross_entropy(m(x), y).backward()
+            rate = b / _time(step, device, repeats)
+            if rate > best_t[0]:
+                best_t = (rate, f"batch {b}, {tag}")
+        m.train(False)
+        for b in eval_batches:
+            x = _layout(torch.rand(b, *input_shape, device=device), cl)
+
+            def fwd() -> None:
+                with torch.inference_mode():
+                    m(x)
+            rate = b / _time(fwd, device, repeats)
+            if rate > best_e[0]:
+                best_e = (rate, f"batch {b}, {tag}")
+    return Rates(f_train, f_eval, best_t[0], best_e[0], best_t[1], best_e[1], matmul_gflops(device))
+
+
+class PeakMemory:
+    """Peak memory of this process (and CUDA allocations) over a stretch of code.
+
+    CPU: peak resident set size from ``/proc/self/status`` (VmHWM), reset by writing 5 to
+    ``/proc/self/clear_refs``; where that is not possible, ``ru_maxrss`` (peak since start).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    def read(self) -> Dict[str, float]:
+        """{'rss_mb': peak RSS, 'cuda_mb': peak CUDA memory allocated (CUDA only)} in MiB."""
+        out = {"rss_mb": peak_rss_mb()}
+        if self.device.type == "cuda":
+            out["cuda_mb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 20
+        return out
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MiB (VmHWM, else ru_maxrss)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / 2 ** 20 if platform.system() == "Darwin" else r / 1024
+
+
+def current_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def describe(device: torch.device) -> Dict[str, str]:
+    """CPU model, cores, memory, GPU, torch version and thread settings."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            mem = f"{int(f.readline().split()[1]) / 2 ** 20:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    out = {
+        "cpu": f"{cpu}, {os.cpu_count()} logical CPUs" + (f", {mem} RAM" if mem else ""),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": f"intra-op {torch.get_num_threads()}, inter-op {torch.get_num_interop_threads()}",
+        "mkldnn": str(torch.backends.mkldnn.is_available()),
+    }
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
+
+
+def optional_version(module: str) -> Optional[str]:
+    """Version of an importable module, None when it is absent or broken."""
+    try:
+        mod = __import__(module)
+        return getattr(mod, "__version__", "?")
+    except Exception:
+        return None

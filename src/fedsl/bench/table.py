@@ -1,0 +1,93 @@
+"""Rows of the benchmark and their Markdown table."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+COLUMNS = ["workload", "peer", "s/round", "samples/s", "x fedsl", "x plain loop", "x flower", "GFLOP/s",
+           "% of best", "peak MB", "note"]
+RATIO_PEERS = {"x fedsl": "fedsl", "x plain loop": "plain loop", "x flower": "flower"}
+
+
+@dataclass
+class Row:
+    """One peer on one workload.
+
+    Attributes:
+        seconds: median seconds per round over all timed rounds (None: not run).
+        times: every timed round's seconds.
+        samples: samples processed per round (training fwd+bwd + evaluation fwd).
+        flops: FLOPs per round (from FlopCounterMode's per-sample counts).
+        best_seconds: the time the same samples would take at the machine's best measured
+            training and inference rates of the model.
+        peak_mb: peak memory (MiB): process RSS, or CUDA memory allocated on a GPU.
+        ratios: filled by ``add_ratios``: peer -> that peer's seconds / this row's seconds
+            (> 1: this row is faster).
+    """
+
+    workload: str
+    peer: str
+    seconds: Optional[float] = None
+    times: List[float] = field(default_factory=list)
+    samples: float = 0.0
+    flops: float = 0.0
+    best_seconds: float = 0.0
+    peak_mb: Optional[float] = None
+    note: str = ""
+    settings: str = ""
+    ratios: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> Optional[float]:
+        return self.samples / self.seconds if self.seconds else None
+
+    @property
+    def gflops(self) -> Optional[float]:
+        return self.flops / self.seconds / 1e9 if self.seconds else None
+
+    @property
+    def fraction_of_best(self) -> Optional[float]:
+        return self.best_seconds / self.seconds if self.seconds else None
+
+
+def add_ratios(rows: List[Row]) -> None:
+    """For each workload, every row's speed ratio to every other peer's row: t_peer / t_row."""
+    by_workload: Dict[str, Dict[str, Row]] = {}
+    for r in rows:
+        by_workload.setdefault(r.workload, {})[r.peer] = r
+    for peers in by_workload.values():
+        for r in peers.values():
+            r.ratios = {}
+            for name, other in peers.items():
+                if other is not r and r.seconds and other.seconds:
+                    r.ratios[name] = other.seconds / r.seconds
+
+
+def _fmt(v: Optional[float], digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}" if abs(v) < 1 else f"{v:.{max(digits - len(str(int(abs(v)))), 0)}f}".rstrip(".")
+
+
+def cells(r: Row) -> List[str]:
+    def ratio(peer: str) -> str:
+        v = r.ratios.get(peer)
+        return f"{v:.2f}x" if v is not None else ""
+    frac = r.fraction_of_best
+    return [r.workload, r.peer, _fmt(r.seconds, 3), _fmt(r.samples_per_s, 4),
+            *(ratio(p) for p in RATIO_PEERS.values()),
+            _fmt(r.gflops, 3), f"{100 * frac:.0f}%" if frac is not None else "-",
+            _fmt(r.peak_mb, 4), r.note]
+
+
+def markdown(rows: List[Row]) -> str:
+    """The table: one line per (workload, peer); ratios read "this row is N x faster than PEER"."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" if c not in ("workload", "peer", "note")
+                                                               else "---" for c in COLUMNS) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells(r)) + " |")
+    return "\n".join(lines)

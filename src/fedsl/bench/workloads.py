@@ -1,0 +1,180 @@
+"""The benchmark workloads: the paper's Scenario 1 and 2 shapes on random data.
+
+Speed does not depend on the pixel values, so every workload draws its images and
+labels at random (a seeded ``torch.Generator``): no dataset files are needed and every
+peer sees exactly the same tensors. A workload fixes the model, N, n_i, S, B, the local
+epochs (so K = E·⌈n_i/B⌉ steps per client per round), the test-set size, and whether the
+global model is evaluated on the test set after every round (the paper's protocol).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+# model name -> (input shape (C, H, W), classes)
+MODEL_SHAPES: Dict[str, Tuple[Tuple[int, ...], int]] = {
+    "cifar_cnn": ((3, 32, 32), 10),
+    "emnist_cnn": ((1, 28, 28), 45),
+    "small_cnn": ((1, 12, 12), 4),
+    "mlp": ((1, 6, 6), 4),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark case.
+
+    Attributes:
+        name: row label, e.g. ``s2-cifar10+eval``.
+        model: a ``fedsl.models`` name (input shape and classes from ``MODEL_SHAPES``).
+        num_clients: N.
+        samples_per_client: n_i (every client holds the same number).
+        clients_per_round: S.
+        batch_size: B.
+        epochs: local epochs E (K = E·⌈n_i/B⌉).
+        test_size: images in the test set.
+        evaluate: evaluate the global model on the whole test set after every round.
+        lr: local step size η_l (does not change the speed).
+        seeds: > 1 runs that many independent seeds side by side (a seed sweep).
+        train: False for an evaluation-only case (no training, one evaluation per "round").
+    """
+
+    name: str
+    model: str
+    num_clients: int
+    samples_per_client: int
+    clients_per_round: int
+    batch_size: int
+    epochs: int = 1
+    test_size: int = 10_000
+    evaluate: bool = False
+    lr: float = 0.01
+    seeds: int = 1
+    train: bool = True
+
+    @property
+    def steps(self) -> int:
+        """K, local steps of each client per round."""
+        return self.epochs * math.ceil(self.samples_per_client / self.batch_size)
+
+    @property
+    def train_samples_per_round(self) -> int:
+        """Samples passed forward and backward per round (all seeds): S·K·B (last batches may be smaller)."""
+        per_client = self.epochs * self.samples_per_client
+        return self.seeds * self.clients_per_round * per_client if self.train else 0
+
+    @property
+    def eval_samples_per_round(self) -> int:
+        return self.seeds * self.test_size if self.evaluate else 0
+
+    @property
+    def input_shape(self) -> Tuple[int, ...]:
+        return MODEL_SHAPES[self.model][0]
+
+    @property
+    def num_classes(self) -> int:
+        return MODEL_SHAPES[self.model][1]
+
+    def describe(self) -> str:
+        if not self.train:
+            return f"{self.model}, evaluate {self.test_size} test images"
+        s = (f"{self.model}, N={self.num_clients}, n_i={self.samples_per_client}, S={self.clients_per_round}, "
+             f"B={self.batch_size}, K={self.steps}, test={self.test_size if self.evaluate else 0}")
+        return s + (f", {self.seeds} seeds" if self.seeds > 1 else "")
+
+
+def _base() -> Dict[str, Workload]:
+    # The fedsl presets scenario{1,2}-{cifar10,emnist}.toml; EMNIST's test set is the paper's
+    # 45 Balanced classes x 400 = 18,000 images.
+    return {
+        "s1-cifar10": Workload("s1-cifar10", "cifar_cnn", 10, 5000, 4, 50),
+        "s2-cifar10": Workload("s2-cifar10", "cifar_cnn", 1000, 50, 10, 10),
+        "s1-emnist": Workload("s1-emnist", "emnist_cnn", 45, 2400, 5, 50, test_size=18_000),
+        "s2-emnist": Workload("s2-emnist", "emnist_cnn", 450, 240, 5, 50, test_size=18_000),
+    }
+
+
+def workloads(smoke: bool = False) -> Dict[str, Workload]:
+    """All workloads by name: each base case with (``+eval``) and without evaluation every
+    round, ``eval-cifar10`` / ``eval-emnist`` (evaluation only), and ``s2-cifar10-8seeds+eval`` (a sweep of 8 seeds, evaluated every round).
+
+    ``smoke``: the same names on a tiny model and data (CI checks the harness, not speed).
+    """
+    out: Dict[str, Workload] = {}
+    for name, w in _base().items():
+        if smoke:
+            w = replace(w, model="small_cnn", num_clients=min(w.num_clients, 6), samples_per_client=12,
+                        clients_per_round=min(w.clients_per_round, 3), batch_size=4, test_size=40)
+        out[name] = w
+        out[name + "+eval"] = replace(w, name=name + "+eval", evaluate=True)
+    s2 = out["s2-cifar10+eval"]
+    out["s2-cifar10-8seeds+eval"] = replace(s2, name="s2-cifar10-8seeds+eval", seeds=2 if smoke else 8)
+    for name in ("s2-cifar10", "s2-emnist"):
+        ev = "eval-" + name.split("-")[1]
+        out[ev] = replace(out[name], name=ev, evaluate=True, train=False)
+    return out
+
+
+def timed_rounds(w: Workload, rounds: int) -> int:
+    """Rounds timed per repetition: ``rounds``, or 1 for heavy rounds (> 5,000 training samples)."""
+    return 1 if w.train_samples_per_round > 5000 and w.seeds == 1 else rounds
+
+
+DEFAULT_WORKLOADS = ["s2-cifar10+eval", "s2-cifar10", "eval-cifar10", "s1-cifar10+eval", "s1-cifar10",
+                     "s2-emnist+eval", "s2-emnist", "eval-emnist", "s1-emnist+eval", "s1-emnist",
+                     "s2-cifar10-8seeds+eval"]
+
+
+@dataclass
+class Data:
+    """Random data of a workload: a pool of training images, the clients' index arrays
+    (client i holds ``clients[i]``), and a test set."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    clients: List[np.ndarray]
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+def client_tensors(w: Workload, cid: int, seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Client ``cid``'s random images and labels, a function of (workload, seed, cid) alone.
+
+    This is how each peer gets the same client data without sharing memory: the Flower
+    ClientApp (another process) regenerates it from its partition id.
+    """
+    g = torch.Generator().manual_seed(1_000_003 * seed + cid + 1)
+    x = torch.rand(w.samples_per_client, *w.input_shape, generator=g)
+    y = torch.randint(0, w.num_classes, (w.samples_per_client,), generator=g)
+    return x, y
+
+
+def test_tensors(w: Workload, seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7_919 * seed + 12_345)
+    x = torch.rand(w.test_size, *w.input_shape, generator=g)
+    y = torch.randint(0, w.num_classes, (w.test_size,), generator=g)
+    return x, y
+
+
+def make_data(w: Workload, seed: int = 0, clients: Optional[List[int]] = None) -> Data:
+    """The pool of all N clients' data (or only of ``clients``, the rest empty) and the test set.
+
+    Generating 50,000 CIFAR-sized images takes about a second; only clients that a
+    benchmark samples need data, so ``clients`` limits generation to those.
+    """
+    ids = list(range(w.num_clients)) if clients is None else sorted(set(clients))
+    xs, ys, index = [], [], [np.zeros(0, dtype=np.int64) for _ in range(w.num_clients)]
+    start = 0
+    for cid in ids:
+        x, y = client_tensors(w, cid, seed)
+        xs.append(x)
+        ys.append(y)
+        index[cid] = np.arange(start, start + len(x))
+        start += len(x)
+    xt, yt = test_tensors(w, seed)
+    return Data(torch.cat(xs), torch.cat(ys), index, xt, yt)
