@@ -26,26 +26,34 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from fedsl.algorithms.base import RoundContext, State, zeros_like
-from fedsl.algorithms.fedavg import client_weights
+from fedsl.algorithms.base import State, zeros_like
 from fedsl.engine import rng
-from fedsl.engine.simulator import RunState
+from fedsl.engine.simulator import ClientWork, RunState
 from fedsl.flower.config import FlowerSetup
 from fedsl.flower.records import from_record, state_to_record, to_record
 
 # Server-state entries a rule's clients need for their correction (SCAFFOLD: c - c_i).
 # A rule may say so itself with a ``client_state`` attribute.
 CLIENT_STATE = {"scaffold": ("c",)}
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """The part of a batch plan the server update reads: K_i of each client that replied."""
+
+    steps: tuple[int, ...]
 
 
 def describe_content(content: RecordDict) -> dict[str, Any]:
@@ -222,41 +230,32 @@ class FedslStrategy(FedAvg):
         return to_record(self.state.x), metrics
 
     def _server_update(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, int, float | None, float | None]:
-        """The server half of ``Simulator.round`` for the clients ``ids`` that replied."""
-        sim, alg, fed = self.sim, self.alg, self.sim.fed
+        """The server half of ``Simulator.round`` (its own ``aggregate``, ``_server_sgd`` and ``end_round``)
+        for the clients ``ids`` that replied."""
+        sim = self.sim
         params = sim._layout(self.state.x)
-        sl = alg.server_learning
-        on = sl is not None and sl.active
-        gamma = sl.gamma_schedule.value(t, self.state.gamma) if on else None
-        server_steps, cos = 0, None
-        algo = dict(self.state.algo)
-        new = params
-        if ids:
-            stacked = {n: torch.stack([finals[i][0][n] for i in ids]) for n in params}
-            sizes = [finals[i][1] for i in ids]
-            weights = client_weights(sizes, alg.weighted).to(sim.device)
-            if on and sl.mode == "parallel":  # FSL-p: the server trains from x_t as one more client, weight w0
-                x0, server_steps = sim._server_sgd(params, t, gamma)
-                w0 = sl.parallel_weight(fed.n0, sizes)
-                stacked = {n: torch.cat([stacked[n], x0[n].unsqueeze(0)]) for n in stacked}
-                weights = torch.cat([(1.0 - w0) * weights,
-                                     torch.tensor([w0], dtype=weights.dtype, device=sim.device)])
-            rows = torch.arange(len(ids), device=sim.device)
-            state = {**algo, **{k: zeros_like(params, (len(ids),)) for k in self.tables}}
-            ctx = RoundContext(alg.local.lr, torch.tensor([finals[i][2] for i in ids], device=sim.device),
-                               fed.num_clients)
-            new, out = alg.rule.update(params, stacked, weights, rows, state, ctx)
-            algo.update({k: v for k, v in out.items() if not k.endswith("_i")})
-            if on and sl.measures_angle:
-                cos = sim._angle(params, stacked, weights)
-        else:
+        if not ids:
             log(WARNING, "fedsl round %d: no client update arrived; x̄ = x_t", t + 1)
-        if on and sl.mode == "incremental":
-            new, server_steps = sim._server_sgd(new, t, gamma)  # Algorithm 1, line 10
-        next_gamma = self.state.gamma
-        if on and sl.gamma_schedule.kind == "adaptive" and cos is not None:
-            next_gamma = sl.gamma_schedule.adapt(gamma, cos)
-        return RunState(new, algo, next_gamma), server_steps, cos, gamma
+            sl = self.alg.server_learning
+            on = sl is not None and sl.active
+            gamma = sl.gamma_schedule.value(t, self.state.gamma) if on else None
+            new, server_steps = params, 0
+            if on and sl.mode == "incremental":
+                new, server_steps = sim._server_sgd(params, t, gamma)  # Algorithm 1, line 10
+            return RunState(new, dict(self.state.algo), self.state.gamma), server_steps, None, gamma
+        stacked = {n: torch.stack([finals[i][0][n] for i in ids]) for n in params}
+        # the rule reads the sampled clients' old rows of its tables: zero rows (module docstring)
+        rows = torch.arange(len(ids), device=sim.device)
+        state = RunState(params, {**self.state.algo, **{k: zeros_like(params, (len(ids),)) for k in self.tables}},
+                         self.state.gamma)
+        work = ClientWork(params, np.asarray(ids), rows, [finals[i][1] for i in ids],
+                          _Steps(tuple(finals[i][2] for i in ids)), None)
+        agg = sim.aggregate(state, t, work, stacked)  # x̄ = rule update (FedAvg: x + η_g·mean Δ_i); FSL-p joins here
+        new, server_steps = agg.new, agg.server_steps
+        if agg.incremental:
+            new, server_steps = sim._server_sgd(new, t, agg.gamma)  # Algorithm 1, line 10: K0 steps of γ·η0 on D0
+        nxt, _ = sim.end_round(state, work, agg, new, server_steps)
+        return RunState(nxt.x, self._server_part(nxt.algo), nxt.gamma), server_steps, agg.cos, agg.gamma
 
     # ------------------------------------------------------------------ evaluation and records
 

@@ -1,0 +1,1 @@
+"""fedsl on Flower: the example app (ServerApp + ClientApp from ``fedsl.flower``)."""

@@ -1,0 +1,364 @@
+"""fedsl on Flower's deployment engine: real `flower-superlink`, `flower-supernode` and `flwr run`
+processes on 127.0.0.1 (free ports, one FLWR_HOME per process, process groups killed afterwards).
+
+- parity: a few rounds of FSL on 3 SuperNodes give the simulator's model (same seed, partition
+  and sampled clients), and the server received parameters only;
+- TLS + SuperNode authentication: an unregistered node is refused, registered ones train, and a
+  SuperNode killed in the middle of a round leaves a round that completes with the others, with
+  server learning, and a run that goes on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.2)
+    return False
+
+
+def make_tls(folder: Path) -> dict[str, Path]:
+    """A CA and a server certificate for 127.0.0.1/localhost, signed by it (PEM files)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedsl test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
+    files["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    return files
+
+
+def make_node_keys(folder: Path, name: str) -> tuple[Path, Path]:
+    """A SuperNode's EC (P-384) key pair in OpenSSH format, as `flwr supernode register` expects."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    priv, pub = folder / f"{name}.key", folder / f"{name}.pub"
+    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                  serialization.PublicFormat.OpenSSH))
+    priv.chmod(0o600)
+    return priv, pub
+
+
+class Deployment:
+    """A SuperLink and SuperNodes as real processes on loopback, each in its own FLWR_HOME and
+    process group; ``close()`` kills them all (the tests call it in a finaliser)."""
+
+    def __init__(self, root: Path, tls: bool = False, auth: bool = False) -> None:
+        self.root, self.tls, self.auth = root, tls, auth
+        self.port = free_port()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        self.certs = make_tls(root / "certs") if tls else None
+        self.cli_home = root / "cli-home"
+        self.cli_home.mkdir(parents=True, exist_ok=True)
+        conn = [f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{self.port}"']
+        conn.append(f'root-certificates = "{self.certs["ca"]}"' if tls else "insecure = true")
+        (self.cli_home / "config.toml").write_text("\n".join(conn) + "\n")
+
+    def env(self, home: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "FLWR_HOME": str(home),
+                    "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                    "PYTHONUNBUFFERED": "1"})
+        return env
+
+    def _start(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
+        home.mkdir(parents=True, exist_ok=True)
+        log = self.root / f"{name}.log"
+        self.logs[name] = log
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(home), cwd=home,
+                                    start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start_superlink(self, timeout: float = 60.0) -> None:
+        cmd = [str(BIN / "flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
+               "--disable-runtime-dependency-installation"]
+        if self.tls:
+            cmd += ["--ssl-certfile", str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
+                    "--ssl-ca-certfile", str(self.certs["ca"])]
+        else:
+            cmd += ["--insecure"]
+        if self.auth:
+            cmd += ["--enable-supernode-auth"]
+        self._start("superlink", cmd, self.root / "superlink-home")
+        if not wait_port(self.port, timeout):
+            raise RuntimeError(f"SuperLink did not listen on {self.port} within {timeout}s:\n{self.tail('superlink')}")
+
+    def start_node(self, name: str, partition: int, private_key: Path | None = None,
+                   extra: list[str] | None = None) -> subprocess.Popen:
+        cmd = [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
+               "--node-config", f"partition-id={partition}"]
+        cmd += ["--root-certificates", str(self.certs["ca"])] if self.tls else ["--insecure"]
+        if private_key is not None:
+            cmd += ["--auth-supernode-private-key", str(private_key)]
+        return self._start(name, cmd + (extra or []), self.root / f"{name}-home")
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        """Run the `flwr` CLI against this SuperLink (connection "test")."""
+        return subprocess.run([str(BIN / "flwr"), *args], env=self.env(self.cli_home), cwd=self.cli_home,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def run_app(self, run_config: dict[str, object], timeout: float = 240.0) -> subprocess.CompletedProcess:
+        """`flwr run examples/flower-app test --run-config ... --stream` (returns when the run ends)."""
+        args = ["run", str(APP), "test", "--stream"]
+        for key, value in run_config.items():
+            args += ["--run-config", f"{key}={_toml(value)}"]
+        return self.flwr(*args, timeout=timeout)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill a process and everything it started (its process group): a crashed machine."""
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def tail(self, name: str, n: int = 4000) -> str:
+        log = self.logs.get(name)
+        return log.read_text(errors="replace")[-n:] if log and log.exists() else ""
+
+    def close(self) -> None:
+        for name, proc in reversed(list(self.procs.items())):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs.values():  # children (SuperExec, ClientApps) live in the same group
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+# ----------------------------------------------------------------------------- the tests
+
+import json  # noqa: E402
+import re  # noqa: E402
+import tomllib  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("flwr")
+
+from flwr.common.config import flatten_dict  # noqa: E402
+
+from conftest import run_rounds  # noqa: E402
+from fedsl.experiments.runner import prepare  # noqa: E402
+from fedsl.flower import parse_run_config  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (BIN / "flower-superlink").exists(),
+                                                   reason="flower-superlink is not installed next to python")]
+
+
+def app_run_config(**overrides: object) -> dict:
+    """The example app's run config (as Flower flattens it), with overrides."""
+    config = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    return {**flatten_dict(config), **overrides}
+
+
+@pytest.fixture
+def deployments(tmp_path):
+    made: list[Deployment] = []
+
+    def make(**kw) -> Deployment:
+        made.append(Deployment(tmp_path / f"deployment{len(made)}", **kw))
+        return made[-1]
+
+    yield make
+    for d in made:
+        d.close()
+
+
+def _logs(dep: Deployment, res=None) -> str:
+    parts = [f"--- {n}\n{dep.tail(n)}" for n in dep.logs]
+    if res is not None:
+        parts.insert(0, f"--- flwr run (rc {res.returncode})\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
+    return "\n".join(parts)
+
+
+def _check_only_parameters(received: list[dict], model: dict[str, torch.Tensor]) -> None:
+    """Every reply the ServerApp got carries the model's parameters and a few scalars, nothing else."""
+    params = {n: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch.")} for n, p in model.items()}
+    kinds = set()
+    for entry in received:
+        kinds.add(entry["kind"])
+        if "error" in entry:
+            continue
+        if entry["kind"] == "train":
+            assert entry["records"] == {"arrays": "ArrayRecord", "metrics": "MetricRecord"}, entry
+            assert entry["arrays"] == {"arrays": params}, entry  # x_i only: names, shapes, dtype of the model
+            assert sorted(entry["metrics"]["metrics"]) == ["num-examples", "partition-id", "round", "steps"], entry
+            assert all(isinstance(v, int) for v in entry["metrics"]["metrics"].values()), entry
+        else:
+            assert entry["records"] == {"partition": "ConfigRecord"}, entry
+            assert sorted(entry["configs"]["partition"]) == ["num-examples", "partition-id"], entry
+            assert entry["arrays"] == {} and entry["metrics"] == {}, entry
+    assert kinds == {"train", "query"}
+
+
+def test_fsl_on_flower_deployment_equals_the_simulator(deployments, tmp_path, one_thread):
+    """3 SuperNodes (partition-id 0, 1, 2), S = 2 of N = 3 per round, 3 rounds of FSL."""
+    out = tmp_path / "out"
+    run_config = {"rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0}
+    cfg, _ = parse_run_config(app_run_config(**run_config), APP)
+    sim = prepare(cfg).sim  # the simulator's run (this also fills the dataset cache the nodes read)
+    expected, infos = run_rounds(sim, cfg.rounds)
+
+    dep = deployments()
+    dep.start_superlink()
+    for i in range(3):
+        dep.start_node(f"node{i}", i)
+    res = dep.run_app(run_config, timeout=300)
+    assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
+
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]  # the simulator's samples
+    assert [r["server_steps"] for r in rounds] == [info.server_steps for info in infos]
+    assert all(r["server_steps"] > 0 for r in rounds)  # server learning ran every round
+    final = torch.load(out / "final.pt")
+    diff = max((final["x"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
+    print(f"max |x_T(Flower) - x_T(simulator)| = {diff:.3g}")
+    assert diff <= 1e-6
+    _check_only_parameters(json.loads((out / "received.json").read_text()), final["x"])
+
+
+def _wait_for(predicate, timeout: float, what: str, dep: Deployment) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{_logs(dep)}")
+
+
+def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
+    """TLS (certificates made here) + SuperNode authentication; node 2 dies while training in round 2."""
+    dep = deployments(tls=True, auth=True)
+    dep.start_superlink()
+    keys = {i: make_node_keys(dep.root, f"node{i}") for i in range(3)}
+    registered = set()
+    for i, (_, public) in keys.items():
+        res = dep.flwr("supernode", "register", str(public), "test", "--format", "json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        registered.add(int(json.loads(res.stdout[res.stdout.index("{"):])["node-id"]))
+
+    intruder_key, _ = make_node_keys(dep.root, "intruder")  # a key pair the SuperLink never saw
+    intruder = dep.start_node("intruder", 1, intruder_key)
+    for i in range(3):
+        dep.start_node(f"node{i}", i, keys[i][0])
+    assert intruder.wait(timeout=60) != 0, _logs(dep)  # refused: it cannot activate, and exits
+    assert "Failed to activate SuperNode" in dep.tail("intruder")
+
+    out = tmp_path / "out"
+    run_config = {"rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 20.0, "client-delay": 2.0,
+                  "algorithm.clients_per_round": 3}
+    args = ["run", str(APP), "test", "--stream"]
+    for key, value in run_config.items():
+        args += ["--run-config", f"{key}={_toml(value)}"]
+    log = open(dep.root / "flwr-run.log", "wb")
+    run = subprocess.Popen([str(BIN / "flwr"), *args], env=dep.env(dep.cli_home), cwd=dep.cli_home, stdout=log,
+                           stderr=subprocess.STDOUT, start_new_session=True)
+    dep.procs["flwr-run"], dep.logs["flwr-run"] = run, dep.root / "flwr-run.log"
+
+    def trains(name: str) -> int:
+        return len(re.findall(r"Receiving: train message", dep.tail(name, 10**7)))
+
+    # node 2 receives its round-2 model and starts training (client-delay keeps it busy): kill it
+    _wait_for(lambda: trains("node2") >= 2, 240, "node 2's second train message", dep)
+    time.sleep(0.5)
+    dep.kill("node2")
+    assert run.wait(timeout=240) == 0, _logs(dep)
+    assert (out / "done.json").exists(), _logs(dep)
+
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert len(rounds) == 3
+    assert rounds[0]["trained"] == [0, 1, 2]  # registered nodes train, over TLS
+    assert rounds[1]["sampled"] == [0, 1, 2] and rounds[1]["trained"] == [0, 1]  # round 2 completed without node 2
+    assert rounds[1]["lost_partitions"] == [2]
+    assert rounds[2]["trained"] == [0, 1] and rounds[2]["missing"] == [2]  # and the run went on
+    k0 = rounds[0]["server_steps"]
+    assert k0 > 0 and all(r["server_steps"] == k0 for r in rounds)  # server learning applied every round
+    evals = json.loads((out / "evaluations.json").read_text())
+    assert [e["round"] for e in evals] == [0, 1, 2, 3] and all(e["loss"] == e["loss"] for e in evals)
+
+    received = json.loads((out / "received.json").read_text())
+    senders = {e["node"] for e in received if "error" not in e}
+    assert senders <= registered and len(senders) == 3  # only registered nodes ever answered
+    final = torch.load(out / "final.pt")
+    _check_only_parameters(received, final["x"])
