@@ -227,10 +227,13 @@ def describe(device: torch.device) -> Dict[str, str]:
     return out
 
 
-def optional_version(module: str) -> Optional[str]:
-    """Version of an importable module, None when it is absent or broken."""
+def optional_version(distribution: str) -> Optional[str]:
+    """Installed version of a distribution (without importing it), None when absent."""
     try:
-        mod = __import__(module)
-        return getattr(mod, "__version__", "?")
-    except Exception:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            return None
+    except ImportError:
         return None

@@ -1,0 +1,5 @@
+import sys
+
+from fedsl.bench.command import main
+
+sys.exit(main())

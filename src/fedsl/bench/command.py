@@ -1,0 +1,57 @@
+"""``python benchmarks/bench.py`` / ``python -m fedsl.bench``: argparse only (runs where just
+torch and numpy are installed, e.g. a GPU machine with ``PYTHONPATH=src``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from fedsl.bench import PEERS, run_benchmarks
+from fedsl.bench.workloads import DEFAULT_WORKLOADS, workloads
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="fedsl engine vs a plain PyTorch loop vs Flower's simulation "
+                                             "(random data, interleaved, medians)")
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                    help=f"comma-separated, from: {', '.join(workloads())}")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per repetition (Scenario 1: 1)")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from: {', '.join(PEERS)}")
+    ap.add_argument("--executor", default="auto", help="the engine's executor: auto, sequential, vectorised")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--flower-actors", type=int, default=2)
+    ap.add_argument("--flower-cpus", type=int, default=1, help="CPUs (and torch threads) per Ray actor")
+    ap.add_argument("--footprint-clients", type=int, default=1000,
+                    help="N of the SCAFFOLD/FedDyn state measurement (0: skip)")
+    ap.add_argument("--smoke", action="store_true", help="tiny model and data: checks the harness, not speed")
+    ap.add_argument("--out", type=Path, default=None, help="also write the Markdown report here")
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    command = "python benchmarks/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        report = run_benchmarks(names, rounds=args.rounds, reps=args.reps, device=args.device, smoke=args.smoke,
+                                peers=[p.strip() for p in args.peers.split(",") if p.strip()],
+                                executor=args.executor, threads=args.threads, flower_actors=args.flower_actors,
+                                flower_cpus=args.flower_cpus, footprint_clients=args.footprint_clients or None,
+                                log=lambda s: print(s, file=sys.stderr, flush=True), command=command.strip())
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text = report.markdown()
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The benchmark harness (fedsl.bench): correctness of what it measures, not speed."""
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsl.bench import run_benchmarks
+from fedsl.bench.peers import EnginePeer, LoopPeer
+from fedsl.bench.table import COLUMNS, Row, add_ratios, markdown
+from fedsl.bench.workloads import DEFAULT_WORKLOADS, make_data, timed_rounds, workloads
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_workloads_match_the_presets():
+    w = workloads()
+    assert set(DEFAULT_WORKLOADS) <= set(w)
+    s2 = w["s2-cifar10+eval"]
+    assert (s2.num_clients, s2.samples_per_client, s2.clients_per_round, s2.batch_size, s2.steps) == (1000, 50, 10, 10, 5)
+    s1 = w["s1-cifar10"]
+    assert (s1.num_clients, s1.clients_per_round, s1.batch_size, s1.steps, s1.evaluate) == (10, 4, 50, 100, False)
+    assert w["s1-emnist"].steps == 48 and w["s2-emnist"].steps == 5
+    assert w["s2-cifar10-8seeds+eval"].seeds == 8
+    assert s2.train_samples_per_round == 500 and s2.eval_samples_per_round == 10_000
+    assert timed_rounds(s1, 3) == 1 and timed_rounds(s2, 3) == 3
+    assert set(workloads(smoke=True)) == set(w)
+
+
+def test_engine_and_plain_loop_give_the_same_fedavg_model(one_thread):
+    """On the same clients and batch order (dropout-free model), the engine's FedAvg round and the
+    plain loop (deepcopy + DataLoader + SGD + mean of state dicts) agree to float32 rounding."""
+    w = replace(workloads(smoke=True)["s2-cifar10"], model="mlp", num_clients=8, clients_per_round=3,
+                samples_per_client=10, batch_size=4, epochs=2, lr=0.1, test_size=16)
+    data = make_data(w)
+    cpu = torch.device("cpu")
+    engine, loop = EnginePeer(w, data, cpu), LoopPeer(w, data, cpu, share_plan=True)
+    for p in (engine, loop):
+        p.setup()  # one round
+        assert len(p.run(2)) == 2
+    mine, theirs = engine.params(), loop.models[0].state_dict()
+    assert set(mine) == set(theirs)
+    for n in mine:
+        torch.testing.assert_close(mine[n], theirs[n], rtol=1e-5, atol=1e-6)
+    # and the model moved: the comparison is not between two untouched initialisations
+    from fedsl.bench.peers import plain_model
+    init = plain_model(w, 0, cpu).state_dict()
+    assert max((mine[n] - init[n]).abs().max().item() for n in mine) > 1e-3
+
+
+def test_ratios():
+    rows = [Row("a", "fedsl", seconds=1.0), Row("a", "plain loop", seconds=3.0), Row("a", "flower", seconds=5.0),
+            Row("b", "fedsl", seconds=2.0), Row("b", "flower", note="skipped")]
+    add_ratios(rows)
+    assert rows[0].ratios == {"plain loop": 3.0, "flower": 5.0}
+    assert rows[1].ratios == {"fedsl": pytest.approx(1 / 3), "flower": pytest.approx(5 / 3)}
+    assert rows[3].ratios == {} and rows[4].ratios == {}
+    text = markdown(rows)
+    assert text.splitlines()[0] == "| " + " | ".join(COLUMNS) + " |"
+    assert "3.00x" in text and "5.00x" in text and "skipped" in text
+
+
+def test_smoke_run_reports_every_peer_and_column(one_thread):
+    names = ["s2-cifar10+eval", "eval-emnist", "s2-cifar10-8seeds+eval"]
+    rep = run_benchmarks(names, rounds=1, reps=2, smoke=True, peers=("fedsl", "loop"),
+                         footprint_clients=20, log=lambda s: None)
+    got = {(r.workload, r.peer): r for r in rep.rows}
+    for name in names:
+        for peer in ("fedsl", "plain loop"):
+            r = got[(name, peer)]
+            assert r.seconds is not None and r.seconds > 0 and len(r.times) == 2 * timed_rounds(
+                workloads(True)[name], 1)
+            assert r.gflops > 0 and 0 < r.fraction_of_best and r.peak_mb > 0
+        f, lp = got[(name, "fedsl")], got[(name, "plain loop")]
+        assert f.ratios["plain loop"] == pytest.approx(lp.seconds / f.seconds)
+        assert lp.ratios["fedsl"] == pytest.approx(f.seconds / lp.seconds)
+    stacked = got[("s2-cifar10-8seeds+eval", "fedsl stacked")]
+    assert stacked.seconds is not None or "not available" in stacked.note
+    assert rep.rows[0].samples == 3 * 12 + 40  # S·n_i training + the test set
+    text = rep.markdown()
+    for col in COLUMNS:
+        assert col in text
+    assert "small_cnn" in text and "scaffold" in text and "feddyn" in text
+    fp = {f["rule"]: f for f in rep.footprint}
+    params = fp["scaffold"]["params"]
+    # SCAFFOLD: c + c_i for N clients; FedDyn: h + grad_i, float32
+    assert fp["scaffold"]["state_mb"] == pytest.approx((20 + 1) * params * 4 / 2 ** 20)
+    assert fp["feddyn"]["state_mb"] == pytest.approx((20 + 1) * params * 4 / 2 ** 20)
+
+
+def test_script_runs_from_the_source_tree(tmp_path):
+    out = tmp_path / "r.md"
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--smoke", "--workloads",
+                          "eval-cifar10", "--peers", "fedsl,loop", "--reps", "1", "--rounds", "1", "--threads", "1",
+                          "--footprint-clients", "0", "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "| eval-cifar10 | fedsl |" in out.read_text()
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--workloads", "nope"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "unknown workloads" in bad.stderr
+
+
+@pytest.mark.slow
+def test_flower_peer_runs_fedavg_rounds(one_thread):
+    """Flower's simulation (Ray) on a tiny workload: rounds are timed, start-up is reported apart."""
+    pytest.importorskip("flwr.simulation")
+    from fedsl.bench.flower_peer import FlowerPeer
+    w = replace(workloads(smoke=True)["s2-cifar10+eval"], num_clients=4, clients_per_round=2)
+    peer = FlowerPeer(w, make_data(w), torch.device("cpu"))
+    assert peer.available, peer.why_not
+    peer.setup()
+    times = peer.run(2)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert peer.extra["startup_s"] > 0 and peer.extra["actor_peak_mb"] > 0
+    assert not FlowerPeer(replace(w, seeds=2), make_data(w), torch.device("cpu")).available
