@@ -326,7 +326,8 @@ def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     assert "Failed to activate SuperNode" in dep.tail("intruder")
 
     out = tmp_path / "out"
-    run_config = {"rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 20.0, "client-delay": 2.0,
+    run_config = {"rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 180.0, "straggler-timeout": 15.0,
+                  "client-delay": 2.0,
                   "algorithm.clients_per_round": 3}
     args = ["run", str(APP), "test", "--stream"]
     for key, value in run_config.items():

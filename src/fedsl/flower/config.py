@@ -25,7 +25,7 @@ from fedsl.experiments import presets
 from fedsl.experiments.config import ConfigError, RunConfig, expand_variants, read_file, set_dotted, validate
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
-FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "min-nodes", "node-wait",
+FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes", "node-wait",
                "threads", "client-delay")
 
 
@@ -37,6 +37,8 @@ class FlowerOptions:
         out_dir: where the ServerApp writes ``final.pt``, ``rounds.json`` and ``metrics.json`` ("" = nowhere).
         round_timeout: seconds the ServerApp waits for a round's replies; clients that have
             not replied by then are dropped for the rest of the run.
+        straggler_timeout: seconds to wait for the rest of a round's replies once the first one
+            arrived (0 = up to ``round_timeout``); bounds what a crashed node costs a round.
         min_nodes: connected SuperNodes to wait for before round 1.
         node_wait: seconds to wait for them (then the run starts with the nodes there are).
         threads: torch intra-op threads in each app process (0 = torch's default).
@@ -45,6 +47,7 @@ class FlowerOptions:
 
     out_dir: str = ""
     round_timeout: float = 600.0
+    straggler_timeout: float = 0.0
     min_nodes: int = 1
     node_wait: float = 300.0
     threads: int = 0
@@ -105,6 +108,7 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
     options = FlowerOptions(
         out_dir=_option(flat, "out-dir", str, ""),
         round_timeout=_option(flat, "round-timeout", float, FlowerOptions.round_timeout),
+        straggler_timeout=_option(flat, "straggler-timeout", float, 0.0),
         min_nodes=_option(flat, "min-nodes", int, FlowerOptions.min_nodes),
         node_wait=_option(flat, "node-wait", float, FlowerOptions.node_wait),
         threads=_option(flat, "threads", int, 0),
@@ -112,6 +116,8 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
     )
     if options.round_timeout <= 0:
         raise ConfigError(f"run config round-timeout = {options.round_timeout}: expected seconds > 0")
+    if options.straggler_timeout < 0:
+        raise ConfigError(f"run config straggler-timeout = {options.straggler_timeout}: expected seconds >= 0")
     if options.min_nodes < 0:
         raise ConfigError(f"run config min-nodes = {options.min_nodes}: expected an integer >= 0")
     return cfg, options

@@ -2,16 +2,52 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from logging import INFO
 from pathlib import Path
+from typing import Any
 
-from flwr.app import Context
+from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from fedsl.flower.config import load_setup
 from fedsl.flower.records import to_record
 from fedsl.flower.strategy import FedslStrategy
+
+
+class RoundGrid:
+    """Flower's Grid whose ``send_and_receive`` polls every ``poll`` seconds (Flower's: 3 s) and,
+    with ``straggler`` set, stops waiting that many seconds after the first reply arrived.
+
+    A crashed SuperNode never replies, and the SuperLink declares it gone only after two
+    missed 30 s heartbeats; ``straggler`` bounds what one such node costs a round without
+    a tight ``round-timeout`` that would also cut off slow but healthy clients.
+    """
+
+    def __init__(self, grid: Grid, poll: float = 0.5, straggler: float | None = None) -> None:
+        self.grid, self.poll, self.straggler = grid, poll, straggler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        waiting = set(self.grid.push_messages(messages))
+        start, first = time.monotonic(), None
+        replies: list[Message] = []
+        while waiting:
+            got = list(self.grid.pull_messages(waiting))
+            if got and first is None:
+                first = time.monotonic()
+            replies.extend(got)
+            waiting -= {m.metadata.reply_to_message_id for m in got}
+            now = time.monotonic()
+            if not waiting or (timeout is not None and now - start >= timeout) or \
+                    (first is not None and self.straggler is not None and now - first >= self.straggler):
+                break
+            time.sleep(self.poll)
+        return replies
 
 
 def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) -> FedslStrategy:
@@ -22,7 +58,8 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
     log(INFO, "fedsl: %s, T=%d rounds, N=%d clients (partition ids 0..%d), S=%d per round, n0=%d on the server",
         setup.algorithm.name, cfg.rounds, setup.num_clients, setup.num_clients - 1, cfg.algorithm.clients_per_round,
         setup.fed.n0)
-    strategy.start(grid, initial_arrays=to_record(strategy.state.x), num_rounds=cfg.rounds,
+    straggler = setup.options.straggler_timeout or None
+    strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x), num_rounds=cfg.rounds,
                    timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
     strategy.finish()
     if strategy.evaluations:

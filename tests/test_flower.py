@@ -1,0 +1,265 @@
+"""fedsl.flower in one process: the strategy and the ClientApp talk through a loopback Grid that
+calls the ClientApp directly (the deployment tests run the same code in real Flower processes).
+
+The runs are compared with the simulator on the same config: same sampled clients, same model
+(float64: to 1e-10, or exactly where no glue is involved), per-client state in the ClientApp's
+context, and bad configs refused with one line naming the value.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.common.config import flatten_dict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from conftest import run_rounds  # noqa: E402
+from fedsl.experiments.config import ConfigError  # noqa: E402
+from fedsl.experiments.runner import prepare  # noqa: E402
+from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config, partition_id  # noqa: E402
+from fedsl.flower.records import to_record  # noqa: E402
+from fedsl.flower.server import RoundGrid  # noqa: E402
+
+APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
+
+BASE = {"rounds": 3, "seed": 1, "dtype": "float64", "eval_every": 100, "data.dataset": "synthetic_chars",
+        "data.chars": "0123", "data.train_per_class": 30, "data.test_per_class": 10, "data.num_clients": 4,
+        "data.classes_per_client": 2, "data.samples_per_client": 24, "data.server_size": 12, "model.name": "mlp",
+        "algorithm.name": "fsl", "algorithm.clients_per_round": 2, "algorithm.local_lr": 0.05,
+        "algorithm.batch_size": 10, "round-timeout": 5.0, "min-nodes": 0}
+
+
+class LoopGrid:
+    """A Grid whose nodes are ClientApp calls in this process, one Context (and state) per node."""
+
+    def __init__(self, run_config: dict, partitions: dict[int, object], fail: set[int] = frozenset()) -> None:
+        self.app = make_client_app(APP)
+        self.contexts = {node: Context(run_id=1, node_id=node, node_config={"partition-id": pid}, state=RecordDict(),
+                                       run_config=run_config) for node, pid in partitions.items()}
+        self.fail = set(fail)  # nodes that crash when asked to train
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, *, timeout=None) -> list[Message]:
+        replies = []
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"{len(self.sent)}-{i}"
+            self.sent.append(msg)
+            node = msg.metadata.dst_node_id
+            if node in self.fail and msg.metadata.message_type == "train":
+                continue  # a crashed node: no reply
+            try:
+                replies.append(self.app(msg, self.contexts[node]))
+            except Exception as e:  # what a SuperNode sends back when the ClientApp raises
+                replies.append(Message(Error(code=1, reason=str(e)), reply_to=msg))
+        return replies
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+    yield
+    TaskIdentity._run_id = TaskIdentity._node_id = TaskIdentity._task_id = None
+
+
+def run_flower(run_config: dict, partitions: dict[int, object] | None = None, fail=frozenset()):
+    setup = load_setup(run_config)
+    grid = LoopGrid(run_config, partitions or {100 + i: i for i in range(setup.num_clients)}, fail)
+    strategy = FedslStrategy(setup)
+    strategy.start(grid, to_record(strategy.state.x), num_rounds=setup.cfg.rounds, timeout=5.0)
+    return strategy, grid
+
+
+def run_simulator(run_config: dict):
+    cfg, _ = parse_run_config(run_config)
+    return run_rounds(prepare(cfg).sim, cfg.rounds)
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[n].double().cpu() - b[n].double().cpu()).abs().max().item() for n in a)
+
+
+# ----------------------------------------------------------------------------- parity with the simulator
+
+def test_fsl_is_bit_identical_to_the_simulator(one_thread):
+    """FSL on the paper's conv net shape: x_T bit for bit, the simulator's clients, K0 server steps."""
+    rc = {**BASE, "model.name": "small_cnn", "dtype": "float32", "rounds": 4}
+    strategy, grid = run_flower(rc)
+    expected, infos = run_simulator(rc)
+    assert [h["trained"] for h in strategy.history] == [i.clients.tolist() for i in infos]
+    assert [h["server_steps"] for h in strategy.history] == [i.server_steps for i in infos]
+    assert all(h["server_steps"] > 0 for h in strategy.history)
+    assert max_diff(strategy.state.x, expected.x) == 0.0
+    # one message per sampled client and round (+ the initial partition-id queries)
+    assert sum(m.metadata.message_type == "train" for m in grid.sent) == 4 * 2
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("scaffold", {"server.learning": "incremental"}),  # SCAFFOLD + SL: c_i on the clients, c on the server
+    ("feddyn", {"server.learning": "incremental"}),  # FedDyn + SL: ∇L_i on the clients, h on the server
+    ("fsl_p", {}),  # the server as one more client
+    ("fedavgm", {"server.learning": "incremental"}),  # server momentum kept by the strategy
+    ("ds", {}),  # clients train on D_i ∪ D0
+    ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5}),  # unequal n_i: plain mean of Δ_i
+    ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5, "algorithm.weighted": True}),
+])
+def test_algorithms_on_flower_match_the_simulator(one_thread, name, extra):
+    rc = {**BASE, "algorithm.name": name, "rounds": 4, **extra}
+    strategy, grid = run_flower(rc)
+    expected, infos = run_simulator(rc)
+    assert [h["trained"] for h in strategy.history] == [i.clients.tolist() for i in infos]
+    assert max_diff(strategy.state.x, expected.x) <= 1e-10
+    # the server keeps the server state only; per-client tables live in the ClientApps' context.state
+    assert not any(k.endswith("_i") for k in strategy.state.algo)
+    for key, table in expected.algo.items():
+        if key.endswith("_i"):
+            trained = {i for h in strategy.history for i in h["trained"]}
+            for ctx in grid.contexts.values():
+                pid = ctx.node_config["partition-id"]
+                stored = ctx.state.array_records.get("fedsl." + key)
+                assert (stored is not None) == (pid in trained)
+                if stored is not None:
+                    row = {n: torch.from_numpy(a.numpy()) for n, a in stored.items()}
+                    assert max_diff(row, {n: v[pid] for n, v in table.items()}) <= 1e-10
+        else:
+            assert max_diff(strategy.state.algo[key], table) <= 1e-10
+
+
+def test_the_plain_mean_is_not_weighted_by_example_count(one_thread):
+    """Unequal n_i: FedAvg's mean of Δ_i (Algorithm 1) differs from the n_i-weighted one, and
+    the strategy gives the former unless ``algorithm.weighted``."""
+    rc = {**BASE, "data.partition": "dirichlet", "data.dirichlet_alpha": 0.3, "rounds": 1,
+          "server.learning": "off", "algorithm.name": "fedavg"}
+    plain, _ = run_flower(rc)
+    weighted, _ = run_flower({**rc, "algorithm.weighted": True})
+    sizes = {r["node"]: r["metrics"]["metrics"]["num-examples"] for r in plain.received if r["kind"] == "train"}
+    assert len(set(sizes.values())) > 1
+    assert max_diff(plain.state.x, weighted.state.x) > 1e-6
+
+
+# ----------------------------------------------------------------------------- failures and fallbacks
+
+def test_a_sampled_client_without_a_node_is_skipped_and_server_learning_still_runs(one_thread):
+    rc = {**BASE, "rounds": 4}
+    strategy, _ = run_flower(rc, partitions={100: 0, 101: 1})  # nobody holds partitions 2 and 3
+    _, infos = run_simulator(rc)
+    for h, info in zip(strategy.history, infos):
+        assert h["sampled"] == info.clients.tolist()
+        assert h["trained"] == [i for i in info.clients.tolist() if i in (0, 1)]
+        assert h["missing"] == [i for i in info.clients.tolist() if i not in (0, 1)]
+        assert h["server_steps"] == info.server_steps > 0
+    assert len(strategy.history) == 4
+
+
+def test_a_node_that_stops_answering_is_dropped_and_the_round_completes(one_thread):
+    rc = {**BASE, "rounds": 3, "algorithm.clients_per_round": 4}
+    strategy, grid = run_flower(rc, fail={102})
+    first = strategy.history[0]
+    assert first["trained"] == [0, 1, 3] and first["lost_partitions"] == [2] and first["server_steps"] > 0
+    assert all(h["missing"] == [2] and h["trained"] == [0, 1, 3] for h in strategy.history[1:])
+    assert sum(m.metadata.dst_node_id == 102 and m.metadata.message_type == "train" for m in grid.sent) == 1
+
+
+def test_a_node_with_a_bad_partition_id_is_refused_with_the_value_named(one_thread):
+    rc = {**BASE, "rounds": 2}
+    strategy, _ = run_flower(rc, partitions={100: 0, 101: 1, 102: 2, 103: 3, 104: 7})
+    errors = [r["error"] for r in strategy.received if "error" in r]
+    assert len(errors) == 1 and "partition-id = 7" in errors[0] and "data.num_clients = 4" in errors[0]
+    assert 104 in strategy.dropped and len(strategy.history) == 2
+
+
+def test_partition_id_errors_are_one_line_naming_the_value():
+    assert partition_id({"partition-id": 2}, 3) == 2
+    assert partition_id({"partition-id": 0, "num-partitions": 3}, 3) == 0
+    cases = [({}, "no partition-id"), ({"partition-id": 3}, "partition-id = 3"),
+             ({"partition-id": -1}, "partition-id = -1"), ({"partition-id": "a"}, "partition-id = 'a'"),
+             ({"partition-id": True}, "partition-id = True"),
+             ({"partition-id": 0, "num-partitions": 5}, "num-partitions = 5")]
+    for node_config, needle in cases:
+        with pytest.raises(ValueError) as err:
+            partition_id(node_config, 3)
+        assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- the config
+
+def app_config() -> dict:
+    return flatten_dict(tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+
+
+def test_the_example_app_config_is_a_valid_fedsl_config():
+    cfg, options = parse_run_config(app_config(), APP)
+    assert cfg.algorithm.name == "fsl" and cfg.data.num_clients == 3 and not cfg.algorithm.weighted
+    assert options.round_timeout == 300.0 and options.min_nodes == 3 and options.out_dir == ""
+    cfg, _ = parse_run_config({**app_config(), "server.gamma": 0.5, "rounds": 7}, APP)
+    assert cfg.server.gamma == 0.5 and cfg.rounds == 7
+
+
+def test_a_preset_or_config_file_with_a_variant(tmp_path):
+    cfg, _ = parse_run_config({"preset": "quickstart", "variant": "FSL", "rounds": 2})
+    assert cfg.algorithm.name == "fsl" and cfg.rounds == 2 and cfg.data.num_clients == 20
+    (tmp_path / "my.toml").write_text('rounds = 5\n[data]\ndataset = "synthetic_chars"\nserver_size = 10\n'
+                                      '[algorithm]\nname = "fsl"\n')
+    cfg, _ = parse_run_config({"config-file": "my.toml", "algorithm.local_lr": 0.1}, tmp_path)
+    assert cfg.rounds == 5 and cfg.algorithm.local_lr == 0.1
+
+
+@pytest.mark.parametrize("run_config, needle", [
+    ({"preset": "quickstart"}, "variant = \"NAME\""),
+    ({"preset": "quickstart", "variant": "Nope"}, "variant = 'Nope'"),
+    ({"preset": "quickstart", "config-file": "x.toml"}, "expected at most one"),
+    ({"config-file": "/nonexistent/x.toml"}, "/nonexistent/x.toml"),
+    ({**BASE, "algorithm.lr": 0.1}, "algorithm.lr"),
+    ({**BASE, "algorithm.local_lr": -1.0}, "algorithm.local_lr = -1.0"),
+    ({**BASE, "round-timeout": 0.0}, "round-timeout = 0.0"),
+    ({**BASE, "round-timeout": "soon"}, "round-timeout = 'soon'"),
+    ({**BASE, "min-nodes": -2}, "min-nodes = -2"),
+])
+def test_bad_run_configs_are_refused_in_one_line(run_config, needle):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config(run_config)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- the grid wrapper
+
+class _SlowGrid:
+    """push/pull over a fake link: replies become available at given times (None: never)."""
+
+    def __init__(self, delays: list[float | None]) -> None:
+        import time
+        self.time, self.delays, self.t0 = time, delays, None
+
+    def push_messages(self, messages):
+        self.t0 = self.time.monotonic()
+        return [f"m{i}" for i, _ in enumerate(messages)]
+
+    def pull_messages(self, ids):
+        now = self.time.monotonic() - self.t0
+        out = []
+        for i, d in enumerate(self.delays):
+            if f"m{i}" in ids and d is not None and now >= d:
+                msg = Message(RecordDict(), dst_node_id=1, message_type="train")
+                msg.metadata.__dict__["_message_id"] = f"m{i}"
+                out.append(Message(RecordDict(), reply_to=msg))
+        return out
+
+
+def test_round_grid_stops_waiting_for_stragglers():
+    import time
+    grid = RoundGrid(_SlowGrid([0.0, 0.1, None]), poll=0.02, straggler=0.3)
+    start = time.monotonic()
+    replies = grid.send_and_receive([object()] * 3, timeout=30)
+    assert len(replies) == 2 and time.monotonic() - start < 2
+    grid = RoundGrid(_SlowGrid([0.0, None]), poll=0.02)
+    start = time.monotonic()
+    assert len(grid.send_and_receive([object()] * 2, timeout=0.3)) == 1 and time.monotonic() - start < 2
