@@ -66,7 +66,7 @@ def test_ratios():
 def test_smoke_run_reports_every_peer_and_column(one_thread):
     names = ["s2-cifar10+eval", "eval-emnist", "s2-cifar10-8seeds+eval"]
     rep = run_benchmarks(names, rounds=1, reps=2, smoke=True, peers=("fedsl", "loop"),
-                         footprint_clients=20, log=lambda s: None)
+                         footprint_clients=20, threads=1, log=lambda s: None)
     got = {(r.workload, r.peer): r for r in rep.rows}
     for name in names:
         for peer in ("fedsl", "plain loop"):
@@ -95,7 +95,7 @@ def test_script_runs_from_the_source_tree(tmp_path):
     out = tmp_path / "r.md"
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--smoke", "--workloads",
-                          "eval-cifar10", "--peers", "fedsl,loop", "--reps", "1", "--rounds", "1", "--threads", "1",
+                          "eval-cifar10", "--peers", "fedsl,loop", "--reps", "1", "--rounds", "1",
                           "--footprint-clients", "0", "--out", str(out)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -109,6 +109,7 @@ def test_script_runs_from_the_source_tree(tmp_path):
 def test_flower_peer_runs_fedavg_rounds(one_thread):
     """Flower's simulation (Ray) on a tiny workload: rounds are timed, start-up is reported apart."""
     pytest.importorskip("flwr.simulation")
+    pytest.importorskip("ray")  # the bench extra, flwr[simulation]
     from fedsl.bench.flower_peer import FlowerPeer
     w = replace(workloads(smoke=True)["s2-cifar10+eval"], num_clients=4, clients_per_round=2)
     peer = FlowerPeer(w, make_data(w), torch.device("cpu"))

@@ -342,14 +342,14 @@ def bench(workloads: Optional[str] = typer.Option(None, "--workloads", "-w",
           reps: int = typer.Option(3, "--reps", help="interleaved repetitions"),
           device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
           peers: str = typer.Option("fedsl,loop,flower", "--peers", help="comma-separated: fedsl, loop, flower"),
-          threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads"),
+          threads: str = typer.Option("auto", "--threads", help="torch intra-op threads: N, auto (measured) or torch"),
           smoke: bool = typer.Option(False, "--smoke", help="tiny model and data: checks the harness, not speed"),
           out: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the Markdown report here")) -> None:
     """Benchmark fedsl's engine against a plain PyTorch loop and Flower's simulation (random data)."""
     from fedsl.bench.command import main as bench_main
     argv = ["--rounds", str(rounds), "--reps", str(reps), "--device", device, "--peers", peers]
     argv += ["--workloads", workloads] if workloads else []
-    argv += ["--threads", str(threads)] if threads else []
+    argv += ["--threads", threads]
     argv += ["--smoke"] if smoke else []
     argv += ["--out", str(out)] if out is not None else []
     code = bench_main(argv)

@@ -25,7 +25,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -71,11 +71,13 @@ class Report:
         out += ["", "Settings:", ""] + [f"- {k}: {v}" for k, v in self.settings.items()]
         if self.footprint:
             out += ["", "Per-client state for N clients (part 5):", "",
-                    "| rule | N | model params | state MB | process RSS MB after init | peak RSS MB over a round |",
+                    "| rule | N | model params | state MB | memory after init MB | peak over a round MB |",
                     "|---|---:|---:|---:|---:|---:|"]
             for f in self.footprint:
                 out.append(f"| {f['rule']} | {f['N']} | {f['params']:,} | {f['state_mb']:,.0f} | "
                            f"{f['rss_mb']:,.0f} | {f['round_peak_mb']:,.0f} |")
+            out += ["", "Memory: the process's RSS on a CPU, CUDA memory allocated on a GPU; it includes "
+                    "the N clients' data (N x 50 CIFAR images, 586 MiB) and the model."]
         if self.notes:
             out += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(out)
@@ -144,7 +146,7 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
 
 def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps: int = 3, device: str = "cpu",
                    smoke: bool = False, peers: Sequence[str] = PEERS, executor: str = "auto",
-                   threads: Optional[int] = None, flower_actors: int = 2, flower_cpus: int = 1,
+                   threads: Union[int, str, None] = "auto", flower_actors: int = 2, flower_cpus: int = 1,
                    footprint_clients: Optional[int] = 1000, log: Callable[[str], None] = print,
                    command: str = "") -> Report:
     """Run ``names`` (default ``DEFAULT_WORKLOADS``) through ``peers``, interleaved; see the module doc.
@@ -155,14 +157,14 @@ def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps:
         device: "cpu" or "cuda" (CUDA is synchronised before every clock reading).
         smoke: tiny model and data, small rate measurements (CI checks the harness only).
         executor: the engine's executor ("auto" picks by device as ``fedsl run`` does).
-        threads: torch intra-op threads of this process (default: torch's own choice).
+        threads: torch intra-op threads of this process: a number, None (torch's default), or
+            "auto" (CPU: chosen by measurement, ``machine.choose_threads``, for the first model).
         flower_actors, flower_cpus: Ray actors and CPUs (= torch threads) per actor.
         footprint_clients: N of the SCAFFOLD/FedDyn state measurement (None: skip it).
     """
     t_start = time.perf_counter()
     dev = torch.device(device)
-    if threads:
-        torch.set_num_threads(threads)
+    load_start = machine.load_average()
     table = workloads(smoke)
     names = list(names or DEFAULT_WORKLOADS)
     unknown = [n for n in names if n not in table]
@@ -171,12 +173,35 @@ def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps:
     chosen = [table[n] for n in names]
     mem = machine.PeakMemory(dev)
     notes: List[str] = []
+    from fedsl.bench.peers import plain_model
+    if threads == "auto":
+        threads = None
+        cores = os.cpu_count() or 1
+        if dev.type == "cpu" and cores > 1:
+            w0 = chosen[0]
+            cands = tuple(sorted({1, max(1, cores // 2), cores}))
+            threads = machine.choose_threads(lambda: plain_model(w0, 0, dev), w0.input_shape, w0.num_classes,
+                                             cands, log=log)
+            notes.append(f"threads chosen by measurement: {threads} (of {list(cands)}, on {w0.model}'s "
+                         "small-batch steps)")
+    threads_before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        return _run(chosen, rounds, reps, dev, smoke, peers, executor, flower_actors, flower_cpus, footprint_clients,
+                    log, command, mem, notes, load_start, t_start)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(chosen, rounds, reps, dev, smoke, peers, executor, flower_actors, flower_cpus, footprint_clients, log,
+         command, mem, notes, load_start, t_start) -> Report:
+    from fedsl.bench.peers import plain_model
 
     rates: Dict[str, machine.Rates] = {}
     for model in dict.fromkeys(w.model for w in chosen):
         w0 = next(w for w in chosen if w.model == model)
         log(f"best rates of {model} ...")
-        from fedsl.bench.peers import plain_model
         kw = dict(train_batches=(16,), eval_batches=(32,), repeats=1) if smoke else {}
         rates[model] = machine.best_rates(lambda: plain_model(w0, 0, torch.device("cpu")), w0.input_shape,
                                           w0.num_classes, dev, **kw)
@@ -237,9 +262,9 @@ def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps:
     footprint: List[Dict[str, float]] = []
     if footprint_clients:
         log(f"per-client state for N={footprint_clients} ...")
-        footprint = state_footprint(footprint_clients if not smoke else 20,
-                                    "cifar_cnn", device)
+        footprint = state_footprint(footprint_clients if not smoke else 20, "cifar_cnn", dev.type)
     info = machine.describe(dev)
+    info["load average (1, 5, 15 min)"] = f"{load_start} at the start, {machine.load_average()} at the end"
     fl = machine.optional_version("flwr")
     info["flwr"] = fl or "not installed"
     return Report(rows, info, rates, footprint, settings, command,

@@ -22,7 +22,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from: {', '.join(PEERS)}")
     ap.add_argument("--executor", default="auto", help="the engine's executor: auto, sequential, vectorised")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--threads", default="auto",
+                    help="torch intra-op threads: a number, 'auto' (chosen by measurement) or 'torch' (torch's default)")
     ap.add_argument("--flower-actors", type=int, default=2)
     ap.add_argument("--flower-cpus", type=int, default=1, help="CPUs (and torch threads) per Ray actor")
     ap.add_argument("--footprint-clients", type=int, default=1000,
@@ -35,11 +36,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    threads = None if args.threads == "torch" else args.threads if args.threads == "auto" else int(args.threads)
     command = "python benchmarks/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         report = run_benchmarks(names, rounds=args.rounds, reps=args.reps, device=args.device, smoke=args.smoke,
                                 peers=[p.strip() for p in args.peers.split(",") if p.strip()],
-                                executor=args.executor, threads=args.threads, flower_actors=args.flower_actors,
+                                executor=args.executor, threads=threads, flower_actors=args.flower_actors,
                                 flower_cpus=args.flower_cpus, footprint_clients=args.footprint_clients or None,
                                 log=lambda s: print(s, file=sys.stderr, flush=True), command=command.strip())
     except ValueError as e:

@@ -82,14 +82,17 @@ class FlowerPeer(Peer):
         self.seed = seed
         self.startups: List[float] = []
         self.actor_peak = 0.0
+        import importlib.util
         try:
-            import flwr
             from flwr.simulation import run_simulation  # noqa: F401
-            self.version = flwr.__version__ if hasattr(flwr, "__version__") else "?"
+            from fedsl.bench.machine import optional_version
+            self.version = optional_version("flwr") or "?"
+            if importlib.util.find_spec("ray") is None:
+                raise ImportError("ray is missing")
         except Exception as e:
             self.available = False
-            self.why_not = (f"flwr not importable ({type(e).__name__}); install the bench extra: "
-                            "pip install -e '.[bench]'")
+            self.why_not = (f"Flower's simulation not importable ({type(e).__name__}: {e}); install the bench "
+                            "extra: pip install -e '.[bench]'")
         if w.seeds > 1:
             self.available = False
             self.why_not = "one Flower simulation per seed: 8x its single-seed row"

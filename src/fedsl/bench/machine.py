@@ -147,6 +147,58 @@ def best_rates(model_factory: Callable[[], nn.Module], input_shape: Tuple[int, .
     return Rates(f_train, f_eval, best_t[0], best_e[0], best_t[1], best_e[1], matmul_gflops(device))
 
 
+def choose_threads(model_factory: Callable[[], nn.Module], input_shape: Tuple[int, ...], num_classes: int,
+                   candidates: Tuple[int, ...], batch: int = 10, eval_batch: int = 100, rounds: int = 3,
+                   log: Optional[Callable[[str], None]] = None) -> int:
+    """The intra-op thread count (of ``candidates``) that runs this model's small-batch work fastest.
+
+    Probe: 20 SGD-sized fwd+bwd steps at ``batch`` plus 5 forward passes at ``eval_batch``
+    (what a Scenario-2 round and its evaluation are made of), timed ``rounds`` times per
+    count, interleaved; the count with the smallest median wins. On a 2-core machine
+    shared with other work, 2 threads were measured 10x slower than 1 (both threads must
+    be scheduled at every op); on a quiet one, 2 threads are faster.
+    """
+    m = model_factory()
+    if len(input_shape) == 3:
+        m = m.to(memory_format=torch.channels_last)
+    x = _layout(torch.rand(batch, *input_shape), True)
+    y = torch.randint(0, num_classes, (batch,))
+    xe = _layout(torch.rand(eval_batch, *input_shape), True)
+
+    def probe() -> None:
+        m.train(True)
+        for _ in range(20):
+            m.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+        m.train(False)
+        with torch.inference_mode():
+            for _ in range(5):
+                m(xe)
+    before = torch.get_num_threads()
+    times: Dict[int, list] = {c: [] for c in candidates}
+    for c in candidates:  # warm-up
+        torch.set_num_threads(c)
+        probe()
+    for _ in range(rounds):
+        for c in candidates:
+            torch.set_num_threads(c)
+            t = time.perf_counter()
+            probe()
+            times[c].append(time.perf_counter() - t)
+    torch.set_num_threads(before)
+    med = {c: statistics.median(v) for c, v in times.items()}
+    if log is not None:
+        log("thread probe (s): " + ", ".join(f"{c} threads {v:.3f}" for c, v in med.items()))
+    return min(med, key=med.get)
+
+
+def load_average() -> str:
+    try:
+        return ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    except (OSError, AttributeError):
+        return "n/a"
+
+
 class PeakMemory:
     """Peak memory of this process (and CUDA allocations) over a stretch of code.
 
