@@ -3,6 +3,7 @@ processes on 127.0.0.1 (free ports, one FLWR_HOME per process, process groups ki
 
 - parity: a few rounds of FSL on 3 SuperNodes give the simulator's model (same seed, partition
   and sampled clients), and the server received parameters only;
+- `flwr run` in Flower's simulation runtime (3 virtual SuperNodes) gives the same model;
 - TLS + SuperNode authentication: an unregistered node is refused, registered ones train, and a
   SuperNode killed in the middle of a round leaves a round that completes with the others, with
   server learning, and a run that goes on.
@@ -97,8 +98,8 @@ class Deployment:
     """A SuperLink and SuperNodes as real processes on loopback, each in its own FLWR_HOME and
     process group; ``close()`` kills them all (the tests call it in a finaliser)."""
 
-    def __init__(self, root: Path, tls: bool = False, auth: bool = False) -> None:
-        self.root, self.tls, self.auth = root, tls, auth
+    def __init__(self, root: Path, tls: bool = False, auth: bool = False, simulation: bool = False) -> None:
+        self.root, self.tls, self.auth, self.simulation = root, tls, auth, simulation
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
@@ -136,6 +137,8 @@ class Deployment:
             cmd += ["--insecure"]
         if self.auth:
             cmd += ["--enable-supernode-auth"]
+        if self.simulation:  # Flower's simulation runtime: virtual SuperNodes in this SuperLink
+            cmd += ["--simulation"]
         self._start("superlink", cmd, self.root / "superlink-home")
         if not wait_port(self.port, timeout):
             raise RuntimeError(f"SuperLink did not listen on {self.port} within {timeout}s:\n{self.tail('superlink')}")
@@ -154,9 +157,10 @@ class Deployment:
         return subprocess.run([str(BIN / "flwr"), *args], env=self.env(self.cli_home), cwd=self.cli_home,
                               capture_output=True, text=True, timeout=timeout)
 
-    def run_app(self, run_config: dict[str, object], timeout: float = 240.0) -> subprocess.CompletedProcess:
+    def run_app(self, run_config: dict[str, object], timeout: float = 240.0,
+                extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
         """`flwr run examples/flower-app test --run-config ... --stream` (returns when the run ends)."""
-        args = ["run", str(APP), "test", "--stream"]
+        args = ["run", str(APP), "test", "--stream", *extra]
         for key, value in run_config.items():
             args += ["--run-config", f"{key}={_toml(value)}"]
         return self.flwr(*args, timeout=timeout)
@@ -363,3 +367,20 @@ def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     assert senders <= registered and len(senders) == 3  # only registered nodes ever answered
     final = torch.load(out / "final.pt")
     _check_only_parameters(received, final["x"])
+
+
+def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one_thread):
+    """`flwr run` on a SuperLink in simulation mode (Ray): same model as the simulator."""
+    pytest.importorskip("ray", reason="Flower's simulation runtime needs flwr[simulation] (Ray)")
+    out = tmp_path / "out"
+    run_config = {"rounds": 2, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0}
+    cfg, _ = parse_run_config(app_run_config(**run_config), APP)
+    expected, infos = run_rounds(prepare(cfg).sim, cfg.rounds)
+    dep = deployments(simulation=True)
+    dep.start_superlink()
+    res = dep.run_app(run_config, timeout=300, extra=("--federation-config", "num-supernodes=3"))
+    assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
+    final = torch.load(out / "final.pt")
+    assert max((final["x"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-6
