@@ -6,6 +6,8 @@ the same run on its own: exactly with the sequential executor (same operations i
 same order), to float64 rounding with the vectorised one (R·S clients in one vmap).
 """
 
+import tomllib
+
 import pytest
 import torch
 
@@ -135,3 +137,130 @@ def test_incompatible_runs_are_refused():
                           _sim("fedavg", fed, SequentialExecutor, model="linear")])
     with pytest.raises(ValueError, match="at least one run"):
         StackedSimulator([])
+
+
+# --- sweeps run stacked through the runner -------------------------------------------------
+
+SWEEP = """
+name = "sw"
+rounds = 5
+seed = 3
+seeds = [0, 1]
+checkpoint_every = 2
+stack = {stack}
+executor = "{executor}"
+
+[data]
+dataset = "synthetic_chars"
+chars = "0123"
+train_per_class = 30
+test_per_class = 15
+num_clients = 6
+classes_per_client = 2
+server_size = 12
+
+[model]
+name = "small_cnn"
+
+[algorithm]
+name = "{alg}"
+clients_per_round = 3
+local_lr = 0.05
+batch_size = 8
+
+[sweep]
+"algorithm.local_lr" = [0.05, 1e9]
+"server.gamma" = [0.5, 1.0]
+"""
+
+
+LOG: list[str] = []
+
+
+def _sweep(tmp_path, stack, alg="fsl", executor="sequential", stop_after=None, resume=False, name=None):
+    from fedsl.experiments import config as C
+    from fedsl.experiments.compare import run_group
+
+    out = tmp_path / (name or f"{alg}-{executor}-stack{stack}")
+    cfg = C.validate(tomllib.loads(SWEEP.format(stack=stack, alg=alg, executor=executor)))
+    if stop_after is not None:  # interrupt every run of the stack after stop_after rounds
+        from fedsl.experiments import runner
+        orig = runner.run_stacked
+        runner.run_stacked = lambda *a, **k: orig(*a, **{**k, "stop_after": stop_after})
+        try:
+            run_group(cfg, out, log=LOG.append, progress=False)
+        finally:
+            runner.run_stacked = orig
+    else:
+        run_group(cfg, out, resume=resume, log=LOG.append, progress=False)
+    return out
+
+
+def _results(out):
+    import csv
+    import json
+    res = {}
+    for d in sorted(p for p in out.iterdir() if (p / "summary.json").is_file()):
+        with open(d / "metrics.csv") as f:
+            metrics = [[r[c] for c in ("round", "accuracy", "loss", "rolling_accuracy", "gamma")]
+                       for r in csv.DictReader(f)]
+        summary = json.loads((d / "summary.json").read_text())
+        params = torch.load(d / "checkpoint.pt", weights_only=True)["params"]
+        res[d.name] = (metrics, summary["status"], summary["rounds_done"], params)
+    return res
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alg", ["fsl", "scaffold"])
+def test_stacked_sweep_equals_one_by_one(tmp_path, alg):
+    """8 runs (2 η_l × 2 γ × 2 seeds) stacked 8 at a time and one by one: the same files; the
+    η_l = 1e9 runs diverge inside the stack and leave it while the others go on."""
+    LOG.clear()
+    alone = _results(_sweep(tmp_path, 1, alg))
+    assert not any(m.startswith("stacked") for m in LOG)
+    stacked = _results(_sweep(tmp_path, 8, alg))
+    assert sum(m.startswith("stacked 8 runs (sequential executor)") for m in LOG) == 1, LOG[-3:]
+    assert alone.keys() == stacked.keys() and len(alone) == 8
+    for name in alone:
+        (m1, s1, d1, p1), (m2, s2, d2, p2) = alone[name], stacked[name]
+        assert (s1, d1) == (s2, d2), name
+        assert m1 == m2, name
+        for n in p1:  # diverged runs hold NaNs: equal where both are NaN
+            torch.testing.assert_close(p1[n], p2[n], rtol=0, atol=0, equal_nan=True, msg=f"{name}: {n}")
+    statuses = {name: v[1] for name, v in stacked.items()}
+    assert {s for n, s in statuses.items() if "1e+09" in n} == {"diverged"}
+    assert {s for n, s in statuses.items() if "0.05" in n} == {"completed"}
+
+
+@pytest.mark.slow
+def test_stacked_sweep_interrupted_then_resumed(tmp_path):
+    """A stack stopped after 2 rounds keeps every run resumable; resuming gives the uninterrupted result."""
+    LOG.clear()
+    whole = _results(_sweep(tmp_path, 4, executor="vectorised", name="whole"))
+    assert sum(m.startswith("stacked 4 runs (vectorised executor)") for m in LOG) == 2
+    out = _sweep(tmp_path, 4, executor="vectorised", stop_after=2, name="cut")
+    cut = _results(out)
+    assert {v[1] for v in cut.values()} == {"interrupted", "diverged"}
+    assert {v[2] for n, v in cut.items() if "0.05" in n} == {2}
+    LOG.clear()
+    resumed = _results(_sweep(tmp_path, 4, executor="vectorised", resume=True, name="cut"))
+    assert sum(m.startswith("stacked 4 runs") for m in LOG) == 1  # the 4 interrupted ones; diverged stay finished
+    for name in whole:
+        assert resumed[name][:3] == whole[name][:3], name
+        for n in whole[name][3]:
+            torch.testing.assert_close(resumed[name][3][n], whole[name][3][n], rtol=0, atol=0, equal_nan=True)
+
+
+def test_stack_groups_and_limits(tmp_path):
+    from fedsl.experiments import config as C
+    from fedsl.experiments.compare import stack_groups, stack_limit
+    from fedsl.experiments.config import ConfigError, expand_variants
+
+    cfg = C.validate(tomllib.loads(SWEEP.format(stack=3, alg="fsl", executor="auto")))
+    runs = expand_variants(cfg)
+    groups = stack_groups(runs, tmp_path, resume=False)
+    assert [len(g) for g in groups] == [3, 3, 2] and sorted(sum(groups, [])) == sorted(runs)
+    auto = C.validate(tomllib.loads(SWEEP.format(stack='"auto"', alg="fsl", executor="auto").replace('seed = 3', 'seed = 3\ndevice = "cpu"')))
+    assert stack_limit(auto) == 1  # CPU: stacking measured to gain nothing
+    with pytest.raises(ConfigError, match="stack = 0: expected 'auto' or an integer >= 1"):
+        C.validate(tomllib.loads(SWEEP.format(stack=0, alg="fsl", executor="auto")))

@@ -32,9 +32,9 @@ class Executor(Protocol):
         """
         ...
 
-    def local_sgd_many(self, starts: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+    def local_sgd_many(self, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
                        lrs: list[float], correction=None) -> Params:
-        """Client j of ``plan`` starts from ``starts[.][j]`` with step ``lrs[j]``: the clients of
+        """Client j of ``plan`` starts from ``starts[j]`` with step ``lrs[j]``: the clients of
         several runs (``StackedSimulator``) in one call; each client's prox anchor is its start."""
         ...
 
@@ -51,15 +51,13 @@ class SequentialExecutor:
         finals = [self._client(params, plan, j, x, y, lr, params, correction) for j in range(plan.num_clients)]
         return {n: torch.stack([f[n] for f in finals]) for n in params}
 
-    def local_sgd_many(self, starts: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+    def local_sgd_many(self, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
                        lrs: list[float], correction=None) -> Params:
-        """Like ``local_sgd`` but client j starts from ``starts[.][j]`` with step ``lrs[j]`` (stacked runs)."""
+        """Like ``local_sgd`` but client j starts from ``starts[j]`` with step ``lrs[j]`` (stacked runs)."""
         self.fm.train(True)
-        finals = []
-        for j in range(plan.num_clients):
-            p = {n: v[j] for n, v in starts.items()}
-            finals.append(self._client(p, plan, j, x, y, lrs[j], p, correction))
-        return {n: torch.stack([f[n] for f in finals]) for n in starts}
+        # the caller's tensors as they are: their memory layout picks the convolution algorithm
+        finals = [self._client(p, plan, j, x, y, lrs[j], p, correction) for j, p in enumerate(starts)]
+        return {n: torch.stack([f[n] for f in finals]) for n in starts[0]}
 
     def _client(self, p: Params, plan: BatchPlan, j: int, x: torch.Tensor, y: torch.Tensor, lr: float,
                 anchor: Params, correction) -> Params:
@@ -105,13 +103,13 @@ class VectorisedExecutor:
             stacked = step(stacked, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
         return stacked
 
-    def local_sgd_many(self, starts: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+    def local_sgd_many(self, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
                        lrs: list[float], correction=None) -> Params:
-        """Like ``local_sgd`` but client j starts from ``starts[.][j]`` with step ``lrs[j]`` (stacked runs)."""
+        """Like ``local_sgd`` but client j starts from ``starts[j]`` with step ``lrs[j]`` (stacked runs)."""
         self.fm.train(True)
-        stacked = {n: v.contiguous() for n, v in starts.items()}
+        stacked = {n: torch.stack([p[n] for p in starts]) for n in starts[0]}
         anchors = stacked
-        lr = torch.tensor(lrs, dtype=next(iter(starts.values())).dtype, device=plan.idx.device)
+        lr = torch.tensor(lrs, dtype=stacked[next(iter(stacked))].dtype, device=plan.idx.device)
         if correction is not None and correction.active:
             lin_dim = 0 if correction.linear is not None else None
             corrected = vmap(self.fm.corrected_step, in_dims=(0, 0, 0, 0, 0, 0, 0, None, lin_dim),

@@ -24,7 +24,8 @@ from fedsl.engine.plan import concat_plans
 from fedsl.engine.simulator import RoundInfo, RunState, Simulator
 
 
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same tensor, or equal ones (shape, dtype, device and values)."""
     return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b))
 
 
@@ -53,7 +54,7 @@ class StackedSimulator:
         self.offsets: list[int] = []
         for sim in sims:
             for j, (x, y) in enumerate(pools):
-                if _same_tensor(x, sim.fed.x) and _same_tensor(y, sim.fed.y):
+                if same_tensor(x, sim.fed.x) and same_tensor(y, sim.fed.y):
                     sim.fed = replace(sim.fed, x=x, y=y)
                     self.offsets.append(sum(len(p[0]) for p in pools[:j]))
                     break
@@ -67,7 +68,7 @@ class StackedSimulator:
         for r, sim in enumerate(sims):
             for g in self.test_groups:
                 s0 = sims[g[0]].fed
-                if _same_tensor(s0.x_test, sim.fed.x_test) and _same_tensor(s0.y_test, sim.fed.y_test):
+                if same_tensor(s0.x_test, sim.fed.x_test) and same_tensor(s0.y_test, sim.fed.y_test):
                     sim.fed = replace(sim.fed, x_test=s0.x_test, y_test=s0.y_test)
                     g.append(r)
                     break
@@ -108,8 +109,7 @@ class StackedSimulator:
         works = [sim.begin_round(st, t) for sim, st in zip(self.sims, states)]
         sizes = [w.plan.num_clients for w in works]
         plan = concat_plans([w.plan for w in works], self.offsets)
-        starts = {n: torch.cat([w.params[n].unsqueeze(0).expand(s, *w.params[n].shape)
-                                for w, s in zip(works, sizes)]) for n in works[0].params}
+        starts = [w.params for w, s in zip(works, sizes) for _ in range(s)]
         lrs = [sim.alg.local.lr for sim, s in zip(self.sims, sizes) for _ in range(s)]
         finals = self.executor.local_sgd_many(starts, plan, self.x, self.y, lrs, self._correction(works))
         aggs, at = [], 0
@@ -121,7 +121,7 @@ class StackedSimulator:
         sl_runs = [r for r, a in enumerate(aggs) if a.incremental]
         if sl_runs:  # Algorithm 1, line 10, for every run with server learning on, in one call
             plans = [self.sims[r].server_plan(t) for r in sl_runs]
-            sl_starts = {n: torch.stack([aggs[r].new[n] for r in sl_runs]) for n in news[0]}
+            sl_starts = [aggs[r].new for r in sl_runs]
             sl_lrs = [aggs[r].gamma * self.sims[r].alg.server_learning.lr for r in sl_runs]
             out = self.executor.local_sgd_many(sl_starts, concat_plans(plans, [self.offsets[r] for r in sl_runs]),
                                                self.x, self.y, sl_lrs)
@@ -148,21 +148,28 @@ class StackedSimulator:
             lin = {n: torch.cat([w.correction.linear[n] for w in works]) for n in works[0].correction.linear}
         return Correction(prox.pop(), lin)
 
-    def evaluate(self, params: list[Params]) -> list[tuple[float, float]]:
-        """(accuracy, loss) of each run's model on its test set.
+    def evaluate(self, params: list[Params], runs: list[int] | None = None) -> list[tuple[float, float]]:
+        """(accuracy, loss) of each model on its run's test set; ``params[j]`` is run ``runs[j]``'s
+        model (default: one model per run, in order).
 
-        With the vectorised executor, the runs sharing a test set are evaluated in one
+        With the vectorised executor, the models sharing a test set are evaluated in one
         vmapped pass; with the sequential one (CPU, where vmapped convolutions are slow),
         one after another.
         """
+        runs = list(range(len(self.sims))) if runs is None else runs
+        if len(runs) != len(params):
+            raise ValueError(f"got {len(params)} models for {len(runs)} runs")
         if self.executor.name != "vectorised":
-            return [sim.evaluate(p) for sim, p in zip(self.sims, params)]
+            return [self.sims[r].evaluate(p) for r, p in zip(runs, params)]
         out: list[tuple[float, float]] = [(0.0, 0.0)] * len(params)
         for group in self.test_groups:
-            sim = self.sims[group[0]]
-            stacked = {n: torch.stack([self.sims[r]._layout(params[r])[n] for r in group]) for n in params[0]}
-            # the R models see a batch together: keep R × batch near the single-run batch's memory
-            batch = max(1, sim.eval_batch_size * 4 // len(group)) if len(group) > 4 else sim.eval_batch_size
-            for r, res in zip(group, evaluate_many(sim.fm, stacked, sim.fed.x_test, sim.fed.y_test, batch)):
-                out[r] = res
+            js = [j for j, r in enumerate(runs) if r in group]
+            if not js:
+                continue
+            sim = self.sims[runs[js[0]]]
+            stacked = {n: torch.stack([self.sims[runs[j]]._layout(params[j])[n] for j in js]) for n in params[0]}
+            # the models see a batch together: keep models × batch near 4 single-run batches of memory
+            batch = max(1, sim.eval_batch_size * 4 // len(js)) if len(js) > 4 else sim.eval_batch_size
+            for j, res in zip(js, evaluate_many(sim.fm, stacked, sim.fed.x_test, sim.fed.y_test, batch)):
+                out[j] = res
         return out

@@ -170,6 +170,9 @@ class RunConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
     executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")
+    stack: int | Literal["auto"] = Field(
+        "auto", description="sweeps: runs advanced together as one vmapped computation (stacked runs); 'auto' = "
+                            "on CUDA up to 64 that fit in memory, on CPU 1 (measured: no gain there); 1 = never")
     description: str = Field("", description="what this run or preset is for")
     data: DataConfig = Field(description="a [data] table with at least dataset = ...")
     model: ModelConfig = Field(ModelConfig(), description="a [model] table")
@@ -180,6 +183,8 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        if isinstance(self.stack, int) and self.stack < 1:
+            raise ValueError(f"stack = {self.stack}: expected 'auto' or an integer >= 1 (1 = no stacking)")
         if any(x < 0 for x in self.seeds) or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds = {self.seeds}: expected distinct integers >= 0")
         for key, values in self.sweep.items():

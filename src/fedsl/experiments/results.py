@@ -99,6 +99,12 @@ class RunDir:
                 "wall_time": wall_time}
         _atomic_write(self.checkpoint_file, lambda p: torch.save(blob, p))
 
+    def checkpoint_round(self) -> int | None:
+        """The round of the last checkpoint, read without loading the tensors (memory-mapped)."""
+        if not self.checkpoint_file.is_file():
+            return None
+        return int(torch.load(self.checkpoint_file, map_location="cpu", weights_only=True, mmap=True)["round"])
+
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_file.is_file():
             return None

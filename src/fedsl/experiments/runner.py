@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,7 +23,8 @@ from fedsl.data.federation import Federation
 from fedsl.diagnostics import measure
 from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
-from fedsl.engine.simulator import RunState, Simulator
+from fedsl.engine.simulator import RoundInfo, RunState, Simulator
+from fedsl.engine.stacked import StackedSimulator, same_tensor
 from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.results import RunDir
 from fedsl.models import build_model
@@ -148,7 +149,12 @@ def check(cfg: RunConfig) -> None:
     make_model(cfg, fed)
 
 
-def prepare(cfg: RunConfig) -> Prepared:
+def prepare(cfg: RunConfig, pools: list[Federation] | None = None) -> Prepared:
+    """Data, model, algorithm and simulator of ``cfg``.
+
+    ``pools`` (stacked runs): federations prepared before; a pool or test set equal to
+    one of theirs is shared rather than held twice (a CIFAR-10 pool is 600 MB).
+    """
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     fed = build_federation(cfg.data, cfg.seed)
@@ -156,9 +162,25 @@ def prepare(cfg: RunConfig) -> Prepared:
     fm = make_model(cfg, fed)
     fm.module.to(device=device, dtype=dtype)
     executor = make_executor(cfg.executor, fm, device)
-    sim = Simulator(fm, fed.to(device, dtype), algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
+    on_device = fed.to(device, dtype)
+    if pools is not None:
+        on_device = _share_tensors(on_device, pools)
+    sim = Simulator(fm, on_device, algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
                     cfg.eval_batch_size)
     return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device)
+
+
+def _share_tensors(fed: Federation, pools: list[Federation]) -> Federation:
+    """``fed`` with its pool and test set replaced by equal tensors of ``pools`` (then added to them)."""
+    x, y, xt, yt = fed.x, fed.y, fed.x_test, fed.y_test
+    for p in pools:
+        if same_tensor(p.x, x) and same_tensor(p.y, y):
+            x, y = p.x, p.y
+        if same_tensor(p.x_test, xt) and same_tensor(p.y_test, yt):
+            xt, yt = p.x_test, p.y_test
+    fed = replace(fed, x=x, y=y, x_test=xt, y_test=yt)
+    pools.append(fed)
+    return fed
 
 
 def format_hparams(hp: list[HyperParam]) -> str:
@@ -194,6 +216,111 @@ class _Progress:
             self.bar.stop()
 
 
+class RunSession:
+    """One run's bookkeeping around the rounds: its folder, checkpoints, metrics, summary, progress.
+
+    ``run`` drives one session with its own simulator; ``run_stacked`` drives several in
+    lock-step with a ``StackedSimulator``. Either way a session decides when to evaluate,
+    records each finished round, and keeps every finished round resumable.
+    """
+
+    def __init__(self, cfg: RunConfig, out: str | Path, *, resume: bool, log: Log, progress: bool | None,
+                 prep: Prepared | None = None) -> None:
+        self.cfg, self.log = cfg, log
+        self.rd = rd = RunDir(out)
+        self.prep = prep = prep or prepare(cfg)
+        self.sim = sim = prep.sim
+        self.start, self.wall0, history = 0, 0.0, []
+        self.state: RunState | None = None
+        if resume:
+            ckpt = rd.load_checkpoint()
+            if ckpt is not None:
+                self.start, self.wall0 = ckpt["round"], ckpt["wall_time"]
+
+                def dev(d):
+                    return {k: dev(v) if isinstance(v, dict) else v.to(device=prep.device, dtype=sim.dtype)
+                            for k, v in d.items()}
+
+                self.state = RunState(dev(ckpt["params"]), dev(ckpt.get("algo", {})), ckpt.get("gamma"))
+                history = rd.truncate_metrics(self.start)
+            log(f"{cfg.name}: resuming at round {self.start + 1} of {cfg.rounds}")
+        else:
+            rd.create(cfg.model_dump())
+        fed = prep.fed
+        log(f"{cfg.name}: {prep.algorithm.name} on {cfg.data.dataset} — N={fed.num_clients}, n={fed.n}, "
+            f"n0={fed.n0}, {cfg.rounds} rounds, {sim.executor.name} executor on {prep.device}\n"
+            + format_hparams(prep.hparams))
+        self.summary = rd.read_summary() if resume else {}
+        self.summary.update({
+            "name": cfg.name, "algorithm": prep.algorithm.name, "dataset": cfg.data.dataset, "seed": cfg.seed,
+            "rounds": cfg.rounds, "device": str(prep.device), "executor": sim.executor.name,
+            "server_data": {"size": fed.n0, "class_histogram": fed.server_histogram()},
+            "hyperparameters": {h.symbol: {"value": h.value, "source": h.source} for h in prep.hparams},
+        })
+        self.rounds = [int(r["round"]) for r in history]
+        self.accs = [r["accuracy"] for r in history]
+        self.done = self.start
+        self.t_start = time.perf_counter()
+        self.bar = _Progress(cfg.name, cfg.rounds, self.start, log,
+                             sys.stdout.isatty() if progress is None else progress)
+
+    def begin(self, state: RunState | None = None) -> None:
+        """Round 0 of a new run: x_0 (``state``, or the simulator's), its accuracy, a checkpoint."""
+        if self.state is not None:
+            return
+        cfg, sim = self.cfg, self.sim
+        self.state = state if state is not None else sim.initial_state(self.prep.pretrain)
+        self.summary["initial_accuracy"], _ = sim.evaluate(self.state.x)
+        if cfg.diag_every:
+            self.summary["initial_diagnostics"] = asdict(measure(sim.fm, self.state.x, sim.fed))
+        if self.prep.pretrain is not None:
+            self.log(f"{cfg.name}: pretrained on D0, test accuracy {self.summary['initial_accuracy']:.4f}")
+        self.rd.save_checkpoint(0, self.state, 0.0)
+
+    def wall(self) -> float:
+        return self.wall0 + time.perf_counter() - self.t_start
+
+    def needs_eval(self, done: int) -> bool:
+        """Whether the model after round ``done`` is evaluated (and recorded)."""
+        c = self.cfg
+        return done % c.eval_every == 0 or done == c.rounds or bool(c.diag_every and done % c.diag_every == 0)
+
+    def record(self, t: int, state: RunState, info: RoundInfo, evaluated: tuple[float, float] | None) -> bool:
+        """Keep round t's result; False when the run diverged (non-finite loss) and must stop."""
+        cfg, sim = self.cfg, self.sim
+        self.state, self.done = state, t + 1
+        done, acc = self.done, None
+        if evaluated is not None:
+            acc, loss = evaluated
+            if not math.isfinite(loss):
+                self.log(f"{cfg.name}: loss is {loss} at round {done}: stopping (status 'diverged')")
+                return False
+            self.rounds.append(done)
+            self.accs.append(acc)
+            roll = metrics.rolling(self.rounds, self.accs, cfg.rolling_window)[-1]
+            diag = cfg.diag_every and done % cfg.diag_every == 0
+            self.rd.append_metrics({"round": done, "accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
+                                    "wall_time": round(self.wall(), 4), "gamma": info.gamma,
+                                    "cos_theta": info.cos_theta, "comm_params": info.comm_params,
+                                    **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})})
+        if done % cfg.checkpoint_every == 0 or done == cfg.rounds:
+            self.rd.save_checkpoint(done, state, self.wall())
+        self.bar.update(done, acc, (done - self.start) / max(time.perf_counter() - self.t_start, 1e-9))
+        return True
+
+    def finish(self, status: str) -> dict:
+        """Close the run with ``status``: a last checkpoint unless completed, and summary.json."""
+        self.bar.close()
+        if status != "completed" and self.state is not None:
+            self.rd.save_checkpoint(self.done, self.state, self.wall())  # keep finished rounds resumable
+        self.summary.update(metrics.summarize(self.rounds, self.accs, self.cfg.rolling_window))
+        self.summary.update({"status": status, "rounds_done": self.done, "wall_time": round(self.wall(), 3)})
+        self.rd.write_summary(self.summary)
+        if status == "interrupted":
+            self.log(f"{self.cfg.name}: interrupted after round {self.done}; continue with: fedsl resume {self.rd.path}")
+        return self.summary
+
+
 def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = print,
         progress: bool | None = None, stop_after: int | None = None) -> dict:
     """Run ``cfg`` into folder ``out`` (or continue it with ``resume``); returns summary.json's content.
@@ -201,98 +328,88 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
     ``stop_after`` ends the process's work after that many rounds in this call (tests use it
     to simulate interruptions); the run stays resumable.
     """
-    rd = RunDir(out)
-    prep = prepare(cfg)
-    sim, fed = prep.sim, prep.fed
-    start, wall0, history = 0, 0.0, []
-    state = None
-    if resume:
-        ckpt = rd.load_checkpoint()
-        if ckpt is not None:
-            start, wall0 = ckpt["round"], ckpt["wall_time"]
-
-            def dev(d):
-                return {k: dev(v) if isinstance(v, dict) else v.to(device=prep.device, dtype=sim.dtype)
-                        for k, v in d.items()}
-
-            state = RunState(dev(ckpt["params"]), dev(ckpt.get("algo", {})), ckpt.get("gamma"))
-            history = rd.truncate_metrics(start)
-        log(f"{cfg.name}: resuming at round {start + 1} of {cfg.rounds}")
-    else:
-        rd.create(cfg.model_dump())
-    log(f"{cfg.name}: {prep.algorithm.name} on {cfg.data.dataset} — N={fed.num_clients}, n={fed.n}, n0={fed.n0}, "
-        f"{cfg.rounds} rounds, {sim.executor.name} executor on {prep.device}\n" + format_hparams(prep.hparams))
-
-    summary = rd.read_summary() if resume else {}
-    summary.update({
-        "name": cfg.name, "algorithm": prep.algorithm.name, "dataset": cfg.data.dataset, "seed": cfg.seed,
-        "rounds": cfg.rounds, "device": str(prep.device), "executor": sim.executor.name,
-        "server_data": {"size": fed.n0, "class_histogram": fed.server_histogram()},
-        "hyperparameters": {h.symbol: {"value": h.value, "source": h.source} for h in prep.hparams},
-    })
-    t_start = time.perf_counter()
-    if state is None:
-        state = sim.initial_state(prep.pretrain)
-        summary["initial_accuracy"], _ = sim.evaluate(state.x)
-        if cfg.diag_every:
-            summary["initial_diagnostics"] = asdict(measure(sim.fm, state.x, sim.fed))
-        if prep.pretrain is not None:
-            log(f"{cfg.name}: pretrained on D0, test accuracy {summary['initial_accuracy']:.4f}")
-        rd.save_checkpoint(0, state, 0.0)
-
-    rounds = [int(r["round"]) for r in history]
-    accs = [r["accuracy"] for r in history]
-    done = start
+    s = RunSession(cfg, out, resume=resume, log=log, progress=progress)
     status = "running"
-    live = sys.stdout.isatty() if progress is None else progress
-    bar = _Progress(cfg.name, cfg.rounds, start, log, live)
-
-    def finish(st: str) -> dict:
-        wall = wall0 + time.perf_counter() - t_start
-        summary.update(metrics.summarize(rounds, accs, cfg.rolling_window))
-        summary.update({"status": st, "rounds_done": done, "wall_time": round(wall, 3)})
-        rd.write_summary(summary)
-        return summary
-
     try:
-        for t in range(start, cfg.rounds):
-            if stop_after is not None and done - start >= stop_after:
+        s.begin()
+        for t in range(s.start, cfg.rounds):
+            if stop_after is not None and s.done - s.start >= stop_after:
                 status = "interrupted"
                 break
-            state, info = sim.round(state, t)
-            done = t + 1
-            acc = None
-            diag = cfg.diag_every and done % cfg.diag_every == 0
-            if done % cfg.eval_every == 0 or done == cfg.rounds or diag:
-                acc, loss = sim.evaluate(state.x)
-                if not math.isfinite(loss):
-                    status = "diverged"
-                    log(f"{cfg.name}: loss is {loss} at round {done}: stopping (status 'diverged')")
-                    break
-                rounds.append(done)
-                accs.append(acc)
-                roll = metrics.rolling(rounds, accs, cfg.rolling_window)[-1]
-                rd.append_metrics({"round": done, "accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
-                                   "wall_time": round(wall0 + time.perf_counter() - t_start, 4),
-                                   "gamma": info.gamma, "cos_theta": info.cos_theta, "comm_params": info.comm_params,
-                                   **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})})
-            if done % cfg.checkpoint_every == 0 or done == cfg.rounds:
-                rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)
-            bar.update(done, acc, (done - start) / max(time.perf_counter() - t_start, 1e-9))
+            state, info = s.sim.round(s.state, t)
+            if not s.record(t, state, info, s.sim.evaluate(state.x) if s.needs_eval(t + 1) else None):
+                status = "diverged"
+                break
         else:
             status = "completed"
     except KeyboardInterrupt:
-        bar.close()
-        rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)
-        finish("interrupted")
-        log(f"{cfg.name}: interrupted after round {done}; continue with: fedsl resume {rd.path}")
+        s.finish("interrupted")
         raise
     except BaseException:
-        bar.close()
-        rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)  # keep finished rounds resumable
-        finish("failed")
+        s.finish("failed")
         raise
-    bar.close()
-    if status == "interrupted":
-        rd.save_checkpoint(done, state, wall0 + time.perf_counter() - t_start)
-    return finish(status)
+    return s.finish(status)
+
+
+def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool = False, log: Log = print,
+                progress: bool | None = None, stop_after: int | None = None) -> list[dict]:
+    """Run several configs in lock-step with a ``StackedSimulator``: one executor call per round
+    for all their clients. Each run keeps its own folder, checkpoints and summary, exactly as
+    ``run`` would write them; a run that diverges leaves the stack and the others go on.
+
+    The runs must be stackable (same model, algorithm kind, device, rounds) and start at the
+    same round (all new, or all resumed from the same checkpoint round).
+    """
+    if len(cfgs) != len(outs) or not cfgs:
+        raise ValueError(f"run_stacked needs as many output folders as configs, got {len(cfgs)} and {len(outs)}")
+    pools: list[Federation] = []
+    sessions = [RunSession(c, o, resume=resume and RunDir(o).is_run(), log=log, progress=False,
+                           prep=prepare(c, pools)) for c, o in zip(cfgs, outs)]
+    starts = {s.start for s in sessions}
+    if len(starts) > 1 or len({c.rounds for c in cfgs}) > 1:
+        raise ValueError(f"stacked runs must start at one round and share T, got starts {sorted(starts)} "
+                         f"and rounds {sorted({c.rounds for c in cfgs})}")
+    start, rounds = starts.pop(), cfgs[0].rounds
+    active = list(sessions)
+    results: dict[int, dict] = {}
+    stacked = StackedSimulator([s.sim for s in active])
+    pre = [s.prep.pretrain for s in active]
+    new = [s.state is None for s in active]
+    if any(new):
+        initial = stacked.initial_states(pre)
+        for s, fresh, st in zip(active, new, initial):
+            if fresh:
+                s.begin(st)
+    last = start
+    try:
+        for t in range(start, rounds):
+            if stop_after is not None and t - start >= stop_after:
+                break
+            states, infos = stacked.round([s.state for s in active], t)
+            need = [i for i, s in enumerate(active) if s.needs_eval(t + 1)]
+            evals = dict(zip(need, stacked.evaluate([states[i].x for i in need], need))) if need else {}
+            keep = []
+            for i, s in enumerate(active):
+                if s.record(t, states[i], infos[i], evals.get(i)):
+                    keep.append(s)
+                else:
+                    results[id(s)] = s.finish("diverged")
+            if len(keep) < len(active) and keep:
+                stacked = StackedSimulator([s.sim for s in keep])
+            active, last = keep, t + 1
+            if not active:
+                break
+        status = "completed" if last >= rounds else "interrupted"
+        for s in active:
+            results[id(s)] = s.finish(status)
+    except KeyboardInterrupt:
+        for s in active:
+            results[id(s)] = s.finish("interrupted")
+        raise
+    except BaseException:
+        for s in active:
+            results[id(s)] = s.finish("failed")
+        raise
+    log(f"stacked {len(sessions)} runs ({stacked.executor.name} executor): "
+        + ", ".join(f"{s.cfg.name} {results[id(s)]['status']}" for s in sessions))
+    return [results[id(s)] for s in sessions]
