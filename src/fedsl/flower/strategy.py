@@ -125,10 +125,10 @@ class FedslStrategy(FedAvg):
         replies = list(grid.send_and_receive(msgs, timeout=self.setup.options.round_timeout))
         answered = set()
         for msg in replies:
-            node = msg.metadata.src_node_id if not msg.has_error() else None
+            node = msg.metadata.src_node_id
             self._audit("query", msg)
-            if msg.has_error():
-                log(WARNING, "fedsl: a node's query failed: %s", msg.error.reason)
+            if msg.has_error():  # e.g. a missing or bad partition-id in the node's config
+                log(WARNING, "fedsl: node %d left out of the run: %s", node, msg.error.reason)
                 continue
             answered.add(node)
             pid = int(msg.content.config_records["partition"]["partition-id"])
