@@ -32,7 +32,7 @@ import torch
 from fedsl.bench import machine
 from fedsl.bench.peers import EnginePeer, LoopPeer, Peer, StackedPeer, median
 from fedsl.bench.table import Row, add_ratios, markdown
-from fedsl.bench.workloads import DEFAULT_WORKLOADS, Workload, make_data, timed_rounds, workloads
+from fedsl.bench.workloads import DEFAULT_WORKLOADS, Workload, is_heavy, make_data, timed_rounds, workloads
 
 PEERS = ("fedsl", "loop", "flower")
 
@@ -148,12 +148,13 @@ def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps:
                    smoke: bool = False, peers: Sequence[str] = PEERS, executor: str = "auto",
                    threads: Union[int, str, None] = "auto", flower_actors: int = 2, flower_cpus: int = 1,
                    footprint_clients: Optional[int] = 1000, log: Callable[[str], None] = print,
-                   command: str = "") -> Report:
+                   command: str = "", heavy_reps: Optional[int] = None) -> Report:
     """Run ``names`` (default ``DEFAULT_WORKLOADS``) through ``peers``, interleaved; see the module doc.
 
     Args:
         rounds: timed rounds per repetition (heavy Scenario-1 rounds: 1, see ``timed_rounds``).
         reps: repetitions; a row's seconds is the median over all its timed rounds.
+        heavy_reps: repetitions of heavy workloads (Scenario 1, seed sweeps; default ``reps``).
         device: "cpu" or "cuda" (CUDA is synchronised before every clock reading).
         smoke: tiny model and data, small rate measurements (CI checks the harness only).
         executor: the engine's executor ("auto" picks by device as ``fedsl run`` does).
@@ -188,13 +189,13 @@ def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps:
     if threads:
         torch.set_num_threads(int(threads))
     try:
-        return _run(chosen, rounds, reps, dev, smoke, peers, executor, flower_actors, flower_cpus, footprint_clients,
+        return _run(chosen, rounds, reps, heavy_reps or reps, dev, smoke, peers, executor, flower_actors, flower_cpus, footprint_clients,
                     log, command, mem, notes, load_start, t_start)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(chosen, rounds, reps, dev, smoke, peers, executor, flower_actors, flower_cpus, footprint_clients, log,
+def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_actors, flower_cpus, footprint_clients, log,
          command, mem, notes, load_start, t_start) -> Report:
     from fedsl.bench.peers import plain_model
 
@@ -213,6 +214,7 @@ def _run(chosen, rounds, reps, dev, smoke, peers, executor, flower_actors, flowe
         data = make_data(w)
         r = rates[w.model]
         n_rounds = timed_rounds(w, rounds)
+        w_reps = heavy_reps if is_heavy(w) else reps
         flops = w.train_samples_per_round * r.train_flops + w.eval_samples_per_round * r.eval_flops
         best = w.train_samples_per_round / r.train_samples_s + w.eval_samples_per_round / r.eval_samples_s
         samples = w.train_samples_per_round + w.eval_samples_per_round
@@ -228,7 +230,7 @@ def _run(chosen, rounds, reps, dev, smoke, peers, executor, flower_actors, flowe
                 live.append(p)
             except Exception as e:  # a peer that fails is reported, the others go on
                 wrows[p.name].note = f"failed: {type(e).__name__}: {e}"[:200]
-        for rep in range(reps):
+        for rep in range(w_reps):
             for p in live:
                 gc.collect()
                 mem.reset()
@@ -245,7 +247,7 @@ def _run(chosen, rounds, reps, dev, smoke, peers, executor, flower_actors, flowe
                 if "actor_peak_mb" in p.extra and dev.type == "cpu":
                     mb += p.extra["actors"] * p.extra["actor_peak_mb"]
                 row.peak_mb = max(row.peak_mb or 0.0, mb)
-                log(f"  rep {rep + 1}/{reps} {p.name}: " + ", ".join(f"{t:.3f}" for t in ts) + " s/round")
+                log(f"  rep {rep + 1}/{w_reps} {p.name}: " + ", ".join(f"{t:.3f}" for t in ts) + " s/round")
         for p in live:
             row = wrows[p.name]
             row.seconds = median(row.times)

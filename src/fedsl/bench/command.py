@@ -19,6 +19,8 @@ def parser() -> argparse.ArgumentParser:
                     help=f"comma-separated, from: {', '.join(workloads())}")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per repetition (Scenario 1: 1)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
+    ap.add_argument("--heavy-reps", type=int, default=None,
+                    help="repetitions of heavy workloads (Scenario 1, seed sweeps); default --reps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from: {', '.join(PEERS)}")
     ap.add_argument("--executor", default="auto", help="the engine's executor: auto, sequential, vectorised")
@@ -39,7 +41,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     threads = None if args.threads == "torch" else args.threads if args.threads == "auto" else int(args.threads)
     command = "python benchmarks/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
-        report = run_benchmarks(names, rounds=args.rounds, reps=args.reps, device=args.device, smoke=args.smoke,
+        report = run_benchmarks(names, rounds=args.rounds, reps=args.reps, heavy_reps=args.heavy_reps, device=args.device, smoke=args.smoke,
                                 peers=[p.strip() for p in args.peers.split(",") if p.strip()],
                                 executor=args.executor, threads=threads, flower_actors=args.flower_actors,
                                 flower_cpus=args.flower_cpus, footprint_clients=args.footprint_clients or None,

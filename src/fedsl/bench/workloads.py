@@ -120,9 +120,14 @@ def workloads(smoke: bool = False) -> Dict[str, Workload]:
     return out
 
 
+def is_heavy(w: Workload) -> bool:
+    """Rounds of many seconds on a small CPU: > 5,000 training samples per round, or several seeds."""
+    return w.train_samples_per_round > 5000 or w.seeds > 1
+
+
 def timed_rounds(w: Workload, rounds: int) -> int:
-    """Rounds timed per repetition: ``rounds``, or 1 for heavy rounds (> 5,000 training samples)."""
-    return 1 if w.train_samples_per_round > 5000 and w.seeds == 1 else rounds
+    """Rounds timed per repetition: ``rounds``, or 1 for heavy rounds (``is_heavy``)."""
+    return 1 if is_heavy(w) else rounds
 
 
 DEFAULT_WORKLOADS = ["s2-cifar10+eval", "s2-cifar10", "eval-cifar10", "s1-cifar10+eval", "s1-cifar10",
