@@ -263,3 +263,19 @@ def test_round_grid_stops_waiting_for_stragglers():
     grid = RoundGrid(_SlowGrid([0.0, None]), poll=0.02)
     start = time.monotonic()
     assert len(grid.send_and_receive([object()] * 2, timeout=0.3)) == 1 and time.monotonic() - start < 2
+
+
+def test_the_initial_arrays_given_to_start_are_x0(one_thread):
+    """``strategy.start(grid, initial_arrays)`` starts from those arrays (e.g. a checkpoint), as the simulator would."""
+    from fedsl.engine.simulator import RunState
+    rc = {**BASE, "rounds": 2}
+    setup = load_setup(rc)
+    x0 = {n: p + 0.01 for n, p in setup.sim.initial_params().items()}
+    strategy = FedslStrategy(setup)
+    strategy.start(LoopGrid(rc, {100 + i: i for i in range(4)}), to_record(x0), num_rounds=2, timeout=5.0,
+                   evaluate_fn=strategy.evaluate)
+    cfg, _ = parse_run_config(rc)
+    sim = prepare(cfg).sim
+    expected, _ = run_rounds(sim, 2, RunState(x0, sim.alg.rule.init_state(x0, 4)))
+    assert max_diff(strategy.state.x, expected.x) == 0.0
+    assert strategy.evaluations[0]["accuracy"] == sim.evaluate(x0)[0]

@@ -103,6 +103,10 @@ class FedslStrategy(FedAvg):
         self.evaluations: list[dict[str, Any]] = []
         self._pending: dict[str, Any] | None = None
 
+    def _params(self, record: ArrayRecord):
+        """A model's parameters from a record (the model's names, the engine's device and dtype)."""
+        return from_record(record, self.sim.device, self.sim.dtype, names=self.sim.fm.names)
+
     @staticmethod
     def _server_part(algo: State) -> State:
         return {k: v for k, v in algo.items() if not k.endswith("_i")}
@@ -158,7 +162,10 @@ class FedslStrategy(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         """Send x_t (and the server state the clients need) to the nodes of the sampled clients."""
         t = server_round - 1
-        self._refresh_nodes(grid, first=not self.history and self._pending is None)
+        first = not self.history and self._pending is None
+        if first and len(arrays):  # x_0 as given to ``start`` (later rounds: our own x_{t}, after SL)
+            self.state = RunState(self._params(arrays), self.state.algo, self.state.gamma)
+        self._refresh_nodes(grid, first=first)
         cfg = self.setup.cfg
         ids = rng.sample_clients(cfg.seed, t, self.setup.num_clients, cfg.algorithm.clients_per_round)
         by_partition: dict[int, int] = {}
@@ -208,8 +215,7 @@ class FedslStrategy(FedAvg):
                 log(WARNING, "fedsl: ignoring a reply from node %d (partition %s, round %s)", node, pid,
                     metrics["round"])
                 continue
-            params = from_record(msg.content.array_records["arrays"], self.sim.device, self.sim.dtype,
-                                 names=self.sim.fm.names)
+            params = self._params(msg.content.array_records["arrays"])
             finals[pid] = (params, int(metrics["num-examples"]), int(metrics["steps"]))
         lost = [node for pid, node in targets.items() if pid not in finals]
         for node in lost:  # no reply in time, or an error: leave it out for the rest of the run
@@ -264,7 +270,7 @@ class FedslStrategy(FedAvg):
         cfg = self.setup.cfg
         if server_round % cfg.eval_every and server_round != cfg.rounds:
             return None
-        acc, loss = self.sim.evaluate(self.state.x)
+        acc, loss = self.sim.evaluate(self._params(arrays) if len(arrays) else self.state.x)
         self.evaluations.append({"round": server_round, "accuracy": acc, "loss": loss})
         self._write()
         return MetricRecord({"accuracy": acc, "loss": loss})
