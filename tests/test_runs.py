@@ -303,3 +303,13 @@ def test_bad_sweep_is_a_one_line_error(tmp_path, capsys):
     cfg = tiny(tmp_path, rounds=2, extra='\n[sweep]\n"seed" = [1, 2]\n')
     assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
     assert "use seeds" in capsys.readouterr().err
+
+
+def test_run_only_some_variants(tmp_path, capsys):
+    out = tmp_path / "only"
+    assert main(["run", str(tiny(tmp_path, rounds=2, extra='\n[variants.A]\n[variants.B]\nalgorithm = { "local_lr" = 0.1 }\n')),
+                 "--variants", "B", "--out", str(out), "--quiet"]) == 0
+    assert list(json.loads((out / "group.json").read_text())["runs"]) == ["B"]
+    assert main(["run", str(tiny(tmp_path, rounds=2, extra='\n[variants.A]\n')), "--variants", "A,C",
+                 "--out", str(tmp_path / "x"), "--quiet"]) == 2  # usage error
+    assert "--variants 'A,C': expected names from ['A']" in capsys.readouterr().err

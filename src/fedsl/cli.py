@@ -82,9 +82,17 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="dataset folder (sets data.data_dir)"),
         quick: bool = typer.Option(False, "--quick", help="the config's quick form: few rounds, one seed, "
                                                            "small subsets"),
+        variants: Optional[str] = typer.Option(None, "--variants", help="run only these variants, e.g. "
+                                                                       "--variants FSL,SCAFFOLD"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
     cfg = _load_config(config, preset, set_, data_dir, quick)
+    if variants is not None:
+        names = [v.strip() for v in variants.split(",") if v.strip()]
+        unknown = [v for v in names if v not in cfg.variants]
+        if unknown or not names:
+            raise UserError(f"--variants {variants!r}: expected names from {list(cfg.variants) or 'none (the config has no variants)'}")
+        cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
     from fedsl.experiments.config import expand_variants
     from fedsl.experiments.runner import check
     for variant in expand_variants(cfg).values():  # every variant, data checks included, before any work

@@ -101,8 +101,26 @@ def _subset(ds: ArrayDataset, names: list[str], setting: str = "data.classes") -
     return ArrayDataset(pick(ds.train), pick(ds.test))
 
 
+# The last datasets loaded in this process, and their float tensors: a sweep prepares many
+# runs of one dataset, and re-reading CIFAR-10 (stat of 60k files, decode cache, uint8 ->
+# float) cost 2 s per run. Entries are shared, never written to.
+_LOADED: dict[tuple, ArrayDataset] = {}
+_TENSORS: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+
+
 def load_arrays(d) -> ArrayDataset:
-    """The dataset of data config ``d`` (train and test splits)."""
+    """The dataset of data config ``d`` (train and test splits); memoised per process."""
+    key = (d.dataset, d.chars, d.train_per_class, d.test_per_class, d.data_dir, d.download, d.carve,
+           d.emnist_split, tuple(d.classes) if isinstance(d.classes, list) else d.classes)
+    if key not in _LOADED:
+        if len(_LOADED) >= 2:
+            _LOADED.pop(next(iter(_LOADED)))
+            _TENSORS.clear()
+        _LOADED[key] = _load_arrays(d)
+    return _LOADED[key]
+
+
+def _load_arrays(d) -> ArrayDataset:
     if d.dataset == "synthetic_chars":
         ds = synthetic_chars(d.chars, d.train_per_class, d.test_per_class)
     elif d.dataset == "cifar10":
@@ -178,9 +196,15 @@ def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
 
 
 def to_tensor(images: np.ndarray) -> torch.Tensor:
-    """uint8 [n, H, W(, C)] -> float32 [n, C, H, W] in [0, 1]."""
+    """uint8 [n, H, W(, C)] -> float32 [n, C, H, W] in [0, 1] (one tensor per loaded array, shared)."""
+    hit = _TENSORS.get(id(images))
+    if hit is not None and hit[0] is images:
+        return hit[1]
     t = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
-    return t.unsqueeze(1) if t.dim() == 3 else t.permute(0, 3, 1, 2).contiguous()
+    t = t.unsqueeze(1) if t.dim() == 3 else t.permute(0, 3, 1, 2).contiguous()
+    if any(images is ds.train.x or images is ds.test.x for ds in _LOADED.values()):
+        _TENSORS[id(images)] = (images, t)  # the array is held, so its id is not reused
+    return t
 
 
 def build_federation(d, seed: int) -> Federation:

@@ -170,6 +170,8 @@ class RunConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
     executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")
+    deterministic: bool = Field(False, description="CUDA: deterministic cuDNN convolutions, so that a resumed run "
+                                                   "equals an uninterrupted one bit for bit (slower); CPU runs always are")
     stack: int | Literal["auto"] = Field(
         "auto", description="sweeps: runs advanced together as one vmapped computation (stacked runs); 'auto' = "
                             "on CUDA up to 64 that fit in memory, on CPU 1 (measured: no gain there); 1 = never")

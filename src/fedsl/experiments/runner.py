@@ -157,6 +157,11 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None) -> Prepared:
     """
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
+    if device.type == "cuda":
+        # cuDNN's fastest convolution backward accumulates with atomics: results then agree
+        # to rounding only, run to run; deterministic algorithms make them bit-identical.
+        torch.backends.cudnn.deterministic = cfg.deterministic
+        torch.backends.cudnn.benchmark = not cfg.deterministic
     fed = build_federation(cfg.data, cfg.seed)
     algorithm, pretrain, hp = resolve(cfg, fed)
     fm = make_model(cfg, fed)

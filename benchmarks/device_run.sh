@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# What ran on the GPU machine (see RESULTS.md): CUDA tests, the Fig. 5 heat-map timing, the
+# benchmark table. The machine has torch (CUDA) but no pydantic and no internet: wheels for
+# it are carried in .dev/wheels (git-ignored; `pip download pydantic==2.14.4 --python-version 3.12
+# --only-binary=:all: -d .dev/wheels`). Results go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src:$PWD/.dev/lib
+python3 -m pip install -q --no-index --find-links .dev/wheels --target .dev/lib pydantic >/dev/null 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
+python3 -c "import torch, pydantic, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'pydantic', pydantic.__version__)" | tee -a "$OUT/machine.txt"
+case "${1:-check}" in
+  check)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
+    timeout 170 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 2 2>&1 | tee "$OUT/heatmap_time.md"
+    timeout 140 python3 benchmarks/bench.py --device cuda --peers fedsl,loop --rounds 5 --reps 2 --heavy-reps 1 \
+      --workloads s2-cifar10+eval,s2-cifar10,s1-cifar10,s2-emnist+eval,s2-cifar10-8seeds+eval,eval-cifar10 \
+      --footprint-clients 0 --out "$OUT/bench_cuda.md" 2>&1 | tail -30
+    ;;
+esac

@@ -1,0 +1,137 @@
+"""The engine on CUDA (skipped without a GPU; run on the device machine, see benchmarks/RESULTS.md).
+
+- the vectorised executor on the GPU equals the sequential one on the CPU (float64);
+- stacked runs on the GPU equal the same runs one by one there, evaluation included;
+- a run through the runner keeps its data on the device and resumes bit-identically;
+- a stacked sweep through the runner writes the same results as one by one.
+"""
+
+import copy
+import tomllib
+
+import pytest
+import torch
+
+from conftest import random_federation, run_rounds
+from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
+from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
+from fedsl.engine.functional import FunctionalModel
+from fedsl.engine.simulator import Simulator
+from fedsl.engine.stacked import StackedSimulator
+from fedsl.models import build_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+SIZES = [9, 31, 17, 24, 12, 30, 16, 20]
+CUDA = torch.device("cuda")
+
+
+def _sim(name, fed, executor, seed=11, lr=0.1, gamma=0.8):
+    fm = FunctionalModel(build_model("small_cnn", fed.num_classes, fed.input_shape, seed=3).to(
+        device=fed.x.device, dtype=fed.x.dtype))
+    alg = make_algorithm(name, LocalTraining(lr, 8), 1.7, ServerLearning(gamma=gamma, lr=0.05, batch_size=6, epochs=1))
+    return Simulator(fm, fed, alg, executor(fm), 4, seed=seed)
+
+
+def _assert_states_close(a, b, tol=1e-10):
+    for n in a.x:
+        torch.testing.assert_close(a.x[n].cpu(), b.x[n].cpu(), rtol=tol, atol=tol)
+    for k in a.algo:
+        for n in a.algo[k]:
+            torch.testing.assert_close(a.algo[k][n].cpu(), b.algo[k][n].cpu(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_cuda_vectorised_equals_cpu_sequential(name):
+    cpu = random_federation(SIZES, shape=(1, 12, 12))
+    gpu = cpu.to(CUDA, torch.float64)
+    a, _ = run_rounds(_sim(name, cpu, SequentialExecutor), 3)
+    b, _ = run_rounds(_sim(name, gpu, VectorisedExecutor), 3)
+    assert b.x["0.weight"].device.type == "cuda"
+    _assert_states_close(a, b)
+
+
+def test_cuda_stacked_equals_one_by_one():
+    fed = random_federation(SIZES, shape=(1, 12, 12)).to(CUDA, torch.float64)
+    other = random_federation(SIZES[::-1], shape=(1, 12, 12), seed=1).to(CUDA, torch.float64)
+
+    def sims():
+        return [_sim("scaffold", fed, VectorisedExecutor, seed=1), _sim("scaffold", fed, VectorisedExecutor, seed=2,
+                                                                         lr=0.05, gamma=1.5),
+                _sim("scaffold", other, VectorisedExecutor, seed=3)]
+    stacked = StackedSimulator(sims())
+    states = stacked.initial_states()
+    for t in range(3):
+        states, _ = stacked.round(states, t)
+    evals = stacked.evaluate([s.x for s in states])
+    for r, sim in enumerate(sims()):
+        alone, _ = run_rounds(sim, 3)
+        _assert_states_close(states[r], alone)
+        acc, loss = sim.evaluate(alone.x)
+        assert evals[r][0] == pytest.approx(acc, abs=1e-12) and evals[r][1] == pytest.approx(loss, rel=1e-9)
+
+
+TINY = """
+name = "tiny"
+rounds = 6
+seed = 3
+checkpoint_every = 2
+device = "cuda"
+dtype = "float64"
+
+[data]
+dataset = "synthetic_chars"
+chars = "0123"
+train_per_class = 30
+test_per_class = 15
+num_clients = 6
+classes_per_client = 2
+server_size = 12
+
+[model]
+name = "small_cnn"
+
+[algorithm]
+name = "fsl"
+clients_per_round = 3
+local_lr = 0.05
+batch_size = 8
+"""
+
+
+def test_cuda_run_resume_and_stacked_sweep(tmp_path):
+    import csv
+
+    from fedsl.experiments import config as C
+    from fedsl.experiments.compare import run_group
+    from fedsl.experiments.runner import prepare, run
+
+    cfg = C.validate({**tomllib.loads(TINY), "deterministic": True})
+    prep = prepare(cfg)
+    assert prep.sim.fed.x.device.type == "cuda" and prep.sim.executor.name == "vectorised"
+    assert torch.backends.cudnn.deterministic
+    # deterministic = true: a resumed run equals the uninterrupted one bit for bit
+    whole = run(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
+    run(cfg, tmp_path / "cut", log=lambda m: None, progress=False, stop_after=3)
+    resumed = run(cfg, tmp_path / "cut", resume=True, log=lambda m: None, progress=False)
+    assert whole["status"] == resumed["status"] == "completed"
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["params"]
+    b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["params"]
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+    def sweep(stack):
+        data = tomllib.loads(TINY)
+        data.update(seeds=[0, 1], stack=stack, sweep={"server.gamma": [0.5, 1.0]})
+        out = tmp_path / f"sweep{stack}"
+        run_group(C.validate(copy.deepcopy(data)), out, log=lambda m: None, progress=False)
+        res = {}
+        for d in sorted(p for p in out.iterdir() if (p / "metrics.csv").is_file()):
+            with open(d / "metrics.csv") as f:
+                res[d.name] = [(float(r["accuracy"]), float(r["loss"])) for r in csv.DictReader(f)]
+        return res
+
+    one, four = sweep(1), sweep(4)
+    assert one.keys() == four.keys() and len(one) == 4
+    for name in one:
+        for (a1, l1), (a2, l2) in zip(one[name], four[name]):
+            assert a1 == pytest.approx(a2, abs=1e-9) and l1 == pytest.approx(l2, rel=1e-8), name
