@@ -264,3 +264,35 @@ def test_stack_groups_and_limits(tmp_path):
     assert stack_limit(auto) == 1  # CPU: stacking measured to gain nothing
     with pytest.raises(ConfigError, match="stack = 0: expected 'auto' or an integer >= 1"):
         C.validate(tomllib.loads(SWEEP.format(stack=0, alg="fsl", executor="auto")))
+
+
+def test_stack_limit_model_sizes_are_the_models():
+    from fedsl.experiments.compare import MODEL_PARAMS
+    from fedsl.models import build_model
+    shapes = {"cifar_cnn": (10, (3, 32, 32)), "emnist_cnn": (45, (1, 28, 28))}
+    for name, d in MODEL_PARAMS.items():
+        classes, shape = shapes[name]
+        assert sum(p.numel() for p in build_model(name, classes, shape, 0).parameters()) == d
+
+
+def test_checkpoint_every_zero_keeps_only_the_final_model(tmp_path):
+    """checkpoint_every = 0: no periodic checkpoints; the final one holds the model and the
+    server state but not the N × d per-client tables."""
+    from fedsl.experiments import config as C
+    from fedsl.experiments.runner import run
+
+    data = tomllib.loads(SWEEP.format(stack=1, alg="scaffold", executor="sequential"))
+    for k in ("seeds", "sweep"):
+        data.pop(k)
+    data["checkpoint_every"] = 0
+    cfg = C.validate(data)
+    run(cfg, tmp_path / "a", log=lambda m: None, progress=False, stop_after=3)
+    ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    assert ckpt["round"] == 3 and set(ckpt["algo"]) == {"c", "c_i"}  # interrupted: resumable, tables kept
+    run(cfg, tmp_path / "a", resume=True, log=lambda m: None, progress=False)
+    ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    assert ckpt["round"] == 5 and set(ckpt["algo"]) == {"c"}
+    full = run(C.validate({**data, "checkpoint_every": 1}), tmp_path / "b", log=lambda m: None, progress=False)
+    ref = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
+    assert full["status"] == "completed" and set(ref["algo"]) == {"c", "c_i"}
+    assert all(torch.equal(ref["params"][n], ckpt["params"][n]) for n in ref["params"])

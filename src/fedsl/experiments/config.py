@@ -164,7 +164,9 @@ class RunConfig(_Strict):
     eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (paper: 1)")
     eval_batch_size: int = Field(100, ge=1, description="evaluation batch size")
     rolling_window: int = Field(20, ge=1, description="rounds in the rolling accuracy window (paper: 20)")
-    checkpoint_every: int = Field(10, ge=1, description="write a checkpoint every this many rounds")
+    checkpoint_every: int = Field(10, ge=0, description="write a checkpoint every this many rounds; 0 = only the "
+                                                        "final model, without per-client tables (big sweeps of "
+                                                        "SCAFFOLD/FedDyn: N×d each), and on interruption")
     diag_every: int = Field(0, ge=0, description="measure ξ², G² and cos(∇F, ∇f0) every this many rounds "
                                                  "(full-batch gradients; 0 = never; paper: 50)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")

@@ -308,7 +308,10 @@ class RunSession:
                                     "wall_time": round(self.wall(), 4), "gamma": info.gamma,
                                     "cos_theta": info.cos_theta, "comm_params": info.comm_params,
                                     **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})})
-        if done % cfg.checkpoint_every == 0 or done == cfg.rounds:
+        if done == cfg.rounds and not cfg.checkpoint_every:
+            self.rd.save_checkpoint(done, RunState(state.x, {k: v for k, v in state.algo.items()
+                                                             if not k.endswith("_i")}, state.gamma), self.wall())
+        elif done == cfg.rounds or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
             self.rd.save_checkpoint(done, state, self.wall())
         self.bar.update(done, acc, (done - self.start) / max(time.perf_counter() - self.t_start, 1e-9))
         return True
