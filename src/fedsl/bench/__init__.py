@@ -24,15 +24,22 @@ import datetime
 import gc
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
 from fedsl.bench import machine
 from fedsl.bench.peers import EnginePeer, LoopPeer, Peer, StackedPeer, median
 from fedsl.bench.table import Row, add_ratios, markdown
-from fedsl.bench.workloads import DEFAULT_WORKLOADS, Workload, is_heavy, make_data, timed_rounds, workloads
+from fedsl.bench.workloads import (
+    DEFAULT_WORKLOADS,
+    Workload,
+    is_heavy,
+    make_data,
+    timed_rounds,
+    workloads,
+)
 
 PEERS = ("fedsl", "loop", "flower")
 
@@ -41,15 +48,15 @@ PEERS = ("fedsl", "loop", "flower")
 class Report:
     """Everything one benchmark invocation measured."""
 
-    rows: List[Row]
-    machine: Dict[str, str]
-    rates: Dict[str, machine.Rates]
-    footprint: List[Dict[str, float]]
-    settings: Dict[str, str]
+    rows: list[Row]
+    machine: dict[str, str]
+    rates: dict[str, machine.Rates]
+    footprint: list[dict[str, float]]
+    settings: dict[str, str]
     command: str = ""
     started: str = ""
     seconds: float = 0.0
-    notes: List[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def markdown(self) -> str:
         out = [f"Measured {self.started} in {self.seconds / 60:.1f} min" + (f" with `{self.command}`" if self.command
@@ -84,18 +91,18 @@ class Report:
 
 
 def state_footprint(num_clients: int = 1000, model: str = "cifar_cnn", device: str = "cpu",
-                    rounds: int = 1) -> List[Dict[str, float]]:
+                    rounds: int = 1) -> list[dict[str, float]]:
     """Bytes of SCAFFOLD's (c, c_i) and FedDyn's (h, ∇L_i) state for ``num_clients`` clients
     of ``model``, the process RSS once it is built, and the peak RSS over ``rounds`` engine
     rounds of that rule on N clients x 50 random samples (S = 10, B = 10)."""
     from dataclasses import replace
 
     from fedsl.algorithms import LocalTraining, make_algorithm
+    from fedsl.bench.peers import _federation
     from fedsl.engine.executors import make_executor
     from fedsl.engine.functional import FunctionalModel
     from fedsl.engine.simulator import Simulator
     from fedsl.models import build_model
-    from fedsl.bench.peers import _federation
 
     dev = torch.device(device)
     w = replace(workloads()["s2-cifar10"] if model == "cifar_cnn" else workloads()["s2-emnist"],
@@ -124,8 +131,8 @@ def state_footprint(num_clients: int = 1000, model: str = "cifar_cnn", device: s
 
 
 def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], executor: str,
-                flower_actors: int, flower_cpus: int) -> List[Peer]:
-    peers: List[Peer] = []
+                flower_actors: int, flower_cpus: int) -> list[Peer]:
+    peers: list[Peer] = []
     for name in names:
         if name == "fedsl":
             peers.append(EnginePeer(w, data, device, executor))
@@ -144,11 +151,11 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
     return peers
 
 
-def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps: int = 3, device: str = "cpu",
+def run_benchmarks(names: Sequence[str] | None = None, rounds: int = 3, reps: int = 3, device: str = "cpu",
                    smoke: bool = False, peers: Sequence[str] = PEERS, executor: str = "auto",
-                   threads: Union[int, str, None] = "auto", flower_actors: int = 2, flower_cpus: int = 1,
-                   footprint_clients: Optional[int] = 1000, log: Callable[[str], None] = print,
-                   command: str = "", heavy_reps: Optional[int] = None) -> Report:
+                   threads: int | str | None = "auto", flower_actors: int = 2, flower_cpus: int = 1,
+                   footprint_clients: int | None = 1000, log: Callable[[str], None] = print,
+                   command: str = "", heavy_reps: int | None = None) -> Report:
     """Run ``names`` (default ``DEFAULT_WORKLOADS``) through ``peers``, interleaved; see the module doc.
 
     Args:
@@ -173,7 +180,7 @@ def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps:
         raise ValueError(f"unknown workloads {unknown}: expected some of {sorted(table)}")
     chosen = [table[n] for n in names]
     mem = machine.PeakMemory(dev)
-    notes: List[str] = []
+    notes: list[str] = []
     from fedsl.bench.peers import plain_model
     if threads == "auto":
         threads = None
@@ -189,17 +196,17 @@ def run_benchmarks(names: Optional[Sequence[str]] = None, rounds: int = 3, reps:
     if threads:
         torch.set_num_threads(int(threads))
     try:
-        return _run(chosen, rounds, reps, heavy_reps or reps, dev, smoke, peers, executor, flower_actors, flower_cpus, footprint_clients,
-                    log, command, mem, notes, load_start, t_start)
+        return _run(chosen, rounds, reps, heavy_reps or reps, dev, smoke, peers, executor, flower_actors,
+                    flower_cpus, footprint_clients, log, command, mem, notes, load_start, t_start)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_actors, flower_cpus, footprint_clients, log,
-         command, mem, notes, load_start, t_start) -> Report:
+def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_actors, flower_cpus,
+         footprint_clients, log, command, mem, notes, load_start, t_start) -> Report:
     from fedsl.bench.peers import plain_model
 
-    rates: Dict[str, machine.Rates] = {}
+    rates: dict[str, machine.Rates] = {}
     for model in dict.fromkeys(w.model for w in chosen):
         w0 = next(w for w in chosen if w.model == model)
         log(f"best rates of {model} ...")
@@ -207,8 +214,8 @@ def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_a
         rates[model] = machine.best_rates(lambda: plain_model(w0, 0, torch.device("cpu")), w0.input_shape,
                                           w0.num_classes, dev, **kw)
 
-    rows: List[Row] = []
-    settings: Dict[str, str] = {}
+    rows: list[Row] = []
+    settings: dict[str, str] = {}
     for w in chosen:
         log(f"{w.name}: {w.describe()}")
         data = make_data(w)
@@ -261,7 +268,7 @@ def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_a
         gc.collect()
     add_ratios(rows)
 
-    footprint: List[Dict[str, float]] = []
+    footprint: list[dict[str, float]] = []
     if footprint_clients:
         log(f"per-client state for N={footprint_clients} ...")
         footprint = state_footprint(footprint_clients if not smoke else 20, "cifar_cnn", dev.type)

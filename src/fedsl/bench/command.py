@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 from fedsl.bench import PEERS, run_benchmarks
 from fedsl.bench.workloads import DEFAULT_WORKLOADS, workloads
@@ -35,13 +34,14 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     threads = None if args.threads == "torch" else args.threads if args.threads == "auto" else int(args.threads)
     command = "python benchmarks/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
-        report = run_benchmarks(names, rounds=args.rounds, reps=args.reps, heavy_reps=args.heavy_reps, device=args.device, smoke=args.smoke,
+        report = run_benchmarks(names, rounds=args.rounds, reps=args.reps, heavy_reps=args.heavy_reps,
+                                device=args.device, smoke=args.smoke,
                                 peers=[p.strip() for p in args.peers.split(",") if p.strip()],
                                 executor=args.executor, threads=threads, flower_actors=args.flower_actors,
                                 flower_cpus=args.flower_cpus, footprint_clients=args.footprint_clients or None,

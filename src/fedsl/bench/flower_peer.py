@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List
 
 import torch
 
@@ -80,11 +79,11 @@ class FlowerPeer(Peer):
         self.w, self.data, self.device = w, data, device
         self.actors, self.cpus = actors, cpus_per_actor
         self.seed = seed
-        self.startups: List[float] = []
+        self.startups: list[float] = []
         self.actor_peak = 0.0
         import importlib.util
         try:
-            from flwr.simulation import run_simulation  # noqa: F401
+
             from fedsl.bench.machine import optional_version
             self.version = optional_version("flwr") or "?"
             if importlib.util.find_spec("ray") is None:
@@ -111,15 +110,15 @@ class FlowerPeer(Peer):
         self.settings = (f"flwr {self.version}, Ray, {self.actors} actors x {self.cpus} CPU, "
                          f"{self.cpus} torch thread(s) per actor, server eval batch 500")
 
-    def run(self, rounds: int) -> List[float]:
+    def run(self, rounds: int) -> list[float]:
         from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
         from flwr.serverapp import Grid, ServerApp
         from flwr.serverapp.strategy import FedAvg
         from flwr.simulation import run_simulation
 
         w, data, device = self.w, self.data, self.device
-        stamps: List[float] = []
-        out: Dict[str, float] = {}
+        stamps: list[float] = []
+        out: dict[str, float] = {}
         server = ServerApp()
 
         @server.main()

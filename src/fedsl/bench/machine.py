@@ -21,8 +21,8 @@ import platform
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def flops_per_sample(model: nn.Module, input_shape: Tuple[int, ...], num_classes: int, train: bool,
+def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, train: bool,
                      batch: int = 8) -> float:
     """FLOPs of one sample: forward (``train=False``) or forward + backward (``train=True``)."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -104,9 +104,9 @@ def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 5) -> floa
     return 2 * n ** 3 / s / 1e9
 
 
-def best_rates(model_factory: Callable[[], nn.Module], input_shape: Tuple[int, ...], num_classes: int,
-               device: torch.device, train_batches: Tuple[int, ...] = (128, 512),
-               eval_batches: Tuple[int, ...] = (100, 500, 2000), repeats: int = 3) -> Rates:
+def best_rates(model_factory: Callable[[], nn.Module], input_shape: tuple[int, ...], num_classes: int,
+               device: torch.device, train_batches: tuple[int, ...] = (128, 512),
+               eval_batches: tuple[int, ...] = (100, 500, 2000), repeats: int = 3) -> Rates:
     """The model's best fwd+bwd and fwd rates over the given batches and both memory layouts.
 
     Training: ``cross_entropy(model(x), y).backward()`` (what any training step must do, no
@@ -147,9 +147,9 @@ def best_rates(model_factory: Callable[[], nn.Module], input_shape: Tuple[int, .
     return Rates(f_train, f_eval, best_t[0], best_e[0], best_t[1], best_e[1], matmul_gflops(device))
 
 
-def choose_threads(model_factory: Callable[[], nn.Module], input_shape: Tuple[int, ...], num_classes: int,
-                   candidates: Tuple[int, ...], batch: int = 10, eval_batch: int = 100, rounds: int = 3,
-                   log: Optional[Callable[[str], None]] = None) -> int:
+def choose_threads(model_factory: Callable[[], nn.Module], input_shape: tuple[int, ...], num_classes: int,
+                   candidates: tuple[int, ...], batch: int = 10, eval_batch: int = 100, rounds: int = 3,
+                   log: Callable[[str], None] | None = None) -> int:
     """The intra-op thread count (of ``candidates``) that runs this model's small-batch work fastest.
 
     Probe: 20 SGD-sized fwd+bwd steps at ``batch`` plus 5 forward passes at ``eval_batch``
@@ -175,7 +175,7 @@ def choose_threads(model_factory: Callable[[], nn.Module], input_shape: Tuple[in
             for _ in range(5):
                 m(xe)
     before = torch.get_num_threads()
-    times: Dict[int, list] = {c: [] for c in candidates}
+    times: dict[int, list] = {c: [] for c in candidates}
     for c in candidates:  # warm-up
         torch.set_num_threads(c)
         probe()
@@ -218,7 +218,7 @@ class PeakMemory:
         except OSError:
             pass
 
-    def read(self) -> Dict[str, float]:
+    def read(self) -> dict[str, float]:
         """{'rss_mb': peak RSS, 'cuda_mb': peak CUDA memory allocated (CUDA only)} in MiB."""
         out = {"rss_mb": peak_rss_mb()}
         if self.device.type == "cuda":
@@ -250,7 +250,7 @@ def current_rss_mb() -> float:
     return float("nan")
 
 
-def describe(device: torch.device) -> Dict[str, str]:
+def describe(device: torch.device) -> dict[str, str]:
     """CPU model, cores, memory, GPU, torch version and thread settings."""
     cpu = platform.processor() or platform.machine()
     try:
@@ -279,7 +279,7 @@ def describe(device: torch.device) -> Dict[str, str]:
     return out
 
 
-def optional_version(distribution: str) -> Optional[str]:
+def optional_version(distribution: str) -> str | None:
     """Installed version of a distribution (without importing it), None when absent."""
     try:
         from importlib.metadata import PackageNotFoundError, version

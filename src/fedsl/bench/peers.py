@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -32,12 +31,12 @@ class Peer:
 
     def __init__(self) -> None:
         self.settings = ""
-        self.extra: Dict[str, float] = {}  # e.g. Flower's start-up seconds, its actors' memory
+        self.extra: dict[str, float] = {}  # e.g. Flower's start-up seconds, its actors' memory
 
     def setup(self) -> None:
         pass
 
-    def run(self, rounds: int) -> List[float]:
+    def run(self, rounds: int) -> list[float]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -98,7 +97,7 @@ class EnginePeer(Peer):
                                                                  if len(self.sims) > 1 else ""))
         self.run(1)  # warm-up
 
-    def run(self, rounds: int) -> List[float]:
+    def run(self, rounds: int) -> list[float]:
         times = []
         for _ in range(rounds):
             t0 = time.perf_counter()
@@ -112,7 +111,7 @@ class EnginePeer(Peer):
             self.t += 1
         return times
 
-    def params(self, seed: int = 0) -> Dict[str, torch.Tensor]:
+    def params(self, seed: int = 0) -> dict[str, torch.Tensor]:
         return self.states[seed].x
 
 
@@ -127,7 +126,7 @@ class StackedPeer(Peer):
         self.w, self.data, self.device, self.executor, self.eval_bs = w, data, device, executor, eval_batch_size
         self.t = 0
         try:
-            from fedsl.engine.stacked import StackedSimulator  # noqa: F401
+            pass
         except Exception as e:  # ImportError, or a half-written module
             self.available = False
             self.why_not = f"fedsl.engine.stacked not available ({type(e).__name__}: {e})"
@@ -139,7 +138,7 @@ class StackedPeer(Peer):
         self.settings = f"StackedSimulator of {self.w.seeds} simulators, {torch.get_num_threads()} threads"
         self.run(1)
 
-    def run(self, rounds: int) -> List[float]:
+    def run(self, rounds: int) -> list[float]:
         times = []
         for _ in range(rounds):
             t0 = time.perf_counter()
@@ -174,7 +173,7 @@ def plain_evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: t
 
 
 def plain_local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: Workload, device: torch.device,
-                      generator: Optional[torch.Generator] = None, batches: Optional[List[List[int]]] = None
+                      generator: torch.Generator | None = None, batches: list[list[int]] | None = None
                       ) -> nn.Module:
     """One client's local training as most research code writes it: a deep copy of the global
     model, a shuffling DataLoader over the client's TensorDataset, ``torch.optim.SGD``.
@@ -200,7 +199,7 @@ def plain_local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: Wor
     return local
 
 
-def fedavg_mean(global_model: nn.Module, locals_: List[nn.Module]) -> None:
+def fedavg_mean(global_model: nn.Module, locals_: list[nn.Module]) -> None:
     """FedAvg with equal weights (the clients hold equally many samples): the mean of the
     clients' state dicts, loaded into ``global_model``."""
     states = [m.state_dict() for m in locals_]
@@ -232,7 +231,7 @@ class LoopPeer(Peer):
         self.settings = f"deepcopy + DataLoader + SGD per client, eval batch 500, {torch.get_num_threads()} threads"
         self.run(1)
 
-    def _batches(self, seed: int, cid: int) -> List[List[int]]:
+    def _batches(self, seed: int, cid: int) -> list[list[int]]:
         from fedsl.engine.plan import make_plan
         w = self.w
         plan = make_plan([np.arange(w.samples_per_client)], [cid], w.batch_size, w.epochs, None, seed, self.t,
@@ -252,7 +251,7 @@ class LoopPeer(Peer):
         if w.evaluate:
             plain_evaluate(self.models[seed], self.data.x_test, self.data.y_test, self.device)
 
-    def run(self, rounds: int) -> List[float]:
+    def run(self, rounds: int) -> list[float]:
         times = []
         for _ in range(rounds):
             t0 = time.perf_counter()
@@ -264,5 +263,5 @@ class LoopPeer(Peer):
         return times
 
 
-def median(xs: List[float]) -> float:
+def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 COLUMNS = ["workload", "peer", "s/round", "samples/s", "x fedsl", "x plain loop", "x flower", "GFLOP/s",
            "% of best", "peak MB", "note"]
@@ -29,32 +28,32 @@ class Row:
 
     workload: str
     peer: str
-    seconds: Optional[float] = None
-    times: List[float] = field(default_factory=list)
+    seconds: float | None = None
+    times: list[float] = field(default_factory=list)
     samples: float = 0.0
     flops: float = 0.0
     best_seconds: float = 0.0
-    peak_mb: Optional[float] = None
+    peak_mb: float | None = None
     note: str = ""
     settings: str = ""
-    ratios: Dict[str, float] = field(default_factory=dict)
+    ratios: dict[str, float] = field(default_factory=dict)
 
     @property
-    def samples_per_s(self) -> Optional[float]:
+    def samples_per_s(self) -> float | None:
         return self.samples / self.seconds if self.seconds else None
 
     @property
-    def gflops(self) -> Optional[float]:
+    def gflops(self) -> float | None:
         return self.flops / self.seconds / 1e9 if self.seconds else None
 
     @property
-    def fraction_of_best(self) -> Optional[float]:
+    def fraction_of_best(self) -> float | None:
         return self.best_seconds / self.seconds if self.seconds else None
 
 
-def add_ratios(rows: List[Row]) -> None:
+def add_ratios(rows: list[Row]) -> None:
     """For each workload, every row's speed ratio to every other peer's row: t_peer / t_row."""
-    by_workload: Dict[str, Dict[str, Row]] = {}
+    by_workload: dict[str, dict[str, Row]] = {}
     for r in rows:
         by_workload.setdefault(r.workload, {})[r.peer] = r
     for peers in by_workload.values():
@@ -65,7 +64,7 @@ def add_ratios(rows: List[Row]) -> None:
                     r.ratios[name] = other.seconds / r.seconds
 
 
-def _fmt(v: Optional[float], digits: int = 3) -> str:
+def _fmt(v: float | None, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if abs(v) >= 1000:
@@ -73,7 +72,7 @@ def _fmt(v: Optional[float], digits: int = 3) -> str:
     return f"{v:.{digits}g}" if abs(v) < 1 else f"{v:.{max(digits - len(str(int(abs(v)))), 0)}f}".rstrip(".")
 
 
-def cells(r: Row) -> List[str]:
+def cells(r: Row) -> list[str]:
     def ratio(peer: str) -> str:
         v = r.ratios.get(peer)
         return f"{v:.2f}x" if v is not None else ""
@@ -84,7 +83,7 @@ def cells(r: Row) -> List[str]:
             _fmt(r.peak_mb, 4), r.note]
 
 
-def markdown(rows: List[Row]) -> str:
+def markdown(rows: list[Row]) -> str:
     """The table: one line per (workload, peer); ratios read "this row is N x faster than PEER"."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" if c not in ("workload", "peer", "note")
                                                                else "---" for c in COLUMNS) + "|"]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 # model name -> (input shape (C, H, W), classes)
-MODEL_SHAPES: Dict[str, Tuple[Tuple[int, ...], int]] = {
+MODEL_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
     "cifar_cnn": ((3, 32, 32), 10),
     "emnist_cnn": ((1, 28, 28), 45),
     "small_cnn": ((1, 12, 12), 4),
@@ -73,7 +72,7 @@ class Workload:
         return self.seeds * self.test_size if self.evaluate else 0
 
     @property
-    def input_shape(self) -> Tuple[int, ...]:
+    def input_shape(self) -> tuple[int, ...]:
         return MODEL_SHAPES[self.model][0]
 
     @property
@@ -88,7 +87,7 @@ class Workload:
         return s + (f", {self.seeds} seeds" if self.seeds > 1 else "")
 
 
-def _base() -> Dict[str, Workload]:
+def _base() -> dict[str, Workload]:
     # The fedsl presets scenario{1,2}-{cifar10,emnist}.toml; EMNIST's test set is the paper's
     # 45 Balanced classes x 400 = 18,000 images.
     return {
@@ -99,13 +98,13 @@ def _base() -> Dict[str, Workload]:
     }
 
 
-def workloads(smoke: bool = False) -> Dict[str, Workload]:
+def workloads(smoke: bool = False) -> dict[str, Workload]:
     """All workloads by name: each base case with (``+eval``) and without evaluation every
     round, ``eval-cifar10`` / ``eval-emnist`` (evaluation only), and ``s2-cifar10-8seeds+eval`` (a sweep of 8 seeds, evaluated every round).
 
     ``smoke``: the same names on a tiny model and data (CI checks the harness, not speed).
     """
-    out: Dict[str, Workload] = {}
+    out: dict[str, Workload] = {}
     for name, w in _base().items():
         if smoke:
             w = replace(w, model="small_cnn", num_clients=min(w.num_clients, 6), samples_per_client=12,
@@ -142,12 +141,12 @@ class Data:
 
     x: torch.Tensor
     y: torch.Tensor
-    clients: List[np.ndarray]
+    clients: list[np.ndarray]
     x_test: torch.Tensor
     y_test: torch.Tensor
 
 
-def client_tensors(w: Workload, cid: int, seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+def client_tensors(w: Workload, cid: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``cid``'s random images and labels, a function of (workload, seed, cid) alone.
 
     This is how each peer gets the same client data without sharing memory: the Flower
@@ -159,14 +158,14 @@ def client_tensors(w: Workload, cid: int, seed: int = 0) -> Tuple[torch.Tensor, 
     return x, y
 
 
-def test_tensors(w: Workload, seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+def test_tensors(w: Workload, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7_919 * seed + 12_345)
     x = torch.rand(w.test_size, *w.input_shape, generator=g)
     y = torch.randint(0, w.num_classes, (w.test_size,), generator=g)
     return x, y
 
 
-def make_data(w: Workload, seed: int = 0, clients: Optional[List[int]] = None) -> Data:
+def make_data(w: Workload, seed: int = 0, clients: list[int] | None = None) -> Data:
     """The pool of all N clients' data (or only of ``clients``, the rest empty) and the test set.
 
     Generating 50,000 CIFAR-sized images takes about a second; only clients that a
