@@ -248,6 +248,8 @@ class RunSession:
 
                 self.state = RunState(dev(ckpt["params"]), dev(ckpt.get("algo", {})), ckpt.get("gamma"))
                 history = rd.truncate_metrics(self.start)
+            elif rd.is_run():
+                rd.truncate_metrics(0)  # no checkpoint (checkpoint_every = 0): the run starts over
             log(f"{cfg.name}: resuming at round {self.start + 1} of {cfg.rounds}")
         else:
             rd.create(cfg.model_dump())
@@ -280,7 +282,8 @@ class RunSession:
             self.summary["initial_diagnostics"] = asdict(measure(sim.fm, self.state.x, sim.fed))
         if self.prep.pretrain is not None:
             self.log(f"{cfg.name}: pretrained on D0, test accuracy {self.summary['initial_accuracy']:.4f}")
-        self.rd.save_checkpoint(0, self.state, 0.0)
+        if cfg.checkpoint_every:
+            self.rd.save_checkpoint(0, self.state, 0.0)
 
     def wall(self) -> float:
         return self.wall0 + time.perf_counter() - self.t_start
