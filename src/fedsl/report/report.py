@@ -83,7 +83,7 @@ def _heatmaps(points: list[dict], keys: list[str], path: Path) -> Path:
     v1 = sorted({p["params"][k1] for p in points})
     v2 = sorted({p["params"][k2] for p in points})
     fig, axes = plt.subplots(1, len(bases), figsize=(3.4 * len(bases) + 0.8, 3.2), dpi=110, squeeze=False)
-    for ax, base in zip(axes[0], bases):
+    for col, (ax, base) in enumerate(zip(axes[0], bases)):
         grid = np.full((len(v1), len(v2)), np.nan)
         for i, a in enumerate(v1):
             for j, b in enumerate(v2):
@@ -99,7 +99,8 @@ def _heatmaps(points: list[dict], keys: list[str], path: Path) -> Path:
         ax.set_xticks(range(len(v2)), [str(v) for v in v2], fontsize=8)
         ax.set_yticks(range(len(v1)), [str(v) for v in v1], fontsize=8)
         ax.set_xlabel(k2)
-        ax.set_ylabel(k1)
+        if col == 0:  # one y label for the row of panels (they share the axis)
+            ax.set_ylabel(k1)
         ax.set_title(base, fontsize=10)
     fig.colorbar(im, ax=axes[0].tolist(), label="final accuracy")
     fig.savefig(path, bbox_inches="tight")
