@@ -384,13 +384,8 @@ def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool =
     active = list(sessions)
     results: dict[int, dict] = {}
     stacked = StackedSimulator([s.sim for s in active])
-    pre = [s.prep.pretrain for s in active]
-    new = [s.state is None for s in active]
-    if any(new):
-        initial = stacked.initial_states(pre)
-        for s, fresh, st in zip(active, new, initial):
-            if fresh:
-                s.begin(st)
+    for s in active:
+        s.begin()  # x_0 of the new runs (pretraining, initial accuracy); resumed runs have theirs
     last = start
     try:
         for t in range(start, rounds):
@@ -422,5 +417,5 @@ def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool =
             results[id(s)] = s.finish("failed")
         raise
     log(f"stacked {len(sessions)} runs ({stacked.executor.name} executor): "
-        + ", ".join(f"{s.cfg.name} {results[id(s)]['status']}" for s in sessions))
+        + ", ".join(f"{s.rd.path.name} {results[id(s)]['status']}" for s in sessions))
     return [results[id(s)] for s in sessions]
