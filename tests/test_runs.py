@@ -313,3 +313,17 @@ def test_run_only_some_variants(tmp_path, capsys):
     assert main(["run", str(tiny(tmp_path, rounds=2, extra='\n[variants.A]\n')), "--variants", "A,C",
                  "--out", str(tmp_path / "x"), "--quiet"]) == 2  # usage error
     assert "--variants 'A,C': expected names from ['A']" in capsys.readouterr().err
+
+
+def test_threads_setting(tmp_path):
+    from fedsl.experiments.runner import prepare
+    before = torch.get_num_threads()
+    try:
+        prepare(C.load(tiny(tmp_path, rounds=1), ["threads=1"]))
+        assert torch.get_num_threads() == 1
+        prepare(C.load(tiny(tmp_path, rounds=1)))  # 0 (default): torch's setting is left alone
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(C.ConfigError, match="threads"):
+        C.load(tiny(tmp_path, rounds=1), ["threads=-1"])

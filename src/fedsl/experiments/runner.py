@@ -157,6 +157,10 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None) -> Prepared:
     """
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
+    if cfg.threads:
+        # process-wide: with other work on the cores, spinning OpenMP threads wait on each
+        # other (measured: 2 threads 10x slower than 1 on a loaded 2-core machine)
+        torch.set_num_threads(cfg.threads)
     if device.type == "cuda":
         # cuDNN's fastest convolution backward accumulates with atomics: results then agree
         # to rounding only, run to run; deterministic algorithms make them bit-identical.
