@@ -223,6 +223,7 @@ pytest.importorskip("flwr")
 from flwr.common.config import flatten_dict  # noqa: E402
 
 from conftest import run_rounds  # noqa: E402
+from fedsl.data.datasets import build_federation  # noqa: E402
 from fedsl.experiments.runner import prepare  # noqa: E402
 from fedsl.flower import parse_run_config  # noqa: E402
 
@@ -313,6 +314,11 @@ def _wait_for(predicate, timeout: float, what: str, dep: Deployment) -> None:
 
 def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     """TLS (certificates made here) + SuperNode authentication; node 2 dies while training in round 2."""
+    out = tmp_path / "out"
+    run_config = {"rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 180.0, "straggler-timeout": 15.0,
+                  "client-delay": 2.0, "algorithm.clients_per_round": 3}
+    cfg, _ = parse_run_config(app_run_config(**run_config), APP)
+    build_federation(cfg.data, cfg.seed)  # fills the dataset cache the apps read
     dep = deployments(tls=True, auth=True)
     dep.start_superlink()
     keys = {i: make_node_keys(dep.root, f"node{i}") for i in range(3)}
@@ -329,10 +335,6 @@ def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     assert intruder.wait(timeout=60) != 0, _logs(dep)  # refused: it cannot activate, and exits
     assert "Failed to activate SuperNode" in dep.tail("intruder")
 
-    out = tmp_path / "out"
-    run_config = {"rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 180.0, "straggler-timeout": 15.0,
-                  "client-delay": 2.0,
-                  "algorithm.clients_per_round": 3}
     args = ["run", str(APP), "test", "--stream"]
     for key, value in run_config.items():
         args += ["--run-config", f"{key}={_toml(value)}"]
