@@ -16,16 +16,22 @@ import torch
 
 pytest.importorskip("flwr")
 
-from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
-from flwr.common.config import flatten_dict  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from conftest import run_rounds
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.config import flatten_dict
+from flwr.supercore.task_identity import TaskIdentity
 
-from conftest import run_rounds  # noqa: E402
-from fedsl.experiments.config import ConfigError  # noqa: E402
-from fedsl.experiments.runner import prepare  # noqa: E402
-from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config, partition_id  # noqa: E402
-from fedsl.flower.records import to_record  # noqa: E402
-from fedsl.flower.server import RoundGrid  # noqa: E402
+from fedsl.experiments.config import ConfigError
+from fedsl.experiments.runner import prepare
+from fedsl.flower import (
+    FedslStrategy,
+    load_setup,
+    make_client_app,
+    parse_run_config,
+    partition_id,
+)
+from fedsl.flower.records import to_record
+from fedsl.flower.server import RoundGrid
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 
@@ -59,7 +65,7 @@ class LoopGrid:
                 continue  # a crashed node: no reply
             try:
                 replies.append(self.app(msg, self.contexts[node]))
-            except Exception as e:  # what a SuperNode sends back when the ClientApp raises
+            except Exception as e:  # noqa: BLE001 - what a SuperNode sends back when the ClientApp raises
                 replies.append(Message(Error(code=1, reason=str(e)), reply_to=msg))
         return replies
 

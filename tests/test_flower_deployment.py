@@ -49,7 +49,7 @@ def make_tls(folder: Path) -> dict[str, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedsl test CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
@@ -155,7 +155,7 @@ class Deployment:
     def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
         """Run the `flwr` CLI against this SuperLink (connection "test")."""
         return subprocess.run([str(BIN / "flwr"), *args], env=self.env(self.cli_home), cwd=self.cli_home,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, check=False)
 
     def run_app(self, run_config: dict[str, object], timeout: float = 240.0,
                 extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -211,21 +211,21 @@ def _toml(value: object) -> str:
 
 # ----------------------------------------------------------------------------- the tests
 
-import json  # noqa: E402
-import re  # noqa: E402
-import tomllib  # noqa: E402
+import json
+import re
+import tomllib
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("flwr")
 
-from flwr.common.config import flatten_dict  # noqa: E402
+from conftest import run_rounds
+from flwr.common.config import flatten_dict
 
-from conftest import run_rounds  # noqa: E402
-from fedsl.data.datasets import build_federation  # noqa: E402
-from fedsl.experiments.runner import prepare  # noqa: E402
-from fedsl.flower import parse_run_config  # noqa: E402
+from fedsl.data.datasets import build_federation
+from fedsl.experiments.runner import prepare
+from fedsl.flower import parse_run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (BIN / "flower-superlink").exists(),
                                                    reason="flower-superlink is not installed next to python")]
@@ -338,9 +338,9 @@ def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     args = ["run", str(APP), "test", "--stream"]
     for key, value in run_config.items():
         args += ["--run-config", f"{key}={_toml(value)}"]
-    log = open(dep.root / "flwr-run.log", "wb")
-    run = subprocess.Popen([str(BIN / "flwr"), *args], env=dep.env(dep.cli_home), cwd=dep.cli_home, stdout=log,
-                           stderr=subprocess.STDOUT, start_new_session=True)
+    with open(dep.root / "flwr-run.log", "wb") as log:
+        run = subprocess.Popen([str(BIN / "flwr"), *args], env=dep.env(dep.cli_home), cwd=dep.cli_home, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
     dep.procs["flwr-run"], dep.logs["flwr-run"] = run, dep.root / "flwr-run.log"
 
     def trains(name: str) -> int:

@@ -14,8 +14,9 @@ number of samples n_i and steps K_i as metrics), never samples or labels.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -43,7 +44,7 @@ def partition_id(node_config: Mapping[str, Any], num_clients: int) -> int:
         raise ValueError(f"node config has no partition-id (keys: {sorted(node_config)}): {hint}")
     pid = node_config["partition-id"]
     if isinstance(pid, bool) or not isinstance(pid, int):
-        raise ValueError(f"node config partition-id = {pid!r}: expected an integer; {hint}")
+        raise ValueError(f"node config partition-id = {pid!r}: expected an integer; {hint}")  # noqa: TRY004 - a bad value
     if not 0 <= pid < num_clients:
         raise ValueError(f"node config partition-id = {pid}: out of range, expected 0 <= partition-id < "
                          f"data.num_clients = {num_clients}")

@@ -12,21 +12,21 @@ override it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
-
-import torch
+from typing import Any
 
 from fedsl.algorithms import Algorithm, Pretraining
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments import presets
 from fedsl.experiments.config import ConfigError, RunConfig, expand_variants, read_file, set_dotted, validate
+from fedsl.experiments.runner import prepare  # the runner's own resolution of the paper's defaults
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
-FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes", "node-wait",
-               "threads", "client-delay")
+FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes",
+               "node-wait", "client-delay")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,6 @@ class FlowerOptions:
             arrived (0 = up to ``round_timeout``); bounds what a crashed node costs a round.
         min_nodes: connected SuperNodes to wait for before round 1.
         node_wait: seconds to wait for them (then the run starts with the nodes there are).
-        threads: torch intra-op threads in each app process (0 = torch's default).
         client_delay: seconds a ClientApp sleeps before training (for failure tests only).
     """
 
@@ -50,7 +49,6 @@ class FlowerOptions:
     straggler_timeout: float = 0.0
     min_nodes: int = 1
     node_wait: float = 300.0
-    threads: int = 0
     client_delay: float = 0.0
 
 
@@ -111,7 +109,6 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
         straggler_timeout=_option(flat, "straggler-timeout", float, 0.0),
         min_nodes=_option(flat, "min-nodes", int, FlowerOptions.min_nodes),
         node_wait=_option(flat, "node-wait", float, FlowerOptions.node_wait),
-        threads=_option(flat, "threads", int, 0),
         client_delay=_option(flat, "client-delay", float, 0.0),
     )
     if options.round_timeout <= 0:
@@ -153,11 +150,7 @@ def load_setup(run_config: Mapping[str, Any], app_dir: str | Path | None = None)
     """Build (once per process and run config) the federation, algorithm, model and engine."""
     key = (tuple(sorted((k, repr(v)) for k, v in run_config.items())), str(app_dir))
     if key not in _CACHE:
-        from fedsl.experiments.runner import prepare  # the runner's own resolution of the paper's defaults
-
         cfg, options = parse_run_config(run_config, app_dir)
-        if options.threads:
-            torch.set_num_threads(options.threads)
-        prep = prepare(cfg)
+        prep = prepare(cfg)  # also sets fedsl's ``threads`` (torch threads of this process)
         _CACHE[key] = FlowerSetup(cfg, options, prep.fed, prep.sim, prep.algorithm, prep.pretrain)
     return _CACHE[key]
