@@ -86,7 +86,8 @@ for _name, _field in RunConfig.model_fields.items():
         SECTIONS[_name] = _ann
         LEAVES += [leaf for sub, f in _ann.model_fields.items() if (leaf := _leaf((_name, sub), f)) is not None]
     elif _name not in ("variants", "seeds", "sweep", "paper", "paper_claims", "quick"):  # tables/lists: covered by test_config.py
-        LEAVES.append(_leaf((_name,), _field))
+        if (leaf := _leaf((_name,), _field)) is not None:  # mixed unions (stack: int | "auto") are skipped
+            LEAVES.append(leaf)
 
 FIELDS = {(): set(RunConfig.model_fields), **{(s,): set(m.model_fields) for s, m in SECTIONS.items()}}
 RANGED = [leaf for leaf in LEAVES

@@ -264,6 +264,10 @@ def test_stack_groups_and_limits(tmp_path):
     assert stack_limit(auto) == 1  # CPU: stacking measured to gain nothing
     with pytest.raises(ConfigError, match="stack = 0: expected 'auto' or an integer >= 1"):
         C.validate(tomllib.loads(SWEEP.format(stack=0, alg="fsl", executor="auto")))
+    for bad in ('"many"', "true", "2.5"):
+        with pytest.raises(ConfigError, match="stack") as e:
+            C.validate(tomllib.loads(SWEEP.format(stack=bad, alg="fsl", executor="auto")))
+        assert "\n" not in str(e.value)
 
 
 def test_stack_limit_model_sizes_are_the_models():
