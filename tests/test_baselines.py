@@ -352,7 +352,7 @@ def test_next_round_clients_receive_the_post_sl_model(name):
         hand = by_hand(with_sl, before, t)  # clients start from, and are corrected against, before.x
         st, info = with_sl.round(st, t)
         assert info.server_steps == 2
-        x_sl, _ = with_sl._server_sgd(bar.x, t, 0.9)
+        x_sl, _ = with_sl.server_sgd(bar.x, t, 0.9)
         assert all(torch.equal(st.x[n], x_sl[n]) for n in st.x)  # x_{t+1} = SL(x̄_t)
         assert _equal(RunState({}, st.algo), RunState({}, bar.algo))  # SL leaves the rule's state alone
         _close(bar.x, hand[2])

@@ -109,7 +109,7 @@ class Simulator:
 
     def initial_params(self, pretrain: Pretraining | None = None) -> Params:
         """x_0: the model's initialisation, optionally pretrained on D0 (before round 1)."""
-        params = self._layout({n: p.to(device=self.device, dtype=self.dtype) for n, p in self.fm.params().items()})
+        params = self.layout({n: p.to(device=self.device, dtype=self.dtype) for n, p in self.fm.params().items()})
         if pretrain is not None and pretrain.epochs > 0 and self.fed.n0 > 0:
             plan = make_plan([self.fed.server], [SERVER_ID], pretrain.batch_size, pretrain.epochs, None,
                              self.seed, -1, rng.PRETRAIN).to(self.device, self.dtype)
@@ -131,7 +131,7 @@ class Simulator:
         agg = self.aggregate(state, t, work, stacked)
         new, server_steps = agg.new, agg.server_steps
         if agg.incremental:
-            new, server_steps = self._server_sgd(new, t, agg.gamma)  # Algorithm 1, line 10
+            new, server_steps = self.server_sgd(new, t, agg.gamma)  # Algorithm 1, line 10
         return self.end_round(state, work, agg, new, server_steps)
 
     # A round in three phases, so that ``StackedSimulator`` can run the clients (and the
@@ -139,7 +139,7 @@ class Simulator:
 
     def begin_round(self, state: RunState, t: int) -> "ClientWork":
         """Sample S clients, plan their batches, and the rule's gradient correction."""
-        params = self._layout(state.x)
+        params = self.layout(state.x)
         ids = rng.sample_clients(self.seed, t, self.fed.num_clients, self.S)
         ids_t = torch.as_tensor(ids, device=self.device)
         data = [self.client_data[i] for i in ids]
@@ -159,7 +159,7 @@ class Simulator:
         server_steps = 0
         if on and sl.mode == "parallel":
             # FSL-p: the server trains from x_t like one more client, weight w0.
-            x0, server_steps = self._server_sgd(params, t, gamma)
+            x0, server_steps = self.server_sgd(params, t, gamma)
             w0 = sl.parallel_weight(self.fed.n0, work.sizes)
             stacked = {n: torch.cat([stacked[n], x0[n].unsqueeze(0)]) for n in stacked}
             weights = torch.cat([(1.0 - w0) * weights, torch.tensor([w0], dtype=weights.dtype, device=self.device)])
@@ -204,7 +204,7 @@ class Simulator:
         norm = torch.sqrt(sum((g0[n] ** 2).sum() for n in x)) * torch.sqrt(sum((delta[n] ** 2).sum() for n in x))
         return float(dot / norm) if norm > 0 else float("nan")
 
-    def _server_sgd(self, params: Params, t: int, gamma: float) -> tuple[Params, int]:
+    def server_sgd(self, params: Params, t: int, gamma: float) -> tuple[Params, int]:
         """LocalSGD(params, γ_t·η0, K0, D0) for round t; returns the model and K0."""
         sl = self.alg.server_learning
         assert sl is not None
@@ -217,8 +217,9 @@ class Simulator:
         sl = self.alg.server_learning
         return make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
                          rng.SERVER_BATCHES).to(self.device, self.dtype)
-    def _layout(self, params: Params) -> Params:
-        """The memory layout of the fast path (values unchanged)."""
+
+    def layout(self, params: Params) -> Params:
+        """The memory layout of the fast path (values unchanged): channels-last on CPU."""
         if not self.channels_last:
             return params
         return {n: p.contiguous(memory_format=torch.channels_last) if p.dim() == 4 else p for n, p in params.items()}
@@ -229,4 +230,4 @@ class Simulator:
 
     def evaluate(self, params: Params) -> tuple[float, float]:
         """(accuracy, loss) of the global model on the test set."""
-        return evaluate(self.fm, self._layout(params), self.fed.x_test, self.fed.y_test, self.eval_batch_size)
+        return evaluate(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test, self.eval_batch_size)

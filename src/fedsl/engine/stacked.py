@@ -167,7 +167,7 @@ class StackedSimulator:
             if not js:
                 continue
             sim = self.sims[runs[js[0]]]
-            stacked = {n: torch.stack([self.sims[runs[j]]._layout(params[j])[n] for j in js]) for n in params[0]}
+            stacked = {n: torch.stack([self.sims[runs[j]].layout(params[j])[n] for j in js]) for n in params[0]}
             # the models see a batch together: at least ~2,000 images per forward (measured on an
             # H200: 360 images per forward ran at half the rate of 2,000)
             batch = max(sim.eval_batch_size, 2000 // len(js))

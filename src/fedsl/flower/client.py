@@ -72,7 +72,7 @@ def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state
     """
     alg = sim.alg
     loc, rule = alg.local, alg.rule
-    params = sim._layout(params)
+    params = sim.layout(params)
     state = rule.init_state(params, 1)  # shapes and initial values; tables have one row: this client's
     for key, row in (rows or {}).items():
         if key in state:

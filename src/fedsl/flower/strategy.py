@@ -243,10 +243,10 @@ class FedslStrategy(FedAvg):
         return to_record(self.state.x), metrics
 
     def _server_update(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, int, float | None, float | None]:
-        """The server half of ``Simulator.round`` (its own ``aggregate``, ``_server_sgd`` and ``end_round``)
+        """The server half of ``Simulator.round`` (its own ``aggregate``, ``server_sgd`` and ``end_round``)
         for the clients ``ids`` that replied."""
         sim = self.sim
-        params = sim._layout(self.state.x)
+        params = sim.layout(self.state.x)
         if not ids:
             log(WARNING, "fedsl round %d: no client update arrived; x̄ = x_t", t + 1)
             sl = self.alg.server_learning
@@ -254,7 +254,7 @@ class FedslStrategy(FedAvg):
             gamma = sl.gamma_schedule.value(t, self.state.gamma) if on else None
             new, server_steps = params, 0
             if on and sl.mode == "incremental":
-                new, server_steps = sim._server_sgd(params, t, gamma)  # Algorithm 1, line 10
+                new, server_steps = sim.server_sgd(params, t, gamma)  # Algorithm 1, line 10
             return RunState(new, dict(self.state.algo), self.state.gamma), server_steps, None, gamma
         stacked = {n: torch.stack([finals[i][0][n] for i in ids]) for n in params}
         # the rule reads the sampled clients' old rows of its tables: zero rows (module docstring)
@@ -266,7 +266,7 @@ class FedslStrategy(FedAvg):
         agg = sim.aggregate(state, t, work, stacked)  # x̄ = rule update (FedAvg: x + η_g·mean Δ_i); FSL-p joins here
         new, server_steps = agg.new, agg.server_steps
         if agg.incremental:
-            new, server_steps = sim._server_sgd(new, t, agg.gamma)  # Algorithm 1, line 10: K0 steps of γ·η0 on D0
+            new, server_steps = sim.server_sgd(new, t, agg.gamma)  # Algorithm 1, line 10: K0 steps of γ·η0 on D0
         nxt, _ = sim.end_round(state, work, agg, new, server_steps)
         return RunState(nxt.x, self._server_part(nxt.algo), nxt.gamma), server_steps, agg.cos, agg.gamma
 
