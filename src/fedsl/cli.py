@@ -348,6 +348,8 @@ def bench(workloads: Optional[str] = typer.Option(None, "--workloads", "-w",
                                                 help="comma-separated workloads (default: all; see fedsl.bench)"),
           rounds: int = typer.Option(3, "--rounds", help="timed rounds per repetition (Scenario 1: 1)"),
           reps: int = typer.Option(3, "--reps", help="interleaved repetitions"),
+          heavy_reps: Optional[int] = typer.Option(None, "--heavy-reps",
+                                                   help="repetitions of Scenario-1 and seed-sweep workloads"),
           device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
           peers: str = typer.Option("fedsl,loop,flower", "--peers", help="comma-separated: fedsl, loop, flower"),
           threads: str = typer.Option("auto", "--threads", help="torch intra-op threads: N, auto (measured) or torch"),
@@ -358,6 +360,7 @@ def bench(workloads: Optional[str] = typer.Option(None, "--workloads", "-w",
     argv = ["--rounds", str(rounds), "--reps", str(reps), "--device", device, "--peers", peers]
     argv += ["--workloads", workloads] if workloads else []
     argv += ["--threads", threads]
+    argv += ["--heavy-reps", str(heavy_reps)] if heavy_reps else []
     argv += ["--smoke"] if smoke else []
     argv += ["--out", str(out)] if out is not None else []
     code = bench_main(argv)
