@@ -21,6 +21,31 @@ def test_cifar_cnn_matches_paper_table():
     assert m(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
+@pytest.mark.parametrize("name,classes,shape", [("cifar_cnn", 10, (3, 32, 32)), ("emnist_cnn", 45, (1, 28, 28))])
+def test_pool_before_relu_is_the_paper_order(name, classes, shape):
+    """The CNNs pool before the ReLU (faster); outputs and gradients equal the table's
+    ReLU-then-pool order, parameter names included."""
+    m = build_model(name, classes, shape, seed=0).double()
+    layers = list(m)
+    table = []
+    for i, layer in enumerate(layers):  # swap every (MaxPool, ReLU) pair back to (ReLU, MaxPool)
+        if isinstance(layer, nn.ReLU) and i > 0 and isinstance(layers[i - 1], nn.MaxPool2d):
+            table[-1], layer = layer, table[-1]
+        table.append(layer)
+    assert any(isinstance(a, nn.MaxPool2d) for a in layers) and table != layers
+    ref = nn.Sequential(*table)
+    assert [n for n, _ in ref.named_parameters()] == [n for n, _ in m.named_parameters()]
+    m.eval()
+    ref.eval()
+    x = torch.randn(4, *shape, dtype=torch.float64)
+    y = torch.randint(0, classes, (4,))
+    out, out_ref = m(x), ref(x)
+    assert torch.equal(out, out_ref)
+    g = torch.autograd.grad(nn.functional.cross_entropy(out, y), list(m.parameters()))
+    g_ref = torch.autograd.grad(nn.functional.cross_entropy(out_ref, y), list(ref.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(g, g_ref))
+
+
 def test_wrong_input_shape_is_a_clear_error():
     with pytest.raises(ValueError, match=r"emnist_cnn.*\(1, 28, 28\).*\(3, 32, 32\)"):
         build_model("emnist_cnn", 10, (3, 32, 32), seed=0)
