@@ -114,7 +114,7 @@ def evaluate_many(fm: FunctionalModel, stacked: Params, x: torch.Tensor, y: torc
         ce = F.cross_entropy(logits.flatten(0, 1), yb.repeat(r), reduction="none").view(r, -1)
         loss += ce.sum(1).double()
         correct += (logits.argmax(2) == yb).sum(1)
-    return [(c / len(x), l / len(x)) for c, l in zip(correct.tolist(), loss.tolist())]
+    return [(c / len(x), s / len(x)) for c, s in zip(correct.tolist(), loss.tolist())]
 
 
 def full_gradient(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torch.Tensor,
