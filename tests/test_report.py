@@ -35,3 +35,16 @@ def test_report_of_a_one_key_sweep_and_errors(tmp_path, capsys):
     assert not (out / "report" / "heatmap.png").exists()
     assert main(["report", str(tmp_path)]) == 2
     assert "group.json" in capsys.readouterr().err
+
+
+def test_many_curves_keep_the_best_and_say_so(tmp_path):
+    from fedsl.report.plots import MAX_CURVES, accuracy_curves, select_curves
+
+    curves = {f"run{i}": ([1, 2], [0.1, 0.2], [0.1, i / 100]) for i in range(30)}
+    shown, note = select_curves(curves)
+    assert len(shown) == MAX_CURVES and set(shown) == {f"run{i}" for i in range(30 - MAX_CURVES, 30)}
+    assert list(shown) == [f"run{i}" for i in range(30 - MAX_CURVES, 30)]  # original order kept
+    assert note == f"the best {MAX_CURVES} of 30 by final accuracy"
+    few = dict(list(curves.items())[:3])
+    assert select_curves(few) == (few, "")
+    assert accuracy_curves(curves, tmp_path / "c.png", "t").stat().st_size > 0

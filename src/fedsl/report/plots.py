@@ -28,13 +28,32 @@ def colours(names: list[str]) -> dict[str, str]:
     return out
 
 
+MAX_CURVES = 12  # more lines than this are unreadable in one panel
+
+
+def select_curves(curves: dict[str, tuple], limit: int = MAX_CURVES) -> tuple[dict[str, tuple], str]:
+    """At most ``limit`` curves, the best by final rolling accuracy (a sweep's 40 runs would be a
+    tangle), and a note saying so for the title; all of them stay in the tables."""
+    if len(curves) <= limit:
+        return curves, ""
+    def final(item):
+        roll = item[1][2]
+        return roll[-1] if len(roll) else float("-inf")
+    best = dict(sorted(curves.items(), key=final, reverse=True)[:limit])
+    return {n: c for n, c in curves.items() if n in best}, f"the best {limit} of {len(curves)} by final accuracy"
+
+
 def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, window: int = 20) -> Path:
     """Per method: raw test accuracy (thin), its rolling mean (thick) and, when given, a ±1 std band.
 
-    ``curves[name] = (rounds, accuracy, rolling_accuracy[, rolling_std])``.
+    ``curves[name] = (rounds, accuracy, rolling_accuracy[, rolling_std])``. With more than
+    ``MAX_CURVES``, only the best are drawn (``select_curves``) and the title says so.
     """
     import numpy as np
 
+    curves, note = select_curves(curves)
+    if note:
+        title = f"{title} ({note})"
     many = len(curves) > 6
     fig, ax = plt.subplots(figsize=(9.5 if many else 7, 4.2), dpi=120)
     palette = colours(list(curves))
