@@ -1,4 +1,5 @@
 import os
+import tomllib
 
 import numpy as np
 import pytest
@@ -63,3 +64,39 @@ def run_rounds(sim, rounds, st=None):
         st, info = sim.round(st, t)
         infos.append(info)
     return st, infos
+
+
+# A run that finishes in seconds: 6 clients of font-rendered characters, a small CNN.
+TINY = """
+name = "tiny"
+rounds = {rounds}
+seed = 3
+checkpoint_every = 3
+dtype = "{dtype}"
+executor = "{executor}"
+
+[data]
+dataset = "synthetic_chars"
+chars = "0123"
+train_per_class = 30
+test_per_class = 15
+num_clients = 6
+classes_per_client = 2
+server_size = 12
+
+[model]
+name = "small_cnn"
+
+[algorithm]
+name = "{alg}"
+clients_per_round = 3
+local_lr = 0.05
+batch_size = 8
+"""
+
+
+def tiny_config(rounds=12, alg="fsl", dtype="float32", executor="auto", **top) -> dict:
+    """``TINY`` as a config dict, with top-level keys (``seeds``, ``sweep``, ``device``, ...) set."""
+    data = tomllib.loads(TINY.format(rounds=rounds, alg=alg, dtype=dtype, executor=executor))
+    data.update(top)
+    return data

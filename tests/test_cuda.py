@@ -7,12 +7,11 @@
 """
 
 import copy
-import tomllib
 
 import pytest
 import torch
 
-from conftest import random_federation, run_rounds
+from conftest import random_federation, run_rounds, tiny_config
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
@@ -71,34 +70,6 @@ def test_cuda_stacked_equals_one_by_one():
         assert evals[r][0] == pytest.approx(acc, abs=1e-12) and evals[r][1] == pytest.approx(loss, rel=1e-9)
 
 
-TINY = """
-name = "tiny"
-rounds = 6
-seed = 3
-checkpoint_every = 2
-device = "cuda"
-dtype = "float64"
-
-[data]
-dataset = "synthetic_chars"
-chars = "0123"
-train_per_class = 30
-test_per_class = 15
-num_clients = 6
-classes_per_client = 2
-server_size = 12
-
-[model]
-name = "small_cnn"
-
-[algorithm]
-name = "fsl"
-clients_per_round = 3
-local_lr = 0.05
-batch_size = 8
-"""
-
-
 def test_cuda_run_resume_and_stacked_sweep(tmp_path):
     import csv
 
@@ -106,7 +77,7 @@ def test_cuda_run_resume_and_stacked_sweep(tmp_path):
     from fedsl.experiments.compare import run_group
     from fedsl.experiments.runner import prepare, run
 
-    cfg = C.validate({**tomllib.loads(TINY), "deterministic": True})
+    cfg = C.validate(tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda", deterministic=True))
     prep = prepare(cfg)
     assert prep.sim.fed.x.device.type == "cuda" and prep.sim.executor.name == "vectorised"
     assert torch.backends.cudnn.deterministic
@@ -120,7 +91,7 @@ def test_cuda_run_resume_and_stacked_sweep(tmp_path):
     assert all(torch.equal(a[n], b[n]) for n in a)
 
     def sweep(stack):
-        data = tomllib.loads(TINY)
+        data = tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda")
         data.update(seeds=[0, 1], stack=stack, sweep={"server.gamma": [0.5, 1.0]})
         out = tmp_path / f"sweep{stack}"
         run_group(C.validate(copy.deepcopy(data)), out, log=lambda m: None, progress=False)

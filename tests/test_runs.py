@@ -17,32 +17,7 @@ from fedsl.experiments import config as C
 from fedsl.experiments import presets
 from fedsl.experiments.runner import run
 
-TINY = """
-name = "tiny"
-rounds = {rounds}
-seed = 3
-checkpoint_every = 3
-dtype = "{dtype}"
-executor = "{executor}"
-
-[data]
-dataset = "synthetic_chars"
-chars = "0123"
-train_per_class = 30
-test_per_class = 15
-num_clients = 6
-classes_per_client = 2
-server_size = 12
-
-[model]
-name = "small_cnn"
-
-[algorithm]
-name = "{alg}"
-clients_per_round = 3
-local_lr = 0.05
-batch_size = 8
-"""
+from conftest import TINY
 
 
 def tiny(tmp_path: Path, rounds=12, alg="fsl", dtype="float32", executor="auto", extra="") -> Path:

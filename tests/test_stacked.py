@@ -6,12 +6,10 @@ the same run on its own: exactly with the sequential executor (same operations i
 same order), to float64 rounding with the vectorised one (R·S clients in one vmap).
 """
 
-import tomllib
-
 import pytest
 import torch
 
-from conftest import random_federation, run_rounds
+from conftest import random_federation, run_rounds, tiny_config
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
@@ -141,37 +139,10 @@ def test_incompatible_runs_are_refused():
 
 # --- sweeps run stacked through the runner -------------------------------------------------
 
-SWEEP = """
-name = "sw"
-rounds = 5
-seed = 3
-seeds = [0, 1]
-checkpoint_every = 2
-stack = {stack}
-executor = "{executor}"
-
-[data]
-dataset = "synthetic_chars"
-chars = "0123"
-train_per_class = 30
-test_per_class = 15
-num_clients = 6
-classes_per_client = 2
-server_size = 12
-
-[model]
-name = "small_cnn"
-
-[algorithm]
-name = "{alg}"
-clients_per_round = 3
-local_lr = 0.05
-batch_size = 8
-
-[sweep]
-"algorithm.local_lr" = [0.05, 1e9]
-"server.gamma" = [0.5, 1.0]
-"""
+def sweep_config(stack, alg="fsl", executor="sequential", **top) -> dict:
+    """8 runs of the tiny config: 2 η_l (one diverges) × 2 γ × 2 seeds, 5 rounds."""
+    return tiny_config(rounds=5, alg=alg, executor=executor, name="sw", seeds=[0, 1], checkpoint_every=2,
+                       stack=stack, sweep={"algorithm.local_lr": [0.05, 1e9], "server.gamma": [0.5, 1.0]}, **top)
 
 
 LOG: list[str] = []
@@ -182,7 +153,7 @@ def _sweep(tmp_path, stack, alg="fsl", executor="sequential", stop_after=None, r
     from fedsl.experiments.compare import run_group
 
     out = tmp_path / (name or f"{alg}-{executor}-stack{stack}")
-    cfg = C.validate(tomllib.loads(SWEEP.format(stack=stack, alg=alg, executor=executor)))
+    cfg = C.validate(sweep_config(stack, alg, executor))
     if stop_after is not None:  # interrupt every run of the stack after stop_after rounds
         from fedsl.experiments import runner
         orig = runner.run_stacked
@@ -256,17 +227,17 @@ def test_stack_groups_and_limits(tmp_path):
     from fedsl.experiments.compare import stack_groups, stack_limit
     from fedsl.experiments.config import ConfigError, expand_variants
 
-    cfg = C.validate(tomllib.loads(SWEEP.format(stack=3, alg="fsl", executor="auto")))
+    cfg = C.validate(sweep_config(3, executor="auto"))
     runs = expand_variants(cfg)
     groups = stack_groups(runs, tmp_path, resume=False)
     assert [len(g) for g in groups] == [3, 3, 2] and sorted(sum(groups, [])) == sorted(runs)
-    auto = C.validate(tomllib.loads(SWEEP.format(stack='"auto"', alg="fsl", executor="auto").replace('seed = 3', 'seed = 3\ndevice = "cpu"')))
+    auto = C.validate(sweep_config("auto", executor="auto", device="cpu"))
     assert stack_limit(auto) == 1  # CPU: stacking measured to gain nothing
     with pytest.raises(ConfigError, match="stack = 0: expected 'auto' or an integer >= 1"):
-        C.validate(tomllib.loads(SWEEP.format(stack=0, alg="fsl", executor="auto")))
-    for bad in ('"many"', "true", "2.5"):
+        C.validate(sweep_config(0, executor="auto"))
+    for bad in ("many", True, 2.5):
         with pytest.raises(ConfigError, match="stack") as e:
-            C.validate(tomllib.loads(SWEEP.format(stack=bad, alg="fsl", executor="auto")))
+            C.validate(sweep_config(bad, executor="auto"))
         assert "\n" not in str(e.value)
 
 
@@ -285,7 +256,7 @@ def test_checkpoint_every_zero_keeps_only_the_final_model(tmp_path):
     from fedsl.experiments import config as C
     from fedsl.experiments.runner import run
 
-    data = tomllib.loads(SWEEP.format(stack=1, alg="scaffold", executor="sequential"))
+    data = sweep_config(1, "scaffold")
     for k in ("seeds", "sweep"):
         data.pop(k)
     data["checkpoint_every"] = 0
