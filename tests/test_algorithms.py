@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -139,6 +140,49 @@ def test_pretraining_moves_towards_server_data_only():
                                      fed.y[torch.from_numpy(fed.server)]).item()
     sim.fm.train(False)
     assert loss(xp) < 0.5 * loss(x0)
+
+
+class _CountingExecutor(SequentialExecutor):
+    calls = 0
+
+    def local_sgd(self, *args, **kwargs):
+        type(self).calls += 1
+        return super().local_sgd(*args, **kwargs)
+
+
+def test_pretraining_is_shared_between_runs_with_the_same_inputs_only():
+    """Runs of a sweep that share D0, the model and the seed pretrain once; any change of an
+    input of pretraining (D0's samples, the seed, the schedule, the initial weights) recomputes."""
+    from fedsl.engine import simulator
+    simulator._PRETRAINED.clear()
+    fed = random_federation(SIZES, n0=10, dtype=torch.float64)
+    pre = Pretraining(epochs=3, lr=0.1, batch_size=5)
+
+    def x0(fed=fed, pre=pre, seed=5, alg="fsl", init_seed=1):
+        fm = FunctionalModel(build_model("mlp", fed.num_classes, fed.input_shape, seed=init_seed).double())
+        algorithm = make_algorithm(alg, LocalTraining(0.1, 5), 1.0, ServerLearning(1.0, 0.1, 5, 1))
+        return Simulator(fm, fed, algorithm, _CountingExecutor(fm), 3, seed=seed).initial_params(pre)
+
+    _CountingExecutor.calls = 0
+    first = x0()
+    assert _CountingExecutor.calls == 1
+    again = x0(alg="ds")  # another algorithm (γ, η_l, ...) of the same sweep: no recomputation
+    assert _CountingExecutor.calls == 1 and all(torch.equal(first[n], again[n]) for n in first)
+    again[next(iter(again))].add_(1.0)  # a caller's in-place change does not reach the cache
+    assert all(torch.equal(first[n], x0()[n]) for n in first)
+
+    other_x = fed.x.clone()
+    other_x[torch.from_numpy(fed.server[:1])] += 1.0  # one of D0's images changed
+    changes = [dict(fed=replace(fed, x=other_x)), dict(seed=6), dict(init_seed=2),
+               dict(pre=Pretraining(epochs=4, lr=0.1, batch_size=5)), dict(pre=Pretraining(3, 0.2, 5))]
+    for k, change in enumerate(changes, start=2):
+        got = x0(**change)
+        assert _CountingExecutor.calls == k, change
+        assert not all(torch.equal(first[n], got[n]) for n in first), change
+    # the uncached computation gives the cached value
+    simulator._PRETRAINED.clear()
+    fresh = x0()
+    assert _CountingExecutor.calls == len(changes) + 2 and all(torch.equal(first[n], fresh[n]) for n in first)
 
 
 # ---------------------------------------------------------------- the paper's default rules

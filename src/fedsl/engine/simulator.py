@@ -9,6 +9,8 @@ per-client tables, e.g. SCAFFOLD's c_i, in place rather than copying N×d number
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -24,6 +26,12 @@ from fedsl.engine.functional import FunctionalModel, Params, evaluate, full_grad
 from fedsl.engine.plan import BatchPlan, make_plan
 
 SERVER_ID = -1  # the server's id in batch-plan streams
+
+# Pretrained x_0 by digest of everything it depends on (``Simulator._pretrain_key``). The runs of
+# a sweep over γ, η_l, S or the algorithm share D0 and the seed, so they share one pretraining
+# (500 epochs on D0: minutes on a CPU per run) instead of repeating it. Small: a few models.
+_PRETRAINED: OrderedDict[str, Params] = OrderedDict()
+_PRETRAINED_MAX = 4
 
 
 @dataclass
@@ -111,10 +119,32 @@ class Simulator:
         """x_0: the model's initialisation, optionally pretrained on D0 (before round 1)."""
         params = self.layout({n: p.to(device=self.device, dtype=self.dtype) for n, p in self.fm.params().items()})
         if pretrain is not None and pretrain.epochs > 0 and self.fed.n0 > 0:
-            plan = make_plan([self.fed.server], [SERVER_ID], pretrain.batch_size, pretrain.epochs, None,
-                             self.seed, -1, rng.PRETRAIN).to(self.device, self.dtype)
-            params = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, pretrain.lr))
+            key = self._pretrain_key(params, pretrain)
+            if key not in _PRETRAINED:
+                plan = make_plan([self.fed.server], [SERVER_ID], pretrain.batch_size, pretrain.epochs, None,
+                                 self.seed, -1, rng.PRETRAIN).to(self.device, self.dtype)
+                done = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, pretrain.lr))
+                _PRETRAINED[key] = {n: p.clone() for n, p in done.items()}
+                while len(_PRETRAINED) > _PRETRAINED_MAX:
+                    _PRETRAINED.popitem(last=False)
+            _PRETRAINED.move_to_end(key)
+            params = {n: p.clone() for n, p in _PRETRAINED[key].items()}
         return params
+
+    def _pretrain_key(self, params: Params, pretrain: Pretraining) -> str:
+        """A digest of every input of pretraining: the architecture, the initial weights, D0's
+        samples and labels, the schedule (epochs, lr, batch), the seed (batch order, dropout),
+        dtype, device and executor. Equal digests mean bit-equal pretrained models."""
+        h = hashlib.sha256()
+        head = (repr(self.fm.module), pretrain, self.seed, str(self.dtype), str(self.device),
+                type(self.executor).__name__, self.channels_last)
+        h.update(repr(head).encode())
+        server = torch.as_tensor(self.fed.server, dtype=torch.long, device=self.device)
+        tensors = [*(params[n] for n in sorted(params)), self.fed.x[server], self.fed.y[server]]
+        for t in tensors:
+            h.update(repr((tuple(t.shape), str(t.dtype))).encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
 
     def initial_state(self, pretrain: Pretraining | None = None) -> RunState:
         """Round 0: x_0 (optionally pretrained), the rule's initial state, γ_0."""
