@@ -8,7 +8,7 @@ import math
 import pytest
 
 from fedsl.experiments import presets
-from fedsl.experiments.config import (ConfigError, RunConfig, apply_overrides, expand_variants, load,
+from fedsl.experiments.config import (ConfigError, RunConfig, apply_overrides, expand_runs, expand_variants, load,
                                       read_file, validate)
 
 MINIMAL = {"rounds": 3, "data": {"dataset": "synthetic_chars"}, "algorithm": {"name": "fedavg"}}
@@ -79,6 +79,24 @@ def test_quickstart_preset_validates_and_its_variants_expand():
         # the base settings are carried into each variant
         assert vcfg.data == cfg.data and vcfg.rounds == cfg.rounds
         assert vcfg.algorithm.local_lr == cfg.algorithm.local_lr
+
+
+def test_a_variant_that_sets_a_swept_key_is_pinned_at_its_value():
+    """Fig. 3: DS sits at γ = 0 and runs once per η_l, while FSL runs the whole γ × η_l grid."""
+    cfg = validate(minimal(data={"dataset": "synthetic_chars", "server_size": 20},
+                           sweep={"server.gamma": [0.5, 1.0], "algorithm.local_lr": [0.01, 0.02]},
+                           variants={"DS": {"algorithm": {"name": "ds"}, "server": {"gamma": 0.0}},
+                                     "FSL": {"algorithm": {"name": "fsl"}}}))
+    runs = expand_runs(cfg)
+    assert sorted(r for r, (v, _) in runs.items() if v == "DS") == ["DS-local_lr=0.01", "DS-local_lr=0.02"]
+    assert all(c.server.gamma == 0.0 for v, c in runs.values() if v == "DS")
+    fsl = {r: c for r, (v, c) in runs.items() if v == "FSL"}
+    assert len(fsl) == 4 and fsl["FSL-gamma=1-local_lr=0.02"].server.gamma == 1.0
+    assert fsl["FSL-gamma=1-local_lr=0.02"].algorithm.local_lr == 0.02
+    assert list(expand_variants(cfg)) == list(runs)
+    fig3 = expand_runs(validate(presets.load("fig3-cifar10")))
+    assert sum(v == "DS-S4" for v, _ in fig3.values()) == 3 * 3  # 3 η_l × 3 seeds, not × 4 γ as well
+    assert sum(v == "FSL-S4" for v, _ in fig3.values()) == 4 * 3 * 3
 
 
 def test_presets_all_validate():

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedsl import metrics
 from fedsl.experiments import runner
-from fedsl.experiments.config import RunConfig, expand_variants, get_dotted
+from fedsl.experiments.config import RunConfig, expand_runs, get_dotted
 from fedsl.experiments.results import RunDir
 from fedsl.report.plots import accuracy_curves
 
@@ -31,14 +31,15 @@ def is_group(path: str | Path) -> bool:
 def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=print, progress=None) -> list[dict]:
     """Run every (variant, seed) of ``cfg``; a config without variants is a group of one."""
     out = Path(out)
-    runs = expand_variants(cfg)
+    named = expand_runs(cfg)
+    runs = {r: c for r, (_, c) in named.items()}
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
-        spec = {r: {"dir": r, "variant": c.name, "seed": c.seed,
-                    "params": {k: get_dotted(c.model_dump(), k) for k in cfg.sweep}} for r, c in runs.items()}
+        spec = {r: {"dir": r, "variant": c.name, "base": v, "seed": c.seed,
+                    "params": {k: get_dotted(c.model_dump(), k) for k in cfg.sweep}} for r, (v, c) in named.items()}
         (out / "group.json").write_text(json.dumps(
             {"name": cfg.name, "description": cfg.description, "window": cfg.rolling_window, "runs": spec,
-             "sweep": list(cfg.sweep), "paper": cfg.paper, "paper_claims": cfg.paper_claims}, indent=2))
+             "sweep": list(cfg.sweep), "plot": cfg.plot, "paper": cfg.paper, "paper_claims": cfg.paper_claims}, indent=2))
     summaries: dict[str, dict] = {}
     pending = {}
     for rname, rcfg in runs.items():

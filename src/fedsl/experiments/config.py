@@ -155,6 +155,11 @@ class RunConfig(_Strict):
         default_factory=dict, description="the paper's numbers per variant (e.g. {FSL = {final_accuracy = 0.61, "
                                           "T_0.5 = 203}}), shown beside ours by `fedsl report`")
     paper_claims: list[str] = Field(default_factory=list, description="the paper's claims for this experiment, as text")
+    plot: Literal["auto", "lines", "heatmap"] = Field(
+        "auto", description="how `fedsl report` draws a sweep: 'lines' = final accuracy and rise time against the "
+                            "first swept key, a line per variant and value of the other keys (the paper's Fig. 3); "
+                            "'heatmap' = final accuracy over the first two keys, a panel per variant (Fig. 5); "
+                            "'auto' = lines for one key, heat maps for more")
     quick: dict[str, Any] = Field(default_factory=dict, description="dotted overrides applied by --quick: a "
                                                                     "minutes-long form of the experiment")
     sweep: dict[str, list[Any]] = Field(
@@ -342,17 +347,32 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
 
     Runs are named ``VARIANT[-key=value...][-seedS]``; a run's ``name`` (what tables
     aggregate seeds over) is the part before ``-seedS``. Without variants the config itself
-    is the one variant; without ``seeds`` each runs once with ``seed``.
+    is the one variant; without ``seeds`` each runs once with ``seed``. A variant that sets a
+    swept key itself is not swept over that key (e.g. DS pinned at ``server.gamma = 0`` in a
+    sweep over γ, as in the paper's Fig. 3): it runs once per point of the other keys.
     """
-    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "quick"})
+    return {run: c for run, (_, c) in expand_runs(cfg).items()}
+
+
+def has_dotted(data: dict, key: str) -> bool:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
+    """``expand_variants`` with each run's variant name: run name -> (variant, RunConfig)."""
+    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "plot", "quick"})
     variants = cfg.variants or {cfg.name: {}}
-    keys = list(cfg.sweep)
-    points = list(itertools.product(*cfg.sweep.values()))
     out = {}
     for vname, over in variants.items():
         if not isinstance(over, dict):
             raise ConfigError(f"variants.{vname}: expected a table of overrides")
-        for point in points:
+        keys = [k for k in cfg.sweep if not has_dotted(over, k)]  # the variant's own keys are pinned
+        for point in itertools.product(*(cfg.sweep[k] for k in keys)):
             label = vname + "".join(f"-{k.split('.')[-1]}={_label(v)}" for k, v in zip(keys, point))
             for seed in cfg.seeds or [None]:
                 merged = deep_merge(base, over)
@@ -371,7 +391,7 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
                     if keys:
                         where = f"{where} sweep point {label}".strip()
                     raise ConfigError(f"{where}: {e}" if where else str(e)) from None
-                out[label if seed is None else f"{label}-seed{seed}"] = run_cfg
+                out[label if seed is None else f"{label}-seed{seed}"] = (vname, run_cfg)
     return out
 
 

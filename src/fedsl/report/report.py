@@ -48,28 +48,40 @@ def _sweep_points(path: Path, spec: dict) -> list[dict]:
     out = []
     for r, rd in group_runs(path).items():
         s = spec["runs"].get(r, {})
-        base = s.get("variant", r).split("-")[0] if s.get("params") else s.get("variant", r)
+        base = s.get("base")  # the variant's name without the sweep suffix (older groups: guessed)
+        if base is None:
+            base = s.get("variant", r).split("-")[0] if s.get("params") else s.get("variant", r)
         out.append({"base": base, "params": s.get("params", {}), "summary": rd.read_summary()})
     return out
 
 
-def _sweep_plot(points: list[dict], key: str, path: Path) -> Path:
-    """Final accuracy and rise time against one swept parameter (the paper's Fig. 3 layout)."""
+def _sweep_plot(points: list[dict], keys: list[str], path: Path) -> Path:
+    """Final accuracy and rise time against the first swept key (the paper's Fig. 3 layout): a
+    line per variant and value of the other keys; a variant pinned at one value (DS at γ = 0)
+    is a single point."""
+    key, others = keys[0], keys[1:]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=110)
     bases = sorted({p["base"] for p in points})
     palette = colours(bases)
+    markers = "osD^v<>p*h"
     for base in bases:
-        xs = sorted({p["params"][key] for p in points if p["base"] == base})
-        for ax, col in zip(axes, ("final_accuracy", "rise_time")):
-            stats = [metrics.mean_std([p["summary"].get(col) for p in points
-                                       if p["base"] == base and p["params"][key] == x]) for x in xs]
-            ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3,
-                        color=palette[base], label=base)
+        mine = [p for p in points if p["base"] == base]
+        series = sorted({tuple(p["params"].get(k) for k in others) for p in mine}, key=str)
+        for m, rest in enumerate(series):
+            pts = [p for p in mine if tuple(p["params"].get(k) for k in others) == rest]
+            xs = sorted({p["params"][key] for p in pts})
+            label = base + "".join(f", {k.split('.')[-1]}={v}" for k, v in zip(others, rest))
+            for ax, col in zip(axes, ("final_accuracy", "rise_time")):
+                stats = [metrics.mean_std([p["summary"].get(col) for p in pts if p["params"][key] == x])
+                         for x in xs]
+                ax.errorbar(xs, [mu for mu, _ in stats], yerr=[sd for _, sd in stats], capsize=3,
+                            marker=markers[m % len(markers)], color=palette[base], label=label,
+                            alpha=1.0 if len(series) == 1 else 0.5 + 0.5 * (m + 1) / len(series))
     for ax, label in zip(axes, ("final accuracy", "rise time (rounds)")):
         ax.set_xlabel(key)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -152,8 +164,9 @@ def write_report(path: str | Path) -> Path:
 
     keys = spec.get("sweep", [])
     points = _sweep_points(path, spec)
-    if len(keys) == 1:
-        _sweep_plot(points, keys[0], out / "sweep.png")
+    layout = spec.get("plot", "auto")
+    if keys and (layout == "lines" or (layout == "auto" and len(keys) == 1)):
+        _sweep_plot(points, keys, out / "sweep.png")
         parts.append(f"## Sweep over {keys[0]}\n\n![sweep](sweep.png)\n")
     elif len(keys) >= 2:
         _heatmaps(points, keys, out / "heatmap.png")
