@@ -95,8 +95,8 @@ def test_a_variant_that_sets_a_swept_key_is_pinned_at_its_value():
     assert fsl["FSL-gamma=1-local_lr=0.02"].algorithm.local_lr == 0.02
     assert list(expand_variants(cfg)) == list(runs)
     fig3 = expand_runs(validate(presets.load("fig3-cifar10")))
-    assert sum(v == "DS-S4" for v, _ in fig3.values()) == 3 * 3  # 3 η_l × 3 seeds, not × 4 γ as well
-    assert sum(v == "FSL-S4" for v, _ in fig3.values()) == 4 * 3 * 3
+    assert sum(v == "DS-S4" for v, _ in fig3.values()) == 3 * 2 * 3  # 3 η_l × 2 n0 × 3 seeds, not × 4 γ
+    assert sum(v == "FSL-S4" for v, _ in fig3.values()) == 4 * 3 * 2 * 3
 
 
 def test_presets_all_validate():

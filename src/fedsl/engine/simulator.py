@@ -29,9 +29,9 @@ SERVER_ID = -1  # the server's id in batch-plan streams
 
 # Pretrained x_0 by digest of everything it depends on (``Simulator._pretrain_key``). The runs of
 # a sweep over γ, η_l, S or the algorithm share D0 and the seed, so they share one pretraining
-# (500 epochs on D0: minutes on a CPU per run) instead of repeating it. Small: a few models.
+# (500 epochs on D0: minutes on a CPU per run) instead of repeating it.
 _PRETRAINED: OrderedDict[str, Params] = OrderedDict()
-_PRETRAINED_MAX = 4
+_PRETRAINED_MAX = 16  # a sweep cycles over seeds × D0s; 16 CIFAR CNNs are 35 MB
 
 
 @dataclass
