@@ -63,6 +63,18 @@ def test_report_lines_layout_with_a_pinned_variant(tmp_path, monkeypatch):
     assert len(ds) == 2 and {p["params"]["server.gamma"] for p in ds} == {0.0}
 
 
+def test_methods_keep_their_colour_across_names():
+    from fedsl.report.plots import METHOD_COLOURS, colours, method_of
+
+    assert [method_of(n) for n in ("FSL-g0.5-classes_per_client=2", "FSL-p-classes_per_client=2", "FSLsyn-720",
+                                   "DS-S4", "FL", "FedDyn-local_lr=0.05", "FedProx")] == \
+        ["fsl", "fsl_p", "fslsyn", "ds", "fl", "feddyn", None]
+    c = colours(["FL-C=2", "DS-C=2", "FSL-g1-C=2", "FSL-g2-C=2", "FedProx"])
+    assert (c["FL-C=2"], c["DS-C=2"], c["FSL-g1-C=2"]) == (METHOD_COLOURS["fl"], METHOD_COLOURS["ds"],
+                                                          METHOD_COLOURS["fsl"])
+    assert len(set(c.values())) == 5  # FSL's second γ and FedProx get colours of their own
+
+
 def test_many_curves_keep_the_best_and_say_so(tmp_path):
     from fedsl.report.plots import MAX_CURVES, accuracy_curves, select_curves
 

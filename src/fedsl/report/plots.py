@@ -16,12 +16,24 @@ METHOD_COLOURS = {"fedavg": "#1f77b4", "fl": "#1f77b4", "fsl": "#d62728", "fsl_p
                   "scaffold": "#ff7f0e", "feddyn": "#8c564b", "fslsyn": "#e377c2"}
 
 
+def method_of(name: str) -> str | None:
+    """The method a run or variant name starts with ('FSL-g0.5-classes_per_client=2' -> 'fsl',
+    'FSL-p-...' -> 'fsl_p', 'FSLsyn-720' -> 'fslsyn', 'DS-S4' -> 'ds'), or None."""
+    norm = name.lower().replace("-", "_")
+    hits = [k for k in METHOD_COLOURS if norm == k or norm.startswith(k + "_")]
+    return max(hits, key=len) if hits else None
+
+
 def colours(names: list[str]) -> dict[str, str]:
-    """The method's fixed colour where it has one, distinct tab20 colours for the rest."""
-    out = {n: METHOD_COLOURS[n.lower().replace("-", "_")] for n in names
-           if n.lower().replace("-", "_") in METHOD_COLOURS}
+    """The method's fixed colour for the first name of each method (so FL, DS and FSL look the
+    same in every figure), distinct tab20 colours for the rest (e.g. FSL's other γ)."""
+    out: dict[str, str] = {}
+    for n in names:
+        m = method_of(n)
+        if m is not None and METHOD_COLOURS[m] not in out.values():
+            out[n] = METHOD_COLOURS[m]
     spare = [matplotlib.colors.to_hex(c) for c in plt.get_cmap("tab20").colors]
-    spare = [c for c in spare if c not in out.values()]
+    spare = [c for c in spare if c not in out.values() and c not in METHOD_COLOURS.values()]
     for n in names:
         if n not in out:
             out[n] = spare.pop(0) if spare else "#555555"
