@@ -44,7 +44,7 @@ def test_run_writes_results_folder(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(tiny(tmp_path, rounds=5)), "--out", str(out), "--quiet"]) == 0
     run_dir = out / "tiny"
-    assert json.loads((out / "group.json").read_text())["runs"] == {"tiny": {"dir": "tiny", "variant": "tiny", "seed": 3,
+    assert json.loads((out / "group.json").read_text())["runs"] == {"tiny": {"dir": "tiny", "variant": "tiny", "base": "tiny", "seed": 3,
                                                                     "params": {}}}
     cfg = C.validate(json.loads((run_dir / "config.json").read_text()))  # the resolved config re-validates
     assert cfg.rounds == 5
@@ -222,7 +222,7 @@ def test_user_module_and_seeds_with_mean_std(tmp_path, monkeypatch, capsys):
                  "--out", str(out), "--quiet"]) == 0
     group = json.loads((out / "group.json").read_text())["runs"]
     assert set(group) == {"FedAvg-seed0", "FedAvg-seed1", "FSL-seed0", "FSL-seed1"}
-    assert group["FSL-seed1"] == {"dir": "FSL-seed1", "variant": "FSL", "seed": 1, "params": {}}
+    assert group["FSL-seed1"] == {"dir": "FSL-seed1", "variant": "FSL", "base": "FSL", "seed": 1, "params": {}}
     s0 = json.loads((out / "FSL-seed0" / "summary.json").read_text())
     s1 = json.loads((out / "FSL-seed1" / "summary.json").read_text())
     md = (out / "comparison.md").read_text()
