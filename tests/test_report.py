@@ -46,20 +46,22 @@ def test_report_lines_layout_with_a_pinned_variant(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "_sweep_plot", lambda points, keys, path: drawn.update(
         points=points, keys=keys) or real(points, keys, path))
     tables = ('\n[sweep]\n"server.gamma" = [0.5, 1.0]\n"algorithm.local_lr" = [0.02, 0.05]\n'
-              '[variants.DS]\nalgorithm = { name = "ds" }\nserver = { gamma = 0.0 }\n'
-              '[variants.FSL]\nalgorithm = { name = "fsl" }\n')
+              '[variants.DS-S4]\nalgorithm = { name = "ds" }\nserver = { gamma = 0.0 }\n'
+              '[variants.FSL-S4]\nalgorithm = { name = "fsl" }\n')
     cfg = tmp_path / "fig3.toml"
     cfg.write_text('plot = "lines"\n' + tiny(tmp_path, rounds=2).read_text() + tables)
     out = tmp_path / "out"
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
     runs = json.loads((out / "group.json").read_text())["runs"]
-    assert sorted(runs) == ["DS-local_lr=0.02", "DS-local_lr=0.05", "FSL-gamma=0.5-local_lr=0.02",
-                            "FSL-gamma=0.5-local_lr=0.05", "FSL-gamma=1-local_lr=0.02", "FSL-gamma=1-local_lr=0.05"]
-    assert {r["base"] for r in runs.values()} == {"DS", "FSL"}
+    assert sorted(runs) == ["DS-S4-local_lr=0.02", "DS-S4-local_lr=0.05", "FSL-S4-gamma=0.5-local_lr=0.02",
+                            "FSL-S4-gamma=0.5-local_lr=0.05", "FSL-S4-gamma=1-local_lr=0.02",
+                            "FSL-S4-gamma=1-local_lr=0.05"]
+    assert {r["base"] for r in runs.values()} == {"DS-S4", "FSL-S4"}
     assert main(["report", str(out)]) == 0
     assert (out / "report" / "sweep.png").stat().st_size > 5_000 and not (out / "report" / "heatmap.png").exists()
     assert drawn["keys"] == ["server.gamma", "algorithm.local_lr"]
-    ds = [p for p in drawn["points"] if p["base"] == "DS"]
+    assert {p["base"] for p in drawn["points"]} == {"DS-S4", "FSL-S4"}  # not cut at the first "-"
+    ds = [p for p in drawn["points"] if p["base"] == "DS-S4"]
     assert len(ds) == 2 and {p["params"]["server.gamma"] for p in ds} == {0.0}
 
 
