@@ -159,7 +159,7 @@ class RunConfig(_Strict):
         "auto", description="how `fedsl report` draws a sweep: 'lines' = final accuracy and rise time against the "
                             "first swept key, a line per variant and value of the other keys (the paper's Fig. 3); "
                             "'heatmap' = final accuracy over the first two keys, a panel per variant (Fig. 5); "
-                            "'auto' = lines for one key, heat maps for more")
+                            "'auto' = lines for one key, heat maps for more (one key always gives lines)")
     quick: dict[str, Any] = Field(default_factory=dict, description="dotted overrides applied by --quick: a "
                                                                     "minutes-long form of the experiment")
     sweep: dict[str, list[Any]] = Field(
@@ -355,11 +355,10 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
 
 
 def has_dotted(data: dict, key: str) -> bool:
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
+    try:
+        get_dotted(data, key)
+    except (KeyError, TypeError):  # a missing part, or a part under a non-table value
+        return False
     return True
 
 

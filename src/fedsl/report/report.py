@@ -164,8 +164,7 @@ def write_report(path: str | Path) -> Path:
 
     keys = spec.get("sweep", [])
     points = _sweep_points(path, spec)
-    layout = spec.get("plot", "auto")
-    if keys and (layout == "lines" or (layout == "auto" and len(keys) == 1)):
+    if len(keys) == 1 or (keys and spec.get("plot") == "lines"):  # a heat map needs two keys
         _sweep_plot(points, keys, out / "sweep.png")
         parts.append(f"## Sweep over {keys[0]}\n\n![sweep](sweep.png)\n")
     elif len(keys) >= 2:
