@@ -44,8 +44,8 @@ def test_run_writes_results_folder(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(tiny(tmp_path, rounds=5)), "--out", str(out), "--quiet"]) == 0
     run_dir = out / "tiny"
-    assert json.loads((out / "group.json").read_text())["runs"] == {"tiny": {"dir": "tiny", "variant": "tiny", "base": "tiny", "seed": 3,
-                                                                    "params": {}}}
+    assert json.loads((out / "group.json").read_text())["runs"] == {"tiny": {
+        "dir": "tiny", "variant": "tiny", "base": "tiny", "seed": 3, "params": {}}}
     cfg = C.validate(json.loads((run_dir / "config.json").read_text()))  # the resolved config re-validates
     assert cfg.rounds == 5
     r = rows(run_dir)

@@ -39,7 +39,8 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
                     "params": {k: get_dotted(c.model_dump(), k) for k in cfg.sweep}} for r, (v, c) in named.items()}
         (out / "group.json").write_text(json.dumps(
             {"name": cfg.name, "description": cfg.description, "window": cfg.rolling_window, "runs": spec,
-             "sweep": list(cfg.sweep), "plot": cfg.plot, "paper": cfg.paper, "paper_claims": cfg.paper_claims}, indent=2))
+             "sweep": list(cfg.sweep), "plot": cfg.plot, "paper": cfg.paper, "paper_claims": cfg.paper_claims},
+            indent=2))
     summaries: dict[str, dict] = {}
     pending = {}
     for rname, rcfg in runs.items():
