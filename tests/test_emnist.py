@@ -332,6 +332,19 @@ def test_carve_too_few_samples(carve_root, fresh_cache):
         carve_emnist(carve_root, classes="c", train_per_class=1, test_per_class=1, seed=0)
 
 
+def test_carve_test_up_to_takes_what_is_left(carve_root, fresh_cache):
+    # classes '0' (10 samples), '1' (11), 'Z' (45): train 8 exact, test up to 4 -> 2, 3, 4
+    ds = carve_emnist(carve_root, classes="01Z", train_per_class=8, test_per_class=4, seed=0, test_up_to=True)
+    np.testing.assert_array_equal(np.bincount(ds.train.y), [8, 8, 8])
+    np.testing.assert_array_equal(np.bincount(ds.test.y), [2, 3, 4])
+    assert not set(sample_ids(ds.train.x)) & set(sample_ids(ds.test.x))
+    # the training share is what an exact carve of the same seed gives
+    exact = carve_emnist(carve_root, classes="Z", train_per_class=8, test_per_class=4, seed=0)
+    np.testing.assert_array_equal(sample_ids(exact.train.x), sample_ids(ds.train.x[ds.train.y == 2]))
+    with pytest.raises(DataError, match=r"class '0' has 10 samples, fewer than train_per_class = 11"):
+        carve_emnist(carve_root, classes="01", train_per_class=11, test_per_class=4, seed=0, test_up_to=True)
+
+
 def test_carve_prefers_train_files(carve_root, fresh_cache):
     write_emnist(carve_root, "bymerge", "train", np.repeat([0, 1], 5), first_id=5000)
     ds = carve_emnist(carve_root, classes=[0, 1], train_per_class=3, test_per_class=2, seed=0)

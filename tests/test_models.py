@@ -117,3 +117,61 @@ def test_batchnorm_and_stateful_modules_are_refused():
 
     with pytest.raises(ValueError, match="count"):
         FunctionalModel(WithBuffer())
+
+
+# --------------------------------------------------------------------------- initialisation (model.init)
+
+
+def keras_limit(w: torch.Tensor) -> float:
+    """Keras's Glorot-uniform bound: fan_in = kh·kw·in, fan_out = kh·kw·out (Dense: in, out)."""
+    rf = w[0, 0].numel()
+    return (6.0 / (w.shape[1] * rf + w.shape[0] * rf)) ** 0.5
+
+
+@pytest.mark.parametrize("name,classes,shape", [("cifar_cnn", 10, (3, 32, 32)), ("emnist_cnn", 45, (1, 28, 28)),
+                                                ("small_cnn", 10, (1, 28, 28)), ("mlp", 4, (1, 8, 8))])
+def test_keras_init_is_glorot_uniform_with_zero_biases(name, classes, shape):
+    m = build_model(name, classes, shape, seed=0)  # 'auto' is keras for the built-in models
+    layers = [l for l in m.modules() if isinstance(l, (nn.Conv2d, nn.Linear))]
+    assert layers
+    for layer in layers:
+        w, a = layer.weight.detach().double(), keras_limit(layer.weight)
+        assert w.abs().max() <= a
+        if w.numel() >= 1000:  # U(-a, a): the bound is reached and the variance is a²/3
+            assert w.abs().max() > 0.99 * a
+            assert abs(w.var().item() / (a * a / 3) - 1) < 0.1
+        assert torch.count_nonzero(layer.bias) == 0
+    # the paper's CIFAR CNN: conv1 3·3·3 -> 3·3·32: a = √(6/(27+288)); dense 4096 -> 128
+    if name == "cifar_cnn":
+        assert keras_limit(m[0].weight) == pytest.approx((6 / (27 + 288)) ** 0.5)
+        assert keras_limit(m[8].weight) == pytest.approx((6 / (4096 + 128)) ** 0.5)
+
+
+def test_torch_init_is_the_constructors_and_keras_the_default():
+    """init = 'torch' keeps PyTorch's layer defaults: the model fedsl built before model.init existed."""
+    torch.manual_seed(4)
+    from fedsl.models.cnn import cifar_cnn
+    before = cifar_cnn(num_classes=10)
+    m = build_model("cifar_cnn", 10, (3, 32, 32), seed=4, init="torch")
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before.parameters()))
+    k = build_model("cifar_cnn", 10, (3, 32, 32), seed=4)
+    assert torch.count_nonzero(k[0].bias) == 0 and torch.count_nonzero(m[0].bias) > 0
+    assert all(torch.equal(p, q) for p, q in zip(k.parameters(), build_model("cifar_cnn", 10, (3, 32, 32), seed=4,
+                                                                            init="keras").parameters()))
+    with pytest.raises(ValueError, match="model.init = 'he'"):
+        build_model("cifar_cnn", 10, (3, 32, 32), seed=4, init="he")
+
+
+def test_imported_factory_keeps_its_init_unless_keras_is_asked():
+    import sys
+    import types
+    mod = types.ModuleType("fedsl_test_factory")
+    mod.make = lambda num_classes, input_shape: nn.Sequential(nn.Flatten(), nn.Linear(4, num_classes))
+    sys.modules["fedsl_test_factory"] = mod
+    try:
+        own = build_model("fedsl_test_factory:make", 3, (1, 2, 2), seed=0)
+        assert torch.count_nonzero(own[1].bias) > 0  # auto: the factory's (PyTorch's) init
+        keras = build_model("fedsl_test_factory:make", 3, (1, 2, 2), seed=0, init="keras")
+        assert torch.count_nonzero(keras[1].bias) == 0
+    finally:
+        del sys.modules["fedsl_test_factory"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 
@@ -22,14 +21,9 @@ def balanced_labels(num_classes: int, per_class: int, seed: int = 0, values=None
     return y[np.random.default_rng(seed).permutation(len(y))]
 
 
-def positional_demand(N: int, C: int, n_i: int, L: int) -> list[int]:
-    """Samples demanded at each position of the (unknown) class permutation, by the cyclic rule."""
-    base, extra = divmod(n_i, C)
-    d = [0] * L
-    for i in range(N):
-        for j in range(C):
-            d[(i * C + j) % L] += base + (1 if j < extra else 0)
-    return d
+def largest_demand(N: int, C: int, n_i: int, L: int) -> int:
+    """An upper bound on the samples any one class is asked for: ⌈N·C/L⌉ holders × ⌈n_i/C⌉."""
+    return -(-(N * C) // L) * -(-n_i // C) if L else 0
 
 
 def check_by_classes(labels, clients, N, C, n_i, pool=None):
@@ -57,6 +51,7 @@ def check_by_classes(labels, clients, N, C, n_i, pool=None):
         assert len(np.unique(flat)) == len(flat) == N * n_i
 
     # class sets: each class held by ⌊NC/L⌋ or ⌈NC/L⌉ clients; all covered when NC >= L
+    # (exactly C distinct classes per client is checked above: no client repeats a class)
     sets = [frozenset(np.unique(labels[idx]).tolist()) for idx in clients]
     holders = Counter(c for s in sets for c in s)
     lo, hi = (N * C) // L, -(-(N * C) // L)
@@ -65,18 +60,6 @@ def check_by_classes(labels, clients, N, C, n_i, pool=None):
     if N * C >= L:
         assert set(holders) == set(classes.tolist())
 
-    # cyclic dealing: client i's classes are the arc perm[iC .. iC+C-1] (mod L), so the class
-    # sets repeat with period L / gcd(L, C), and within one period (C < L) they are distinct arcs
-    period = L // math.gcd(L, C)
-    for i in range(N - period):
-        assert sets[i] == sets[i + period]
-    if C < L:
-        first = sets[:period]
-        assert len(set(first)) == len(first)
-    # the first ⌈L/C⌉ clients' arcs together cover the whole permutation (when there are enough clients)
-    k = -(-L // C)
-    if N >= k:
-        assert frozenset().union(*sets[:k]) == frozenset(classes.tolist())
     return sets
 
 
@@ -111,26 +94,48 @@ def test_by_classes_uses_all_data_when_demand_equals_supply():
         assert np.array_equal(np.sort(np.concatenate(clients)), np.arange(5000))
 
 
-def test_by_classes_c1_clients_in_period_have_distinct_classes():
-    # C = 1: client i gets class perm[i mod L]; clients 0..L-1 are a permutation of the classes
+def test_by_classes_c1_first_l_clients_hold_every_class():
+    # C = 1: the class sets are one permutation of the classes after another
     labels = balanced_labels(10, 500)
     clients = by_classes(labels, 20, 1, 250, seed=5)
     cls = [int(np.unique(labels[c])[0]) for c in clients]
-    assert sorted(cls[:10]) == list(range(10))
-    assert cls[10:] == cls[:10]
+    assert sorted(cls[:10]) == list(range(10)) and sorted(cls[10:]) == list(range(10))
+    assert cls[10:] != cls[:10]  # a new permutation, not the first one dealt again
 
 
-def test_by_classes_remainder_goes_to_the_first_classes_of_each_arc():
-    # C = L = 3, n_i = 5: base 1, extra 2 -> counts (2, 2, 1); with C = L every client has the same
-    # arc, so the class that gets only one sample is the same for every client
+@pytest.mark.parametrize("C, at_least", [(2, 40), (3, 100), (5, 200)])
+def test_by_classes_sets_are_as_varied_as_random_sets(C, at_least):
+    """The paper's C classes per client at CIFAR-10's scale (L = 10, N = 1,000, n_i = 50): many distinct
+    class sets (random C-sets give 45 pairs at C = 2, ~250 of 252 at C = 5; the old cyclic
+    dealing gave 5 and 2), every class used by exactly N·C/L clients, the whole pool used."""
+    labels = balanced_labels(10, 5000)
+    clients = by_classes(labels, 1000, C, 50, seed=0)
+    check_by_classes(labels, clients, 1000, C, 50)
+    sets = [frozenset(np.unique(labels[c]).tolist()) for c in clients]
+    assert len(set(sets)) >= at_least
+    assert Counter(c for s in sets for c in s) == {c: 100 * C for c in range(10)}
+    assert len(np.unique(np.concatenate(clients))) == 50_000
+
+
+def test_by_classes_pairs_are_uniform_over_seeds():
+    # every one of the 45 pairs appears about N / 45 times (not a few pairs held by 200 clients each)
+    labels = balanced_labels(10, 5000)
+    counts = Counter()
+    for seed in range(3):
+        counts.update(frozenset(np.unique(labels[c]).tolist()) for c in by_classes(labels, 1000, 2, 50, seed=seed))
+    assert len(counts) == 45
+    assert max(counts.values()) < 3 * 3000 / 45  # expected 66.7 each; the cyclic dealing gave 600
+
+
+def test_by_classes_remainder_keeps_class_demand_level():
+    # C = L = 3, n_i = 5: base 1, extra 2 -> counts (2, 2, 1) per client; the single goes to the class
+    # demanded least so far, so over 10 clients each class gives 16 or 17 samples
     labels = balanced_labels(3, 100)
     clients = by_classes(labels, 10, 3, 5, seed=1)
-    singles = set()
     for idx in clients:
-        cnt = Counter(labels[idx].tolist())
-        assert sorted(cnt.values()) == [1, 2, 2]
-        singles.add(min(cnt, key=cnt.get))
-    assert len(singles) == 1
+        assert sorted(Counter(labels[idx].tolist()).values()) == [1, 2, 2]
+    per_class = Counter(labels[np.concatenate(clients)].tolist())
+    assert sorted(per_class.values()) == [16, 17, 17]
 
 
 def test_by_classes_non_contiguous_and_unbalanced_labels():
@@ -285,11 +290,9 @@ def test_by_classes_valid_or_partition_error(s):
         m = re.search(r"class (\S+) has (\d+) samples .* needs (\d+)", msg)
         assert m, msg
         c, has, needs = int(m.group(1)), int(m.group(2)), int(m.group(3))
-        assert has == have[c] < needs
-        d = positional_demand(N, C, n_i, L)
-        assert needs in d
+        assert has == have[c] < needs <= largest_demand(N, C, n_i, L)
         # not an error when every class could meet the largest demand
-        assert min(have.values()) < max(d)
+        assert min(have.values()) < largest_demand(N, C, n_i, L)
         return
     # success: parameters were valid and every invariant holds
     assert 1 <= C <= L and n_i >= C
@@ -309,7 +312,7 @@ def test_by_classes_succeeds_when_every_class_meets_the_largest_demand(data):
     C = data.draw(st.integers(1, L))
     N = data.draw(st.integers(0, 8))
     n_i = data.draw(st.integers(C, 15))
-    need = max(positional_demand(N, C, n_i, L))
+    need = largest_demand(N, C, n_i, L)
     counts = data.draw(st.lists(st.integers(max(need, 1), need + 5), min_size=L, max_size=L))
     y = np.repeat(np.arange(L), counts)
     y = y[np.random.default_rng(data.draw(st.integers(0, 99))).permutation(len(y))]

@@ -49,10 +49,12 @@ def test_run_writes_results_folder(tmp_path, capsys):
     cfg = C.validate(json.loads((run_dir / "config.json").read_text()))  # the resolved config re-validates
     assert cfg.rounds == 5
     r = rows(run_dir)
-    assert [int(x["round"]) for x in r] == [1, 2, 3, 4, 5]
+    assert [int(x["round"]) for x in r] == [0, 1, 2, 3, 4, 5]  # round 0: x_0's accuracy
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_done"] == 5
-    assert summary["final_accuracy"] == pytest.approx(sum(float(x["accuracy"]) for x in r) / 5)
+    assert float(r[0]["accuracy"]) == summary["initial_accuracy"]
+    # the paper's metrics are over rounds 1..T: round 0 is not in the rolling window
+    assert summary["final_accuracy"] == pytest.approx(sum(float(x["accuracy"]) for x in r[1:]) / 5)
     assert summary["server_data"]["size"] == 12 and sum(summary["server_data"]["class_histogram"]) == 12
     assert summary["hyperparameters"]["η_g"]["source"].startswith("paper default")
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
@@ -86,13 +88,26 @@ def test_interrupted_run_resumes_identically(tmp_path):
     run(cfg, tmp_path / "full", log=lambda s: None, progress=False)
     part = run(cfg, tmp_path / "part", log=lambda s: None, progress=False, stop_after=4)
     assert part["status"] == "interrupted" and part["rounds_done"] == 4
-    assert len(rows(tmp_path / "part")) == 4  # finished rounds are kept
+    assert len(rows(tmp_path / "part")) == 5  # finished rounds are kept (and round 0)
     done = run(cfg, tmp_path / "part", resume=True, log=lambda s: None, progress=False)
     assert done["status"] == "completed"
     assert cols(rows(tmp_path / "part")) == cols(rows(tmp_path / "full"))
+    assert [int(r["round"]) for r in rows(tmp_path / "part")] == list(range(11))
+    assert json.loads((tmp_path / "part" / "summary.json").read_text())["final_accuracy"] == done["final_accuracy"]
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)["params"]
     b = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["params"]
     assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.slow
+def test_resume_without_checkpoints_starts_over_with_one_round_zero(tmp_path):
+    cfg = C.load(tiny(tmp_path, rounds=4), ["checkpoint_every=0"])
+    run(cfg, tmp_path / "r", log=lambda s: None, progress=False, stop_after=2)
+    (tmp_path / "r" / "checkpoint.pt").unlink()  # killed before any checkpoint was written
+    run(cfg, tmp_path / "r", resume=True, log=lambda s: None, progress=False)
+    run(cfg, tmp_path / "full", log=lambda s: None, progress=False)
+    assert [int(r["round"]) for r in rows(tmp_path / "r")] == [0, 1, 2, 3, 4]
+    assert cols(rows(tmp_path / "r")) == cols(rows(tmp_path / "full"))
 
 
 @pytest.mark.slow
@@ -143,10 +158,10 @@ def test_ctrl_c_checkpoints_and_resumes(tmp_path):
     summary = json.loads((out / "tiny" / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     ckpt = torch.load(out / "tiny" / "checkpoint.pt", weights_only=True)
-    assert ckpt["round"] == summary["rounds_done"] == len(rows(out / "tiny"))  # checkpoint at the last round
+    assert ckpt["round"] == summary["rounds_done"] == len(rows(out / "tiny")) - 1  # checkpoint at the last round
     assert cli("resume", str(out), "--quiet").returncode == 0
     assert json.loads((out / "tiny" / "summary.json").read_text())["status"] == "completed"
-    assert len(rows(out / "tiny")) == 40
+    assert len(rows(out / "tiny")) == 41
 
 
 def test_diverged_run_stops_and_keeps_metrics(tmp_path):
@@ -155,7 +170,7 @@ def test_diverged_run_stops_and_keeps_metrics(tmp_path):
     assert s["status"] == "diverged"
     assert s["rounds_done"] < 30
     r = rows(tmp_path / "div")
-    assert len(r) == s["rounds_done"] - 1  # every finite round before the NaN is kept
+    assert len(r) == s["rounds_done"]  # round 0 and every finite round before the NaN are kept
     assert json.loads((tmp_path / "div" / "summary.json").read_text())["status"] == "diverged"
 
 

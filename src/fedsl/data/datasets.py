@@ -9,6 +9,7 @@ downloads happen only with ``data.download = true``.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -105,17 +106,19 @@ def _subset(ds: ArrayDataset, names: list[str], setting: str = "data.classes") -
 # runs of one dataset, and re-reading CIFAR-10 (stat of 60k files, decode cache, uint8 ->
 # float) cost 2 s per run. Entries are shared, never written to.
 _LOADED: dict[tuple, ArrayDataset] = {}
-_TENSORS: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+_TENSORS: dict[tuple, tuple[np.ndarray, torch.Tensor]] = {}
+_STATS: dict[int, tuple[np.ndarray, tuple[list[float], list[float]]]] = {}
 
 
 def load_arrays(d) -> ArrayDataset:
     """The dataset of data config ``d`` (train and test splits); memoised per process."""
-    key = (d.dataset, d.chars, d.train_per_class, d.test_per_class, d.data_dir, d.download, d.carve,
+    key = (d.dataset, d.chars, d.train_per_class, d.test_per_class, d.data_dir, d.download, d.carve, d.carve_test,
            d.emnist_split, tuple(d.classes) if isinstance(d.classes, list) else d.classes)
     if key not in _LOADED:
         if len(_LOADED) >= 2:
             _LOADED.pop(next(iter(_LOADED)))
             _TENSORS.clear()
+            _STATS.clear()
         _LOADED[key] = _load_arrays(d)
     return _LOADED[key]
 
@@ -138,7 +141,8 @@ def _load_arrays(d) -> ArrayDataset:
         classes = list(emnist.PAPER_45_CLASSES) if d.classes == "paper45" else d.classes
         if d.carve:
             return emnist.carve_emnist(root, d.emnist_split, classes=classes, train_per_class=d.train_per_class,
-                                       test_per_class=d.test_per_class, seed=0)
+                                       test_per_class=d.test_per_class, seed=0,
+                                       test_up_to=d.carve_test == "up_to")
         return emnist.load_emnist(root, d.emnist_split, classes=classes, download=d.download)
     elif d.dataset in ("mnist", "fashion_mnist"):
         from fedsl.data import emnist
@@ -195,16 +199,56 @@ def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
     return s
 
 
-def to_tensor(images: np.ndarray) -> torch.Tensor:
-    """uint8 [n, H, W(, C)] -> float32 [n, C, H, W] in [0, 1] (one tensor per loaded array, shared)."""
-    hit = _TENSORS.get(id(images))
+def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
+    """Per-channel mean and (population) std of uint8 images [n, H, W(, C)], on the [0, 1] scale.
+
+    Exact (from a 256-bin histogram per channel, so no float copy of a 50k-image pool).
+    """
+    images = np.asarray(images)
+    planes = [images] if images.ndim == 3 else [images[..., c] for c in range(images.shape[-1])]
+    mean, std = [], []
+    for plane in planes:
+        counts = np.bincount(np.ascontiguousarray(plane).ravel(), minlength=256).astype(np.float64)
+        v = np.arange(len(counts), dtype=np.float64) / 255.0
+        m = float((counts * v).sum() / counts.sum())
+        var = float((counts * (v - m) ** 2).sum() / counts.sum())
+        mean.append(m)
+        std.append(math.sqrt(var) if var > 0 else 1.0)  # a constant channel is only centred
+    return mean, std
+
+
+def to_tensor(images: np.ndarray, stats: tuple[list[float], list[float]] | None = None) -> torch.Tensor:
+    """uint8 [n, H, W(, C)] -> float32 [n, C, H, W]: pixels / 255, then (x - mean) / std per channel when
+    ``stats`` = (mean, std) are given. One tensor per loaded array and stats, shared between runs."""
+    key = (id(images), None if stats is None else (tuple(stats[0]), tuple(stats[1])))
+    hit = _TENSORS.get(key)
     if hit is not None and hit[0] is images:
         return hit[1]
     t = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
     t = t.unsqueeze(1) if t.dim() == 3 else t.permute(0, 3, 1, 2).contiguous()
+    if stats is not None:
+        shape = (1, len(stats[0]), 1, 1)
+        t.sub_(torch.tensor(stats[0]).view(shape)).div_(torch.tensor(stats[1]).view(shape))
     if any(images is ds.train.x or images is ds.test.x for ds in _LOADED.values()):
-        _TENSORS[id(images)] = (images, t)  # the array is held, so its id is not reused
+        _TENSORS[key] = (images, t)  # the array is held, so its id is not reused
     return t
+
+
+def input_stats(d, ds: ArrayDataset) -> tuple[list[float], list[float]] | None:
+    """The (mean, std) per channel that standardise every input of the run, or None (``normalize = 'unit'``).
+
+    Taken from the training split the clients draw from (all of it, not only the samples
+    dealt out: a function of the dataset alone, so every seed and run of a sweep shares one
+    standardised pool). D0 — also from STL-10 or fonts — and the test set use the same
+    statistics: the server's model must see inputs on the clients' scale.
+    """
+    if d.normalize == "unit":
+        return None
+    key = id(ds.train.x)
+    hit = _STATS.get(key)
+    if hit is None or hit[0] is not ds.train.x:
+        hit = _STATS[key] = (ds.train.x, channel_stats(ds.train.x))
+    return hit[1]
 
 
 def build_federation(d, seed: int) -> Federation:
@@ -236,9 +280,10 @@ def build_federation(d, seed: int) -> Federation:
     if d.server_source != "iid" and d.server_size:
         server = server[server_data.balanced_subset(y[server], d.server_size, seed)]
 
-    return Federation(to_tensor(x), torch.from_numpy(y).long(), clients, server,
-                      to_tensor(ds.test.x), torch.from_numpy(ds.test.y).long(),
-                      num_classes=len(ds.class_names), class_names=list(ds.class_names))
+    stats = input_stats(d, ds)
+    return Federation(to_tensor(x, stats), torch.from_numpy(y).long(), clients, server,
+                      to_tensor(ds.test.x, stats), torch.from_numpy(ds.test.y).long(),
+                      num_classes=len(ds.class_names), class_names=list(ds.class_names), input_stats=stats)
 
 
 def _partition(d, labels: np.ndarray, pool: np.ndarray, seed: int) -> list[np.ndarray]:

@@ -374,8 +374,12 @@ def load_emnist(root: str | Path, split: str = "balanced", *, classes: str | Ite
 
 def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Iterable[str | int] | None = None,
                  train_per_class: int, test_per_class: int, seed: int = 0,
-                 download: bool = False) -> ArrayDataset:
+                 download: bool = False, test_up_to: bool = False) -> ArrayDataset:
     """A class-balanced, disjoint train/test split carved out of one EMNIST file pair.
+
+    ``test_up_to``: a class with fewer than ``train_per_class + test_per_class`` samples gives
+    the test set what it has left after its training share, instead of refusing (the
+    training share is always exact).
 
     Uses the split's train files if they are in ``root``, else its test files (the offline
     copy has only ``emnist-bymerge-test-*``). For each class of ``classes`` (names or label
@@ -410,7 +414,13 @@ def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Ite
 
     need = train_per_class + test_per_class
     counts = np.bincount(full.y, minlength=len(names))
-    short = [i for i in keep if counts[i] < need]
+    short = [i for i in keep if counts[i] < (train_per_class if test_up_to else need)]
+    if short and test_up_to:
+        listed = ", ".join(f"{names[i]!r} ({counts[i]})" for i in short)
+        raise DataError(f"carving EMNIST {split} ({paths[0].name}): class {names[short[0]]!r} has "
+                        f"{counts[short[0]]} samples, fewer than train_per_class = {train_per_class} "
+                        f"(too few: {listed}): lower train_per_class to at most "
+                        f"{int(min(counts[i] for i in keep))}, or choose other classes")
     if short:
         feasible = int(min(counts[i] for i in keep))
         listed = ", ".join(f"{names[i]!r} ({counts[i]})" for i in short)
@@ -422,7 +432,7 @@ def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Ite
     for i in keep:
         members = np.flatnonzero(full.y == i)
         rng = np.random.default_rng([int(seed), int(values[i])])
-        pick = members[rng.permutation(len(members))[:need]]
+        pick = members[rng.permutation(len(members))[:need]]  # up to: what the class has
         train_idx.append(pick[:train_per_class])
         test_idx.append(pick[train_per_class:])
     lut = np.full(len(names), -1, dtype=np.int64)

@@ -19,6 +19,8 @@ class Federation:
         x_test, y_test: the test set the global model is evaluated on.
         num_classes: number of labels.
         class_names: one name per label.
+        input_stats: (mean, std) per channel on the [0, 1] scale that standardised every
+            input (``data.normalize = 'standardize'``); None when pixels are only / 255.
     """
 
     x: torch.Tensor
@@ -29,6 +31,7 @@ class Federation:
     y_test: torch.Tensor
     num_classes: int
     class_names: list[str]
+    input_stats: tuple[list[float], list[float]] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -52,7 +55,7 @@ class Federation:
     def to(self, device: torch.device, dtype: torch.dtype) -> "Federation":
         return Federation(self.x.to(device=device, dtype=dtype), self.y.to(device), self.clients, self.server,
                           self.x_test.to(device=device, dtype=dtype), self.y_test.to(device),
-                          self.num_classes, self.class_names)
+                          self.num_classes, self.class_names, self.input_stats)
 
     def server_histogram(self) -> list[int]:
         return np.bincount(self.y[torch.from_numpy(self.server)].cpu().numpy(), minlength=self.num_classes).tolist() \

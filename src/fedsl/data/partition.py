@@ -1,9 +1,10 @@
 """Partitions of a labelled pool over N clients: pure functions (labels, N, seed) -> index arrays.
 
-``by_classes`` is the paper's (Section 4.1): each client gets n_i samples from C classes,
-n_i/C per class, drawn without replacement. Classes are dealt out cyclically along a
-seeded permutation of the labels (client i gets perm[i·C .. i·C + C - 1] mod L), so that
-every class is used when N·C >= L and each class is demanded by ⌊N·C/L⌋ or ⌈N·C/L⌉ clients.
+``by_classes`` is the paper's (Section 4.1): each client gets n_i samples from C distinct
+classes, n_i/C per class, drawn without replacement. Which C classes is random: the class
+sets are cut from concatenated seeded permutations of the L labels, so every class is
+used ⌊N·C/L⌋ or ⌈N·C/L⌉ times and the sets are as varied as random sets (at L = 10,
+N = 1,000: all 45 pairs at C = 2, ~250 of the 252 sets at C = 5).
 """
 
 from __future__ import annotations
@@ -18,6 +19,36 @@ class PartitionError(DataError):
     """A partition that the data cannot satisfy."""
 
 
+def class_sets(num_classes: int, num_clients: int, classes_per_client: int, gen: np.random.Generator) -> np.ndarray:
+    """[N, C] label positions 0..L-1: C distinct classes per client, every class used equally often.
+
+    The N·C slots are filled by concatenated random permutations of the L classes and cut
+    into groups of C. A group can repeat a class only where it straddles two permutations;
+    such a repeat is swapped with a class of another group (chosen at random) that neither
+    group then repeats, which keeps every class's count unchanged.
+    """
+    L, C, N = num_classes, classes_per_client, num_clients
+    perms = -(-N * C // L)  # ⌈N·C/L⌉
+    seq = np.concatenate([gen.permutation(L) for _ in range(perms)])[: N * C] if N else np.zeros(0, np.int64)
+    groups = seq.reshape(N, C).copy()
+    for i in range(N):
+        while len(set(groups[i].tolist())) < C:
+            row = groups[i].tolist()
+            j = next(k for k in range(C) if row[k] in row[:k])  # the second occurrence of a repeat
+            for other in gen.permutation(N):
+                if other == i:
+                    continue
+                cand = [k for k in range(C) if groups[other, k] not in row
+                        and groups[i, j] not in np.delete(groups[other], k)]
+                if cand:
+                    k = cand[gen.integers(len(cand))]
+                    groups[i, j], groups[other, k] = groups[other, k], groups[i, j]
+                    break
+            else:  # only when N·C/L leaves no room, e.g. N = 1 with a class used twice: impossible for C <= L
+                raise PartitionError(f"cannot give {N} clients {C} distinct classes each out of {L}")
+    return groups
+
+
 def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, samples_per_client: int,
                seed: int, pool: np.ndarray | None = None) -> list[np.ndarray]:
     """The paper's non-IID partition: N clients × C classes × n_i/C samples each.
@@ -26,7 +57,8 @@ def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, sa
         labels: label of every sample in the pool.
         num_clients: N.
         classes_per_client: C (C = number of classes is the IID-like case).
-        samples_per_client: n_i; classes get ⌊n_i/C⌋ samples, the first n_i mod C one more.
+        samples_per_client: n_i; classes get ⌊n_i/C⌋ samples, n_i mod C of a client's classes
+            (those demanded least by the clients before it) one more.
         seed: partition seed.
         pool: indices clients may draw from (default: all).
     """
@@ -40,25 +72,47 @@ def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, sa
         raise PartitionError(
             f"data.samples_per_client = {samples_per_client}: expected at least data.classes_per_client = {classes_per_client}")
     gen = rng(seed, PARTITION)
-    perm = classes[gen.permutation(L)]
-    # shuffled sample queue per class
-    queues = {c: pool[labels[pool] == c] for c in classes}
-    queues = {c: q[gen.permutation(len(q))] for c, q in queues.items()}
-    taken = {c: 0 for c in classes}
+    sets = classes[class_sets(L, num_clients, classes_per_client, gen)]
     base, extra = divmod(samples_per_client, classes_per_client)
+    # n_i mod C classes of each client get one sample more: those demanded least so far, so that
+    # class demands stay level (a pool used whole, like CIFAR-10 at N·n_i = 50,000, stays feasible)
+    demand = {c: 0 for c in classes}
+    takes = np.full(sets.shape, base, dtype=np.int64)
+    for row, take in zip(sets, takes):
+        if extra:
+            order = sorted(range(classes_per_client), key=lambda j: (demand[row[j]], j))
+            take[order[:extra]] += 1
+        for c, k in zip(row, take):
+            demand[c] += int(k)
+    queues = {c: pool[labels[pool] == c] for c in classes}
+    queues = {c: q[gen.permutation(len(q))] for c, q in queues.items()}  # shuffled sample queue per class
+    supply = {c: len(q) for c, q in queues.items()}
+    if extra:  # greedy leaves demands uneven by one: move extras from over-demanded classes where they fit
+        for c in classes:
+            for row, take in zip(sets, takes):
+                if demand[c] <= supply[c]:
+                    break
+                j = np.flatnonzero(row == c)
+                if len(j) and take[j[0]] > base:
+                    d = next((k for k in range(classes_per_client) if take[k] == base
+                              and demand[row[k]] < supply[row[k]]), None)
+                    if d is not None:
+                        take[j[0]] -= 1
+                        take[d] += 1
+                        demand[c] -= 1
+                        demand[row[d]] += 1
+    short = [c for c in classes if demand[c] > supply[c]]
+    if short:
+        c = short[0]
+        raise PartitionError(
+            f"class {c} has {len(queues[c])} samples but the partition (N={num_clients}, "
+            f"C={classes_per_client}, n_i={samples_per_client}) needs {demand[c]}: lower "
+            "data.samples_per_client or data.num_clients, or raise data.classes_per_client")
+    taken = {c: 0 for c in classes}
     clients = []
-    for i in range(num_clients):
+    for row, take in zip(sets, takes):
         parts = []
-        for j in range(classes_per_client):
-            c = perm[(i * classes_per_client + j) % L]
-            k = base + (1 if j < extra else 0)
-            if taken[c] + k > len(queues[c]):
-                demand = sum(base + (1 if jj < extra else 0) for ii in range(num_clients)
-                             for jj in range(classes_per_client) if perm[(ii * classes_per_client + jj) % L] == c)
-                raise PartitionError(
-                    f"class {c} has {len(queues[c])} samples but the partition (N={num_clients}, "
-                    f"C={classes_per_client}, n_i={samples_per_client}) needs {demand}: lower "
-                    "data.samples_per_client or data.num_clients, or raise data.classes_per_client")
+        for c, k in zip(row, take):
             parts.append(queues[c][taken[c]:taken[c] + k])
             taken[c] += k
         clients.append(np.sort(np.concatenate(parts)))

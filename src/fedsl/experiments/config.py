@@ -47,6 +47,13 @@ class DataConfig(_Strict):
         None, description="class subset by name (EMNIST: 'paper45' = the paper's 45 classes)")
     carve: bool = Field(False, description="carve train/test (train_per_class + test_per_class per class) out of "
                                            "the one split that exists locally, e.g. EMNIST ByMerge test")
+    normalize: Literal["standardize", "unit"] = Field(
+        "standardize", description="inputs: 'standardize' (pixels/255, then per-channel mean and std of the "
+                                   "training split, for clients, D0 and test set alike) or 'unit' (pixels/255 only)")
+    carve_test: Literal["up_to", "exact"] = Field(
+        "up_to", description="carving: a class short of train_per_class + test_per_class gives the test set what "
+                             "is left after its training share ('up_to', the test size is in summary.json) or is "
+                             "refused ('exact')")
     num_clients: int = Field(20, ge=1, description="N, number of clients")
     partition: Literal["classes", "iid", "dirichlet", "shards"] = Field(
         "classes", description="'classes' (paper: C classes per client), 'iid', 'dirichlet' or 'shards'")
@@ -93,6 +100,10 @@ class DataConfig(_Strict):
 class ModelConfig(_Strict):
     name: str = Field("small_cnn", description="model: the paper's emnist_cnn / cifar_cnn, small_cnn, mlp, linear, "
                                                 "or 'package.module:factory' for your own torch.nn.Module")
+    init: Literal["auto", "keras", "torch"] = Field(
+        "auto", description="initialisation: 'keras' (Glorot-uniform kernels, zero biases, as the paper's Keras "
+                            "models), 'torch' (PyTorch's layer defaults), 'auto' (keras for the built-in models, "
+                            "an imported factory's own init)")
 
     @model_validator(mode="after")
     def _known_or_import_path(self) -> "ModelConfig":

@@ -136,7 +136,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
 def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
     """The configured model as a pure function; a model the engine cannot run is a ConfigError."""
     try:
-        return FunctionalModel(build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed))
+        return FunctionalModel(build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed, cfg.model.init))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -253,23 +253,30 @@ class RunSession:
                 self.state = RunState(dev(ckpt["params"]), dev(ckpt.get("algo", {})), ckpt.get("gamma"))
                 history = rd.truncate_metrics(self.start)
             elif rd.is_run():
-                rd.truncate_metrics(0)  # no checkpoint (checkpoint_every = 0): the run starts over
+                rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too
             log(f"{cfg.name}: resuming at round {self.start + 1} of {cfg.rounds}")
         else:
             rd.create(cfg.model_dump())
         fed = prep.fed
         log(f"{cfg.name}: {prep.algorithm.name} on {cfg.data.dataset} — N={fed.num_clients}, n={fed.n}, "
-            f"n0={fed.n0}, {cfg.rounds} rounds, {sim.executor.name} executor on {prep.device}\n"
+            f"n0={fed.n0}, test={len(fed.y_test)}, {cfg.rounds} rounds, {sim.executor.name} executor on {prep.device}\n"
             + format_hparams(prep.hparams))
         self.summary = rd.read_summary() if resume else {}
         self.summary.update({
             "name": cfg.name, "algorithm": prep.algorithm.name, "dataset": cfg.data.dataset, "seed": cfg.seed,
             "rounds": cfg.rounds, "device": str(prep.device), "executor": sim.executor.name,
             "server_data": {"size": fed.n0, "class_histogram": fed.server_histogram()},
+            "test_data": {"size": len(fed.y_test),
+                          "class_histogram": torch.bincount(fed.y_test.cpu(), minlength=fed.num_classes).tolist()},
+            "inputs": {"normalize": cfg.data.normalize,
+                       **({"mean": fed.input_stats[0], "std": fed.input_stats[1]} if fed.input_stats else {})},
+            "model_init": cfg.model.init,
             "hyperparameters": {h.symbol: {"value": h.value, "source": h.source} for h in prep.hparams},
         })
-        self.rounds = [int(r["round"]) for r in history]
-        self.accs = [r["accuracy"] for r in history]
+        # round 0 (x_0's accuracy) is a row of metrics.csv for the curves, but not part of the
+        # paper's metrics (rolling, final accuracy, rise time, T_a), which are over rounds 1..T
+        self.rounds = [int(r["round"]) for r in history if r["round"] > 0]
+        self.accs = [r["accuracy"] for r in history if r["round"] > 0]
         self.done = self.start
         self.t_start = time.perf_counter()
         self.bar = _Progress(cfg.name, cfg.rounds, self.start, log,
@@ -281,9 +288,13 @@ class RunSession:
             return
         cfg, sim = self.cfg, self.sim
         self.state = state if state is not None else sim.initial_state(self.prep.pretrain)
-        self.summary["initial_accuracy"], _ = sim.evaluate(self.state.x)
-        if cfg.diag_every:
-            self.summary["initial_diagnostics"] = asdict(measure(sim.fm, self.state.x, sim.fed))
+        acc, loss = sim.evaluate(self.state.x)
+        self.summary["initial_accuracy"] = acc
+        diag = asdict(measure(sim.fm, self.state.x, sim.fed)) if cfg.diag_every else {}
+        if diag:
+            self.summary["initial_diagnostics"] = diag
+        self.rd.append_metrics({"round": 0, "accuracy": acc, "loss": loss, "rolling_accuracy": acc,
+                                "wall_time": 0.0, **diag})
         if self.prep.pretrain is not None:
             self.log(f"{cfg.name}: pretrained on D0, test accuracy {self.summary['initial_accuracy']:.4f}")
         if cfg.checkpoint_every:

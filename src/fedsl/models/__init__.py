@@ -30,18 +30,50 @@ def _import_factory(path: str) -> Callable[..., nn.Module]:
                          "on the Python path") from None
 
 
-def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed: int) -> nn.Module:
+INITS = ("auto", "keras", "torch")
+
+
+def keras_init_(model: nn.Module) -> nn.Module:
+    """Re-initialise ``model`` as Keras does (in place, from torch's global generator).
+
+    Every Conv and Linear kernel is Glorot-uniform, U(-a, a) with a = √(6 / (fan_in + fan_out)),
+    where Keras takes fan_in = kh·kw·in_channels and fan_out = kh·kw·out_channels for a
+    Conv2D (a Dense: its input and output sizes); every bias is zero. The paper's models are
+    Keras models (its appendix tables are Keras summaries), so this is their initialisation.
+    """
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
+            w = module.weight
+            receptive = math.prod(w.shape[2:])  # kh·kw (1 for Dense)
+            fan_in, fan_out = w.shape[1] * receptive, w.shape[0] * receptive
+            limit = math.sqrt(6.0 / (fan_in + fan_out))
+            with torch.no_grad():
+                w.uniform_(-limit, limit)
+                if module.bias is not None:
+                    module.bias.zero_()
+    return model
+
+
+def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed: int,
+                init: str = "auto") -> nn.Module:
     """Build model ``name`` for inputs of ``input_shape`` (C, H, W), initialised from ``seed``.
 
     ``name`` is a built-in model or ``'package.module:factory'``, a callable taking
     ``(num_classes, input_shape)`` and returning any ``torch.nn.Module`` without BatchNorm.
+    ``init``: ``'keras'`` (Glorot-uniform kernels, zero biases: the paper's Keras models,
+    ``keras_init_``), ``'torch'`` (PyTorch's layer defaults, as the constructor leaves them)
+    or ``'auto'`` (keras for the built-in models, the factory's own for an imported one).
     """
+    if init not in INITS:
+        raise ValueError(f"model.init = {init!r}: expected one of {', '.join(INITS)}")
     if ":" in name:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = _import_factory(name)(num_classes=num_classes, input_shape=tuple(input_shape))
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"model.name = {name!r} returned {type(model).__name__}: expected a torch.nn.Module")
+            if not isinstance(model, nn.Module):
+                raise ValueError(f"model.name = {name!r} returned {type(model).__name__}: expected a torch.nn.Module")
+            if init == "keras":
+                keras_init_(model)
         return model
     if name not in MODELS:
         raise ValueError(f"model.name = {name!r}: expected one of {sorted(MODELS)}")
@@ -60,6 +92,9 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed:
                     f"but the dataset gives {tuple(input_shape)}"
                 )
             model = MODELS[name](num_classes=num_classes)
+        if init != "torch":
+            # after construction, from the same seeded stream: init = 'torch' is today's model
+            keras_init_(model)
     return model
 
 
@@ -67,5 +102,5 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MODELS", "build_model", "count_parameters", "emnist_cnn", "cifar_cnn", "small_cnn", "mlp",
+__all__ = ["MODELS", "INITS", "build_model", "keras_init_", "count_parameters", "emnist_cnn", "cifar_cnn", "small_cnn", "mlp",
            "KeyedDropout", "replace_dropout"]

@@ -1,0 +1,82 @@
+"""Input scaling (data.normalize): per-channel standardisation with the training split's statistics,
+the same for clients, D0 (also from another dataset) and the test set; and the summary that records it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from fedsl.data.datasets import build_federation, channel_stats, load_arrays
+from fedsl.experiments import config, runner
+
+
+def data_config(**over):
+    return config.validate(tiny_config() | {"data": {**tiny_config()["data"], **over}}).data
+
+
+def test_channel_stats_are_exact():
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, size=(50, 6, 5, 3), dtype=np.uint8)
+    mean, std = channel_stats(rgb)
+    ref = rgb.astype(np.float64) / 255.0
+    np.testing.assert_allclose(mean, ref.mean(axis=(0, 1, 2)), rtol=1e-12)
+    np.testing.assert_allclose(std, ref.std(axis=(0, 1, 2)), rtol=1e-12)
+    gray = rng.integers(0, 256, size=(20, 4, 4), dtype=np.uint8)
+    m, s = channel_stats(gray)
+    assert len(m) == 1 and m[0] == pytest.approx(gray.mean() / 255, rel=1e-12)
+    assert channel_stats(np.full((3, 2, 2), 7, dtype=np.uint8))[1] == [1.0]  # constant: centred only
+
+
+def test_standardize_uses_the_training_split_for_pool_server_and_test():
+    d = data_config()
+    assert d.normalize == "standardize"  # the default
+    fed = build_federation(d, seed=3)
+    ds = load_arrays(d)
+    mean, std = channel_stats(ds.train.x)
+    assert fed.input_stats == (mean, std)
+    raw = torch.from_numpy(ds.train.x).double().unsqueeze(1) / 255
+    torch.testing.assert_close(fed.x.double(), (raw - mean[0]) / std[0], rtol=0, atol=1e-6)
+    raw_test = torch.from_numpy(ds.test.x).double().unsqueeze(1) / 255
+    torch.testing.assert_close(fed.x_test.double(), (raw_test - mean[0]) / std[0], rtol=0, atol=1e-6)
+    # the training pool is now zero-mean, unit-variance per channel
+    assert abs(fed.x.double().mean().item()) < 1e-5 and abs(fed.x.double().std(unbiased=False).item() - 1) < 1e-5
+
+
+def test_unit_is_pixels_over_255():
+    d = data_config(normalize="unit")
+    fed = build_federation(d, seed=3)
+    ds = load_arrays(d)
+    assert fed.input_stats is None
+    assert torch.equal(fed.x, torch.from_numpy(ds.train.x).float().unsqueeze(1) / 255)
+    assert fed.x.min() >= 0 and fed.x.max() <= 1
+
+
+def test_external_server_data_takes_the_clients_statistics():
+    """D0 from another source (font-rendered characters) is standardised with the clients' mean and std,
+    not its own: the server's model must see inputs on the clients' scale."""
+    d = data_config(server_source="dataset", server_dataset="synthetic_chars", server_per_class=5, server_size=0)
+    fed = build_federation(d, seed=3)
+    unit = build_federation(data_config(server_source="dataset", server_dataset="synthetic_chars",
+                                        server_per_class=5, server_size=0, normalize="unit"), seed=3)
+    mean, std = fed.input_stats
+    s = torch.as_tensor(fed.server)
+    torch.testing.assert_close(fed.x[s], (unit.x[s] - mean[0]) / std[0], rtol=0, atol=1e-6)
+
+
+def test_summary_records_inputs_init_and_test_set(tmp_path):
+    cfg = config.validate(tiny_config(rounds=2))
+    runner.run(cfg, tmp_path / "r", log=lambda m: None, progress=False)
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    fed = build_federation(cfg.data, cfg.seed)
+    assert s["inputs"] == {"normalize": "standardize", "mean": fed.input_stats[0], "std": fed.input_stats[1]}
+    assert s["model_init"] == "auto"
+    assert s["test_data"] == {"size": 60, "class_histogram": [15, 15, 15, 15]}
+
+
+def test_bad_normalize_is_one_line():
+    with pytest.raises(config.ConfigError, match="data.normalize = 'zscore'"):
+        config.validate(tiny_config() | {"data": {**tiny_config()["data"], "normalize": "zscore"}})
