@@ -66,7 +66,8 @@ def test_runner_logs_diagnostics_every_k_rounds(tmp_path):
                       "algorithm": {"name": "fsl", "clients_per_round": 2, "batch_size": 5}})
     s = run(cfg, tmp_path / "r", log=lambda m: None, progress=False)
     rows = RunDir(tmp_path / "r").read_metrics()
-    assert [r["round"] for r in rows] == [2, 3, 4]  # diagnostics force an evaluation at rounds 2 and 4
-    assert rows[0]["G2"] > 0 and rows[0]["xi2"] > 0 and -1 <= rows[0]["cos_F_f0"] <= 1
-    assert rows[1]["G2"] is None
+    assert [r["round"] for r in rows] == [0, 2, 3, 4]  # diagnostics force an evaluation at rounds 2 and 4
+    assert rows[1]["G2"] > 0 and rows[1]["xi2"] > 0 and -1 <= rows[1]["cos_F_f0"] <= 1
+    assert rows[2]["G2"] is None
     assert set(s["initial_diagnostics"]) == {"xi2", "G2", "cos_F_f0"}
+    assert {k: rows[0][k] for k in ("xi2", "G2", "cos_F_f0")} == s["initial_diagnostics"]  # row 0 is x_0

@@ -239,8 +239,11 @@ def _cfg(alg="fsl", rounds=3, **server):
 
 
 def _metrics(cfg, out):
+    """Rows of rounds 1..T (row 0, x_0's accuracy, has no round behind it: no γ, angle or traffic)."""
     run(cfg, out, log=lambda s: None, progress=False)
-    return RunDir(out).read_metrics()
+    rows = RunDir(out).read_metrics()
+    assert rows[0]["round"] == 0 and rows[0]["gamma"] is None and rows[0]["comm_params"] is None
+    return rows[1:]
 
 
 def test_runner_writes_gamma_cos_theta_and_comm_columns(tmp_path):
