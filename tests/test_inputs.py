@@ -80,3 +80,12 @@ def test_summary_records_inputs_init_and_test_set(tmp_path):
 def test_bad_normalize_is_one_line():
     with pytest.raises(config.ConfigError, match="data.normalize = 'zscore'"):
         config.validate(tiny_config() | {"data": {**tiny_config()["data"], "normalize": "zscore"}})
+
+
+def test_model_init_and_carve_test_in_config():
+    cfg = config.validate(tiny_config())
+    assert cfg.model.init == "auto" and cfg.data.carve_test == "up_to"
+    with pytest.raises(config.ConfigError, match="model.init = 'xavier'"):
+        config.validate(tiny_config() | {"model": {"name": "small_cnn", "init": "xavier"}})
+    with pytest.raises(config.ConfigError, match="data.carve_test = 'some'"):
+        config.validate(tiny_config() | {"data": {**tiny_config()["data"], "carve_test": "some"}})
