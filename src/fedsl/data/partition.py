@@ -44,7 +44,7 @@ def class_sets(num_classes: int, num_clients: int, classes_per_client: int, gen:
                     k = cand[gen.integers(len(cand))]
                     groups[i, j], groups[other, k] = groups[other, k], groups[i, j]
                     break
-            else:  # only when N·C/L leaves no room, e.g. N = 1 with a class used twice: impossible for C <= L
+            else:  # not reached for C <= L (another group always lacks the repeated class); kept as a guard
                 raise PartitionError(f"cannot give {N} clients {C} distinct classes each out of {L}")
     return groups
 

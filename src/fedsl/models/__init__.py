@@ -102,5 +102,5 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MODELS", "INITS", "build_model", "keras_init_", "count_parameters", "emnist_cnn", "cifar_cnn", "small_cnn", "mlp",
-           "KeyedDropout", "replace_dropout"]
+__all__ = ["MODELS", "INITS", "build_model", "keras_init_", "count_parameters", "emnist_cnn", "cifar_cnn",
+           "small_cnn", "mlp", "KeyedDropout", "replace_dropout"]
