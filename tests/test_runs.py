@@ -145,8 +145,11 @@ def test_sigkilled_run_resumes_bit_identically(tmp_path):
 def test_ctrl_c_checkpoints_and_resumes(tmp_path):
     cfg_file = tiny(tmp_path, rounds=40)
     out = tmp_path / "int"
+    # A shell starts background jobs with SIGINT ignored, children inherit that, and Python then
+    # keeps it ignored: the child would run to the end (rc 0). Restore the default, as a terminal has.
     proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg_file), "--out", str(out), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = out / "tiny" / "metrics.csv"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 6):
