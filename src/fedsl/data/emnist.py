@@ -414,20 +414,17 @@ def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Ite
 
     need = train_per_class + test_per_class
     counts = np.bincount(full.y, minlength=len(names))
-    short = [i for i in keep if counts[i] < (train_per_class if test_up_to else need)]
-    if short and test_up_to:
-        listed = ", ".join(f"{names[i]!r} ({counts[i]})" for i in short)
-        raise DataError(f"carving EMNIST {split} ({paths[0].name}): class {names[short[0]]!r} has "
-                        f"{counts[short[0]]} samples, fewer than train_per_class = {train_per_class} "
-                        f"(too few: {listed}): lower train_per_class to at most "
-                        f"{int(min(counts[i] for i in keep))}, or choose other classes")
+    # up to: only the training share must be there; exact: both shares
+    floor, what, fix = ((train_per_class, f"train_per_class = {train_per_class}", "lower train_per_class to at most")
+                        if test_up_to else (need, f"train_per_class + test_per_class = {need}",
+                                            "lower the per-class counts to at most"))
+    short = [i for i in keep if counts[i] < floor]
     if short:
         feasible = int(min(counts[i] for i in keep))
         listed = ", ".join(f"{names[i]!r} ({counts[i]})" for i in short)
         raise DataError(f"carving EMNIST {split} ({paths[0].name}): class {names[short[0]]!r} has "
-                        f"{counts[short[0]]} samples, fewer than train_per_class + test_per_class = {need} "
-                        f"(too few: {listed}): lower the per-class counts to at most {feasible} in all, "
-                        "or choose other classes")
+                        f"{counts[short[0]]} samples, fewer than {what} (too few: {listed}): {fix} "
+                        f"{feasible}{'' if test_up_to else ' in all'}, or choose other classes")
     train_idx, test_idx = [], []
     for i in keep:
         members = np.flatnonzero(full.y == i)
