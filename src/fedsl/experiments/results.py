@@ -27,10 +27,19 @@ METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time", 
                   "xi2", "G2", "cos_F_f0"]
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """``write(tmp)`` then rename over ``path``: a reader sees the old file or the new, never half.
+
+    An exception (Ctrl-C, SIGTERM, a full disk) removes the temporary file; a kill -9 leaves
+    it, and ``RunDir.remove_stale_tmp`` clears it at the run's next start.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class RunDir:
@@ -45,9 +54,19 @@ class RunDir:
     def is_run(self) -> bool:
         return self.config_file.is_file()
 
+    def remove_stale_tmp(self) -> list[Path]:
+        """Delete temporary files of writes killed half-way (a CIFAR SCAFFOLD checkpoint's is 2.2 GB).
+
+        Only one process works in a run folder at a time, so every such file is stale.
+        """
+        stale = [p for p in self.path.glob(".*.tmp") if p.is_file()] if self.path.is_dir() else []
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return stale
+
     def create(self, config: dict) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.config_file, lambda p: p.write_text(json.dumps(config, indent=2, ensure_ascii=False)))
+        atomic_write(self.config_file, lambda p: p.write_text(json.dumps(config, indent=2, ensure_ascii=False)))
         with open(self.metrics_file, "w", newline="") as f:
             csv.writer(f).writerow(METRIC_COLUMNS)
 
@@ -81,11 +100,11 @@ class RunDir:
                 w.writerow(METRIC_COLUMNS)
                 w.writerows([["" if r.get(c) is None else r[c] for c in METRIC_COLUMNS] for r in rows])
 
-        _atomic_write(self.metrics_file, write)
+        atomic_write(self.metrics_file, write)
         return rows
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        _atomic_write(self.summary_file, lambda p: p.write_text(json.dumps(summary, indent=2, ensure_ascii=False)))
+        atomic_write(self.summary_file, lambda p: p.write_text(json.dumps(summary, indent=2, ensure_ascii=False)))
 
     def read_summary(self) -> dict[str, Any]:
         return json.loads(self.summary_file.read_text()) if self.summary_file.is_file() else {}
@@ -97,7 +116,7 @@ class RunDir:
 
         blob = {"round": round_, "params": cpu(state.x), "algo": cpu(state.algo), "gamma": state.gamma,
                 "wall_time": wall_time}
-        _atomic_write(self.checkpoint_file, lambda p: torch.save(blob, p))
+        atomic_write(self.checkpoint_file, lambda p: torch.save(blob, p))
 
     def checkpoint_round(self) -> int | None:
         """The round of the last checkpoint, read without loading the tensors (memory-mapped)."""

@@ -237,6 +237,8 @@ class RunSession:
                  prep: Prepared | None = None) -> None:
         self.cfg, self.log = cfg, log
         self.rd = rd = RunDir(out)
+        for p in rd.remove_stale_tmp():
+            log(f"{cfg.name}: removed {p.name}, left by a write that was killed")
         self.prep = prep = prep or prepare(cfg)
         self.sim = sim = prep.sim
         self.start, self.wall0, history = 0, 0.0, []
@@ -277,6 +279,13 @@ class RunSession:
         # paper's metrics (rolling, final accuracy, rise time, T_a), which are over rounds 1..T
         self.rounds = [int(r["round"]) for r in history if r["round"] > 0]
         self.accs = [r["accuracy"] for r in history if r["round"] > 0]
+        # divergence: the loss bound is relative to x_0's loss (or chance's, ln L, if larger)
+        self.loss_bound = math.inf
+        if history and history[0]["round"] == 0:
+            self._set_loss_bound(history[0]["loss"])
+        self.above = 0  # consecutive evaluations above the bound (counted again from the kept rows)
+        for r in history[1:]:
+            self.above = self.above + 1 if r["loss"] > self.loss_bound else 0
         self.done = self.start
         self.t_start = time.perf_counter()
         self.bar = _Progress(cfg.name, cfg.rounds, self.start, log,
@@ -290,6 +299,7 @@ class RunSession:
         self.state = state if state is not None else sim.initial_state(self.prep.pretrain)
         acc, loss = sim.evaluate(self.state.x)
         self.summary["initial_accuracy"] = acc
+        self._set_loss_bound(loss)
         diag = asdict(measure(sim.fm, self.state.x, sim.fed)) if cfg.diag_every else {}
         if diag:
             self.summary["initial_diagnostics"] = diag
@@ -300,6 +310,11 @@ class RunSession:
         if cfg.checkpoint_every:
             self.rd.save_checkpoint(0, self.state, 0.0)
 
+    def _set_loss_bound(self, initial_loss: float) -> None:
+        f = self.cfg.diverge_loss
+        chance = math.log(self.prep.fed.num_classes)
+        self.loss_bound = f * max(initial_loss, chance) if f > 0 and math.isfinite(initial_loss) else math.inf
+
     def wall(self) -> float:
         return self.wall0 + time.perf_counter() - self.t_start
 
@@ -309,7 +324,8 @@ class RunSession:
         return done % c.eval_every == 0 or done == c.rounds or bool(c.diag_every and done % c.diag_every == 0)
 
     def record(self, t: int, state: RunState, info: RoundInfo, evaluated: tuple[float, float] | None) -> bool:
-        """Keep round t's result; False when the run diverged (non-finite loss) and must stop."""
+        """Keep round t's result; False when the run diverged and must stop: a non-finite loss, or a
+        loss above ``loss_bound`` for ``diverge_patience`` evaluations in a row."""
         cfg, sim = self.cfg, self.sim
         self.state, self.done = state, t + 1
         done, acc = self.done, None
@@ -326,6 +342,11 @@ class RunSession:
                                     "wall_time": round(self.wall(), 4), "gamma": info.gamma,
                                     "cos_theta": info.cos_theta, "comm_params": info.comm_params,
                                     **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})})
+            self.above = self.above + 1 if loss > self.loss_bound else 0
+            if self.above >= cfg.diverge_patience:
+                self.log(f"{cfg.name}: loss {loss:.4g} above {self.loss_bound:.4g} (diverge_loss × initial loss) for "
+                         f"{self.above} evaluations at round {done}: stopping (status 'diverged')")
+                return False
         if done == cfg.rounds and not cfg.checkpoint_every:
             self.rd.save_checkpoint(done, RunState(state.x, {k: v for k, v in state.algo.items()
                                                              if not k.endswith("_i")}, state.gamma), self.wall())

@@ -1,0 +1,215 @@
+"""Faults around groups and sweeps: kill -9 at any moment, SIGTERM, stale temporary files, finite blow-ups.
+
+A killed group or sweep resumes (`fedsl resume GROUP`) into files equal to an uninterrupted
+run's: same metrics (without the wall clock) and the same final tensors.
+"""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsl.experiments import config as C
+from fedsl.experiments.runner import run
+
+from conftest import TINY
+
+GROUP = '\n[variants.FSL]\n"algorithm.name" = "fsl"\n[variants.FedAvg]\n"algorithm.name" = "fedavg"\n'
+SWEEP = '\n[sweep]\n"server.gamma" = [0.5, 1.0, 1.5]\n'
+KINDS = {"group": GROUP, "sweep": SWEEP}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # same threads in every process: same float sums
+
+
+def write_config(tmp_path: Path, kind: str, rounds: int = 8) -> Path:
+    p = tmp_path / f"{kind}.toml"
+    seeds = "seeds = [0, 1]\n" if kind == "group" else ""  # a group: 2 variants × 2 seeds; a sweep: 3 γ
+    p.write_text(seeds + TINY.format(rounds=rounds, alg="fsl", dtype="float32", executor="sequential") + KINDS[kind])
+    return p
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedsl.cli", *args], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+
+
+def metric_rows(run_dir: Path) -> list[list[str]]:
+    with open(run_dir / "metrics.csv") as f:
+        return [[v for k, v in r.items() if k != "wall_time"] for r in csv.DictReader(f)]
+
+
+def assert_same_group(a: Path, b: Path) -> None:
+    runs = json.loads((a / "group.json").read_text())["runs"]
+    assert runs == json.loads((b / "group.json").read_text())["runs"]
+    for r in runs:
+        sa, sb = (json.loads((d / r / "summary.json").read_text()) for d in (a, b))
+        assert sa["status"] == sb["status"] == "completed", r
+        assert sa["final_accuracy"] == sb["final_accuracy"] and sa["rounds_done"] == sb["rounds_done"]
+        assert metric_rows(a / r) == metric_rows(b / r), r
+        ta, tb = (torch.load(d / r / "checkpoint.pt", weights_only=True) for d in (a, b))
+        assert ta["round"] == tb["round"]
+        for part in ("params", "algo"):
+            assert ta[part].keys() == tb[part].keys()
+            assert all(torch.equal(ta[part][k], tb[part][k]) for k in ta[part]), (r, part)
+
+
+def metric_lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def kill_when(cmd: list[str], ready, deadline_s: float = 120) -> None:
+    """Start ``cmd``, SIGKILL it as soon as ``ready()`` holds."""
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + deadline_s
+        while time.time() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run ended before the kill point"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+_reference: dict[str, Path] = {}
+
+
+def reference(kind: str, tmp_path_factory) -> Path:
+    """The uninterrupted group (computed once per kind)."""
+    if kind not in _reference:
+        d = tmp_path_factory.mktemp(f"ref-{kind}")
+        out = d / "out"
+        res = cli("run", str(write_config(d, kind)), "--out", str(out), "--quiet")
+        assert res.returncode == 0, res.stderr
+        _reference[kind] = out
+    return _reference[kind]
+
+
+def first_run(out: Path) -> Path | None:
+    spec = out / "group.json"
+    return out / next(iter(json.loads(spec.read_text())["runs"])) if spec.is_file() else None
+
+
+POINTS = {
+    # the group's folder and group.json exist, no run has begun
+    "before_any_run": lambda out: (out / "group.json").is_file(),
+    # the first run is half-way
+    "mid_run": lambda out: (r := first_run(out)) is not None and metric_lines(r / "metrics.csv") >= 5,
+    # the first run has finished (summary.json), the next has not yet written a row
+    "between_runs": lambda out: (r := first_run(out)) is not None and (r / "summary.json").is_file(),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,point", [("group", "before_any_run"), ("group", "mid_run"),
+                                        ("sweep", "between_runs"), ("sweep", "mid_run")])
+def test_killed_group_resumes_into_the_uninterrupted_files(tmp_path, tmp_path_factory, kind, point):
+    ref = reference(kind, tmp_path_factory)
+    out = tmp_path / "out"
+    kill_when([sys.executable, "-m", "fedsl.cli", "run", str(write_config(tmp_path, kind)), "--out", str(out),
+               "--quiet"], lambda: POINTS[point](out))
+    statuses = [json.loads((out / r / "summary.json").read_text()).get("status") if (out / r / "summary.json").is_file()
+                else None for r in json.loads((out / "group.json").read_text())["runs"]]
+    assert statuses.count("completed") < len(statuses), "killed before the end"
+    res = cli("resume", str(out), "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert_same_group(out, ref)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_resumes(tmp_path):
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path, "sweep", rounds=40)
+    proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg), "--out", str(out), "--quiet"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not POINTS["mid_run"](out):
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    r = first_run(out)
+    summary = json.loads((r / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    ckpt = torch.load(r / "checkpoint.pt", weights_only=True)
+    assert ckpt["round"] == summary["rounds_done"] == len(metric_rows(r)) - 1  # checkpoint at the last round
+    assert not list(r.glob(".*.tmp"))
+    res = cli("resume", str(out), "--quiet")
+    assert res.returncode == 0, res.stderr
+    for name in json.loads((out / "group.json").read_text())["runs"]:
+        assert json.loads((out / name / "summary.json").read_text())["status"] == "completed"
+
+
+def test_stale_tmp_checkpoint_removed_on_resume(tmp_path):
+    cfg = C.load(write_config(tmp_path, "sweep", rounds=4))
+    d = tmp_path / "r"
+    run(cfg, d, log=lambda s: None, progress=False, stop_after=2)
+    stale = d / ".checkpoint.pt.12345.tmp"  # what a kill -9 during torch.save leaves
+    stale.write_bytes(b"\0" * 1000)
+    lines = []
+    run(cfg, d, resume=True, log=lines.append, progress=False)
+    assert not stale.exists()
+    assert any(".checkpoint.pt.12345.tmp" in s for s in lines)
+
+
+def test_interrupted_write_leaves_no_tmp(tmp_path):
+    from fedsl.experiments.results import atomic_write
+
+    def write(p: Path):
+        p.write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "checkpoint.pt", write)
+    assert list(tmp_path.iterdir()) == []
+
+
+def blow_up(override: str, *more: str) -> C.RunConfig:
+    """The issue's commands on the quickstart as it was then (PyTorch init, inputs in [0, 1]),
+    where they stay finite; FSL, 12 rounds."""
+    from fedsl.experiments import presets
+    return C.load(None, [override, *more, "variants={}", "algorithm.name=fsl", "model.init=torch",
+                         "data.normalize=unit", "rounds=12", "threads=1"], base=presets.load("quickstart"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override", ["server.gamma=1e5", "algorithm.local_lr=1e4", "server.gamma=1e6"])
+def test_blow_up_is_diverged(tmp_path, override):
+    """γ = 1e5 and η_l = 1e4: losses ≈ 5e3–1e4 at chance accuracy, finite (γ = 1e6 here: NaN at once)."""
+    lines = []
+    s = run(blow_up(override), tmp_path / "r", log=lines.append, progress=False)
+    assert s["status"] == "diverged", lines[-3:]
+    with open(tmp_path / "r" / "metrics.csv") as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f)]
+    if override != "server.gamma=1e6":
+        assert s["rounds_done"] == 3  # three evaluations in a row above the bound (diverge_patience)
+        assert len(losses) == 4 and all(x > 100 * losses[0] for x in losses[1:])
+        # with the check off, the same run is "completed" at chance accuracy
+        off = run(blow_up(override, "diverge_loss=0"), tmp_path / "off", log=lambda s: None, progress=False)
+        assert off["status"] == "completed" and off["final_accuracy"] < 0.2
+
+
+@pytest.mark.slow
+def test_divergence_count_survives_resume(tmp_path):
+    """The count of evaluations above the bound is rebuilt from metrics.csv on resume."""
+    more = ("diverge_patience=4", "checkpoint_every=1")
+    full = run(blow_up("server.gamma=1e5", *more), tmp_path / "full", log=lambda s: None, progress=False)
+    assert full["status"] == "diverged" and full["rounds_done"] == 4
+    part = run(blow_up("server.gamma=1e5", *more), tmp_path / "part", log=lambda s: None, progress=False,
+               stop_after=3)
+    assert part["status"] == "interrupted"
+    again = run(blow_up("server.gamma=1e5", *more), tmp_path / "part", resume=True, log=lambda s: None,
+                progress=False)
+    assert again["status"] == "diverged" and again["rounds_done"] == 4
+
+
+def test_spike_that_recovers_is_not_diverged(tmp_path):
+    """A single evaluation above the bound (γ = 100: one loss of ≈ 3e3, then ≈ 2.5) is not a divergence."""
+    s = run(blow_up("server.gamma=100", "rounds=6"), tmp_path / "r", log=lambda s: None, progress=False)
+    assert s["status"] == "completed"
