@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,20 +46,51 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FEDSL_CACHE", Path.home() / ".cache" / "fedsl"))
 
 
+class _BadEntry(Exception):
+    """A cache entry that is not what ``cached_arrays`` writes."""
+
+
+def _check_npz(path: Path) -> None:
+    """Check every array's header in the .npz at ``path`` against its member's size, reading no data.
+
+    numpy allocates the array a header describes before reading its bytes, so a damaged
+    header (say shape (2**40,)) would ask for a terabyte; ``np.savez`` stores members
+    uncompressed, so a member's size is the header plus exactly the array's bytes.
+    """
+    size = path.stat().st_size
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
+                raise _BadEntry(f"{info.filename}: compressed, or larger than the file")
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _fortran, dtype = read_header(f)
+                data_bytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if dtype.hasobject or f.tell() + data_bytes != info.file_size:
+                    raise _BadEntry(f"{info.filename}: header {shape} {dtype} does not match its size")
+
+
 def cached_arrays(name: str, recipe: dict, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Arrays for ``recipe`` (e.g. file checksums + options) from the cache, or built and stored.
 
     The key hashes the recipe, so a changed source file or option builds anew. Writes are
-    atomic; a corrupt entry is rebuilt; a read-only cache only costs rebuilding.
+    atomic; a corrupt entry is rebuilt -- including one whose headers claim more data than it
+    holds, which is found before anything is allocated; a read-only cache only costs rebuilding.
     """
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"{name}-{key}.npz"
     if path.is_file():
         try:
+            _check_npz(path)
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
-        except (OSError, ValueError):
-            path.unlink(missing_ok=True)
+        except (_BadEntry, OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, MemoryError):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # a read-only cache: rebuilt each time
+                pass
     arrays = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,12 @@ nothing found, the python tarball is fetched into ``root`` and its md5 checked.
 The python batches are pickles. They are read with :class:`CifarUnpickler`, which resolves
 only the few globals the publisher's files use (numpy's array reconstructor, ``ndarray``,
 ``dtype``), so a tampered file cannot run code; anything else is a :class:`DataError`.
+
+Nothing in a file is trusted with memory: a batch or meta file (a tar member's size comes
+from its header) larger than any honest one (``max_member_bytes``) is refused before it is
+read, and numpy's reconstructor is allowed only as numpy's own pickles call it (an empty
+int8 array, filled from the pickle's own bytes), so a few bytes of pickle cannot ask for
+an array of 10**10 objects.
 """
 
 from __future__ import annotations
@@ -75,12 +81,25 @@ def _latin1_encode(text, encoding="latin1"):
     return text.encode("latin1")
 
 
+def _empty_array(subtype, shape, dtype):
+    """numpy's ``_reconstruct`` as ``ndarray.__reduce__`` calls it, and only so.
+
+    numpy always reconstructs an empty int8 array and then fills it with ``__setstate__``
+    from bytes held in the pickle (checked against the shape). Any other call would make
+    numpy allocate (and, for object arrays, fill) memory the pickle only names.
+    """
+    if subtype is not np.ndarray or tuple(shape) != (0,) or dtype not in (b"b", "b"):
+        raise pickle.UnpicklingError(f"_reconstruct({getattr(subtype, '__name__', subtype)}, {shape!r}, "
+                                     f"{dtype!r}) is refused (numpy pickles call it with (0,), b'b')")
+    return _np_reconstruct(subtype, shape, dtype)
+
+
 # Everything the publisher's pickles (python 2, protocol 2) resolve: the batch is a dict of
 # bytes keys -> ndarray / list of ints / list of bytes / bytes, and an ndarray pickles as
 # _reconstruct(ndarray, (0,), b'b') + BUILD(state with a dtype and the raw bytes).
 _ALLOWED_GLOBALS: dict[tuple[str, str], object] = {
-    ("numpy.core.multiarray", "_reconstruct"): _np_reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _np_reconstruct,  # written by numpy >= 2
+    ("numpy.core.multiarray", "_reconstruct"): _empty_array,
+    ("numpy._core.multiarray", "_reconstruct"): _empty_array,  # written by numpy >= 2
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
     ("_codecs", "encode"): _latin1_encode,  # bytes in pickles written by python 3 with protocol 2
@@ -112,6 +131,9 @@ def unpickle(data: bytes, name: str, src: Path | str | None = None):
         return CifarUnpickler(io.BytesIO(data), name, src).load()
     except DataError:
         raise
+    except MemoryError:  # e.g. a BINBYTES8 opcode claiming 2**40 bytes
+        raise DataError(f"{name} is not a readable CIFAR-10 pickle: it claims an object larger than memory; "
+                        f"it is corrupt: {_fix(src)}") from None
     except Exception as e:  # truncated/corrupt pickles raise all sorts (EOFError, UnpicklingError, ...)
         raise DataError(f"{name} is not a readable CIFAR-10 pickle ({type(e).__name__}: {e}); "
                         f"it is probably truncated or corrupt: {_fix(src)}") from None
@@ -132,11 +154,34 @@ def _n(k: int) -> str:
 
 # --- reading the files of one source --------------------------------------------------------
 
+META_MAX_BYTES = 1 << 20  # batches.meta(.txt): a few hundred bytes in the real files
+
+
+def max_member_bytes(name: str) -> int:
+    """The most bytes file ``name`` may have before it is read: far above any honest one.
+
+    A real batch is 30,730,000 bytes (binary) or ~31 MB (pickle); the bound, 8x the records'
+    bytes plus 1 MiB, leaves room for pickles re-written with other protocols.
+    """
+    if name in (PY_META, BIN_META):
+        return META_MAX_BYTES
+    return 8 * RECORDS_PER_BATCH * RECORD_BYTES + (1 << 20)
+
+
+def _check_size(size: int, name: str, where: Callable[[str], str], src: Path) -> None:
+    limit = max_member_bytes(name)
+    if size > limit:
+        what = "a meta file" if name in (PY_META, BIN_META) else f"a batch of {_n(RECORDS_PER_BATCH)} records"
+        raise DataError(f"{where(name)} is {_n(size)} bytes, more than {what} can be (expected at most "
+                        f"{_n(limit)}): not the publisher's file; {_fix(src)}")
+
+
 def _read_members(path: Path, folder: str, required: list[str],
                   optional: list[str]) -> tuple[dict[str, bytes], Callable[[str], str]]:
     """The named files of a tarball (one pass, nothing extracted) or of a folder.
 
-    Returns the bytes by file name and a function naming a file for messages.
+    Returns the bytes by file name and a function naming a file for messages. A file's size
+    (a member's, from its tar header) is checked against ``max_member_bytes`` before it is read.
     """
     wanted = set(required) | set(optional)
     found: dict[str, bytes] = {}
@@ -145,6 +190,7 @@ def _read_members(path: Path, folder: str, required: list[str],
             return str(path / n)
         for n in wanted:
             if (path / n).is_file():
+                _check_size((path / n).stat().st_size, n, where, path)
                 found[n] = (path / n).read_bytes()
     else:
         def where(n: str) -> str:
@@ -155,6 +201,7 @@ def _read_members(path: Path, folder: str, required: list[str],
                     p = PurePosixPath(m.name)
                     if m.isfile() and p.name in wanted and p.name not in found and \
                             (len(p.parts) < 2 or p.parts[-2] == folder):
+                        _check_size(m.size, p.name, where, path)
                         found[p.name] = tf.extractfile(m).read()
         except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
             raise DataError(f"{path} is not a readable .tar.gz ({type(e).__name__}: {e}); it is probably "

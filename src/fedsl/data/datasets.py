@@ -9,8 +9,10 @@ downloads happen only with ``data.download = true``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ import torch
 
 from fedsl.data import partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
-from fedsl.data.errors import DataError
+from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
 from fedsl.data.federation import Federation
 
 # sub-folders of data_dir where each dataset may live (first existing one wins)
@@ -124,6 +126,27 @@ def load_arrays(d) -> ArrayDataset:
 
 
 def _load_arrays(d) -> ArrayDataset:
+    ds, checked = _read_dataset(d)
+    if not checked:  # image folders warn themselves, naming their folders
+        warn_missing_classes(ds.train.y, ds.class_names, f"data.dataset = {d.dataset!r}: the training split",
+                             "no client or server learns it, and class partitions use only the classes present")
+        warn_missing_classes(ds.test.y, ds.class_names, f"data.dataset = {d.dataset!r}: the test split",
+                             "the accuracy does not measure it")
+    return ds
+
+
+@contextlib.contextmanager
+def _quiet_if(quiet: bool):
+    """Hold back the loader's DataWarnings (when a class subset follows: the split is checked after it)."""
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore", DataWarning)
+        yield
+
+
+def _read_dataset(d) -> tuple[ArrayDataset, bool]:
+    """The dataset of ``d``, and whether its loader already warned about classes missing from a split."""
+    checked = False
     if d.dataset == "synthetic_chars":
         ds = synthetic_chars(d.chars, d.train_per_class, d.test_per_class)
     elif d.dataset == "cifar10":
@@ -131,7 +154,9 @@ def _load_arrays(d) -> ArrayDataset:
         if _is_image_folder_split(root):
             from fedsl.data.cifar10 import CIFAR10_CLASSES
             from fedsl.data.image_folder import load_image_folder_dataset
-            ds = load_image_folder_dataset(root, class_names=CIFAR10_CLASSES, size=(32, 32), mode="RGB")
+            with _quiet_if(isinstance(d.classes, list)):
+                ds = load_image_folder_dataset(root, class_names=CIFAR10_CLASSES, size=(32, 32), mode="RGB")
+            checked = not isinstance(d.classes, list)
         else:
             from fedsl.data.cifar10 import load_cifar10
             ds = load_cifar10(root, download=d.download)
@@ -142,8 +167,8 @@ def _load_arrays(d) -> ArrayDataset:
         if d.carve:
             return emnist.carve_emnist(root, d.emnist_split, classes=classes, train_per_class=d.train_per_class,
                                        test_per_class=d.test_per_class, seed=0,
-                                       test_up_to=d.carve_test == "up_to")
-        return emnist.load_emnist(root, d.emnist_split, classes=classes, download=d.download)
+                                       test_up_to=d.carve_test == "up_to"), False
+        return emnist.load_emnist(root, d.emnist_split, classes=classes, download=d.download), False
     elif d.dataset in ("mnist", "fashion_mnist"):
         from fedsl.data import emnist
         load = emnist.load_mnist if d.dataset == "mnist" else emnist.load_fashion_mnist
@@ -153,12 +178,14 @@ def _load_arrays(d) -> ArrayDataset:
         root = dataset_dir("image_folder", d.data_dir)
         if not _is_image_folder_split(root):
             raise DataError(f"data.data_dir = {str(root)!r}: expected train/<class>/ and test/<class>/ sub-folders")
-        ds = load_image_folder_dataset(root)
+        with _quiet_if(isinstance(d.classes, list)):
+            ds = load_image_folder_dataset(root)
+        checked = not isinstance(d.classes, list)
     else:  # the config's Literal makes this unreachable
         raise DataError(f"data.dataset = {d.dataset!r}: unknown dataset")
     if isinstance(d.classes, list):
         ds = _subset(ds, d.classes)
-    return ds
+    return ds, checked
 
 
 def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
@@ -265,11 +292,11 @@ def build_federation(d, seed: int) -> Federation:
         if d.server_size > n_train:
             raise partition.PartitionError(f"data.server_size = {d.server_size}: expected at most the "
                                            f"{n_train} training samples")
-        server = server_data.iid_per_class(labels, d.server_size, seed)
+        server = server_data.iid_per_class(labels, d.server_size, seed, class_names=train.class_names)
         if not d.server_overlap:
             pool = np.setdiff1d(pool, server)
 
-    clients = _partition(d, labels, pool, seed)
+    clients = _partition(d, labels, pool, seed, train.class_names)
 
     if d.server_source == "clients":
         server = server_data.from_clients(clients, d.server_clients, d.server_samples_per_client, seed)
@@ -286,13 +313,15 @@ def build_federation(d, seed: int) -> Federation:
                       num_classes=len(ds.class_names), class_names=list(ds.class_names), input_stats=stats)
 
 
-def _partition(d, labels: np.ndarray, pool: np.ndarray, seed: int) -> list[np.ndarray]:
+def _partition(d, labels: np.ndarray, pool: np.ndarray, seed: int,
+               class_names: list[str] | None = None) -> list[np.ndarray]:
     n_i = d.samples_per_client or len(pool) // d.num_clients
     if n_i < 1:
         raise partition.PartitionError(
             f"data.num_clients = {d.num_clients}: more clients than the {len(pool)} samples available")
     if d.partition == "classes":
-        return partition.by_classes(labels, d.num_clients, d.classes_per_client, n_i, seed, pool)
+        return partition.by_classes(labels, d.num_clients, d.classes_per_client, n_i, seed, pool,
+                                    class_names=class_names)
     if d.partition == "dirichlet":
         return partition.dirichlet(labels, d.num_clients, d.dirichlet_alpha, seed, pool)
     if d.partition == "shards":

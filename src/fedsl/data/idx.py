@@ -4,11 +4,21 @@ An idx file is a 4-byte magic number -- two zero bytes, a type code, the number 
 dimensions -- then each dimension as a big-endian uint32, then the values in C order,
 big-endian. ``read_idx`` checks the length exactly: a truncated download or a file with
 trailing bytes is a ``DataError`` naming the file, not a silently short array.
+
+The header is never trusted with memory. A raw file's size is known, so the header's claim
+is checked against it before anything is allocated. A gzip file's decompressed length is
+not known without decompressing it, so (1) a claim above ``GZIP_MAX_RATIO`` times the
+compressed size is refused at once -- deflate cannot expand more than 1032:1, so such a
+file must be truncated or not an idx file -- and (2) the values are read incrementally into
+a buffer that grows with the data actually decompressed, so a header claiming 2**32 - 1
+images costs only the memory of the bytes really there before the file is reported
+truncated (trailing bytes past the claim are counted without being kept).
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 
@@ -29,6 +39,10 @@ _CODES: dict[tuple[str, int], int] = {(dt.kind, dt.itemsize): code for code, dt 
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 22
+# deflate's largest expansion is 1032:1 (a 258-byte match in 2 bits); a few bytes of slack
+# for the gzip header and tiny files
+GZIP_MAX_RATIO = 1032
+_GZIP_SLACK = 1 << 16
 
 
 def _open(path: Path):
@@ -49,11 +63,35 @@ def _read_exact(stream, buf: memoryview) -> int:
     return done
 
 
+def _read_grown(stream, nbytes: int) -> tuple[bytearray, int]:
+    """Up to ``nbytes`` bytes of ``stream`` in a buffer grown as they arrive; (buffer, bytes read).
+
+    Memory follows the data that exist, not the header's claim (a bytearray grows in place,
+    large ones by mremap, without copying what it holds).
+    """
+    buf = bytearray()
+    while len(buf) < nbytes:
+        block = stream.read(min(_CHUNK, nbytes - len(buf)))
+        if not block:
+            break
+        buf += block
+    return buf, len(buf)
+
+
+def _count_rest(stream) -> int:
+    """Bytes left in ``stream``, counted without keeping them."""
+    n = 0
+    while block := stream.read(_CHUNK):
+        n += len(block)
+    return n
+
+
 def read_idx(path: str | Path) -> np.ndarray:
     """The array stored in the idx file at ``path`` (gzip or raw), in native byte order."""
     path = Path(path)
     try:
         with _open(path) as f:
+            gz = isinstance(f, gzip.GzipFile)
             magic = f.read(4)
             if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in IDX_DTYPES:
                 raise DataError(f"{path} is not an idx file (magic bytes {magic.hex() or 'missing'}; expected "
@@ -65,19 +103,40 @@ def read_idx(path: str | Path) -> np.ndarray:
                                 "bytes): delete it and download it again")
             shape = tuple(int(d) for d in np.frombuffer(raw_dims, dtype=">u4"))
             header = 4 + 4 * ndim
-            expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            out = np.empty(shape, dtype=dtype)
-            got = _read_exact(f, memoryview(out.reshape(-1).view(np.uint8)))
-            extra = len(f.read(1 << 16)) if got == out.nbytes else 0
-            if got < out.nbytes or extra:
-                actual = header + got + extra
-                if extra:  # count the rest without holding it in memory
-                    while block := f.read(_CHUNK):
-                        actual += len(block)
-                what = "is truncated" if got < out.nbytes else "has trailing bytes"
-                raise DataError(f"{path} {what}: its header {shape} needs {expected} bytes"
-                                f"{' (uncompressed)' if isinstance(f, gzip.GzipFile) else ''}, the file has "
-                                f"{actual}: delete it and download it again")
+            nbytes = math.prod(shape) * dtype.itemsize  # python ints: no overflow for any header
+            expected = header + nbytes
+            unc = " (uncompressed)" if gz else ""
+
+            def wrong_size(actual: int) -> DataError:
+                what = "is truncated" if actual < expected else "has trailing bytes"
+                return DataError(f"{path} {what}: its header {shape} needs {expected} bytes{unc}, the file has "
+                                 f"{actual}: delete it and download it again")
+
+            size = path.stat().st_size
+            if not gz and size != expected:  # checked before anything is allocated
+                raise wrong_size(size)
+            if gz and nbytes > GZIP_MAX_RATIO * size + _GZIP_SLACK:
+                raise DataError(f"{path} is truncated or not an idx file: its header {shape} claims {expected} "
+                                f"bytes uncompressed, more than a {size}-byte gzip file can hold (deflate expands "
+                                f"at most {GZIP_MAX_RATIO}:1): delete it and download it again")
+            try:
+                if gz:
+                    buf, got = _read_grown(f, nbytes)
+                    flat = np.frombuffer(buf, dtype=np.uint8)
+                else:
+                    flat = np.empty(nbytes, dtype=np.uint8)
+                    got = _read_exact(f, memoryview(flat))
+            except MemoryError:
+                raise DataError(f"{path}: not enough memory for the {nbytes:,} bytes of its array {shape} "
+                                f"({dtype.str[1:]}): free memory or use a smaller file") from None
+            extra = len(f.read(1 << 16)) if got == nbytes else 0
+            if got < nbytes or extra:
+                raise wrong_size(header + got + extra + (_count_rest(f) if extra else 0))
+            try:
+                out = flat.view(dtype).reshape(shape)
+            except ValueError:  # a zero dimension beside dimensions too big for any array
+                raise DataError(f"{path}: its header's shape {shape} is not a valid array shape; "
+                                "delete it and download it again") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise DataError(f"{path} is a damaged gzip file ({e}): delete it and download it again") from None
     except FileNotFoundError:

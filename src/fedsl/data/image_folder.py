@@ -12,6 +12,14 @@ ordered by label, then by file path.
   filter); without it all images must have one size.
 - ``per_class`` keeps a seeded random subset of at most that many files per class, drawn
   before decoding (only the kept files are decoded).
+- A class folder with no image is an error (it would leave a class without samples, which
+  C-class partitions and class-conditional statistics do not expect); a class that has no
+  folder at all is allowed only when ``class_names`` names it. ``load_image_folder_dataset``
+  warns (``DataWarning``) when a split has no image of some class.
+- Nothing is decoded that Pillow's decompression-bomb check (``Image.MAX_IMAGE_PIXELS``)
+  refuses or warns about: such an image is a ``DataError`` naming it. Without ``size``, a
+  folder whose decoded images would not fit in this machine's memory is refused before
+  decoding.
 
 Decoding runs in worker processes (decoding a 32x32 JPEG is ~100 us, most of it Python
 code in Pillow's header parsing that holds the GIL, so threads gain little; measured on
@@ -23,9 +31,11 @@ of an unchanged folder only reads one .npz file.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -35,7 +45,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
-from fedsl.data.errors import DataError
+from fedsl.data.errors import DataError, warn_missing_classes
 
 Mode = Literal["L", "RGB"]
 
@@ -74,6 +84,23 @@ def _class_folders(root: Path) -> list[str]:
     if not root.is_dir():
         raise DataError(f"{root}: no such folder; give the folder that holds one sub-folder per class")
     return sorted(p.name for p in root.iterdir() if p.is_dir() and _visible(p.name))
+
+
+def _has_file(folder: Path) -> bool:
+    """Whether ``folder`` holds a visible file (recursively, hidden folders skipped); stops at the first."""
+    for _dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if _visible(d)]
+        if any(_visible(f) for f in filenames):
+            return True
+    return False
+
+
+def _check_not_empty(root: Path, mapping: dict[str, int]) -> None:
+    empty = [f for f in sorted(mapping) if not _has_file(root / f)]
+    if empty:
+        raise DataError(f"{root / empty[0]}: class folder {empty[0]!r} holds no images"
+                        f"{f' (nor do {empty[1:]})' if len(empty) > 1 else ''}; expected at least one image per "
+                        f"class folder: add images, remove the folder, or skip it with ignore=[{empty[0]!r}]")
 
 
 def _files_of(folder: Path) -> list[str]:
@@ -138,19 +165,36 @@ def per_class_subset(labels: np.ndarray, per_class: int | None, seed: int) -> np
 # --------------------------------------------------------------------------- decoding
 
 def _open_error(path: str, e: Exception) -> DataError:
+    if isinstance(e, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return DataError(f"{path}: too many pixels to decode safely ({e}); expected at most "
+                         f"{Image.MAX_IMAGE_PIXELS:,} pixels (Pillow's Image.MAX_IMAGE_PIXELS): shrink the image "
+                         "or remove it from the class folder")
     return DataError(f"{path}: not an image Pillow can read ({type(e).__name__}: {e}); "
                      "remove it from the class folder or move it elsewhere")
+
+
+# What a decoding error can be: Pillow's decompression-bomb warning is made an error
+# (``_bombs_are_errors``) so that an image above Image.MAX_IMAGE_PIXELS is never decoded.
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning)
+
+
+@contextlib.contextmanager
+def _bombs_are_errors():
+    """A context in which Pillow's DecompressionBombWarning is raised, not printed (then decoded)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        yield
 
 
 def _header(path: str) -> tuple[tuple[int, int], str]:
     """(size as Pillow's (width, height) after EXIF rotation, mode) without decoding pixels."""
     try:
-        with Image.open(path) as im:
+        with _bombs_are_errors(), Image.open(path) as im:
             w, h = im.size
             if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # rotated by 90 degrees
                 w, h = h, w
             return (w, h), im.mode
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    except _DECODE_ERRORS as e:
         raise _open_error(path, e) from None
 
 
@@ -164,7 +208,10 @@ def resize_image(im: Image.Image, size_hw: tuple[int, int], resample: str = "lan
 
 def _decode_one(path: str, size_hw: tuple[int, int] | None, mode: str | None, resample: str,
                 expect: tuple[tuple[int, int], str] | None) -> tuple[np.ndarray, bool]:
-    """One image as uint8 [H, W] (mode L) or [H, W, 3] (RGB, also for mode None); colour flag."""
+    """One image as uint8 [H, W] (mode L) or [H, W, 3] (RGB, also for mode None); colour flag.
+
+    Call it inside ``_bombs_are_errors()`` (as ``_decode_chunk`` does).
+    """
     try:
         with Image.open(path) as im:
             if size_hw is not None and im.format == "JPEG":
@@ -189,18 +236,27 @@ def _decode_one(path: str, size_hw: tuple[int, int] | None, mode: str | None, re
             return np.asarray(im), colour
     except DataError:
         raise
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    except _DECODE_ERRORS as e:
         raise _open_error(path, e) from None
 
 
 def _decode_chunk(paths: list[str], size_hw, mode, resample, expect) -> tuple[np.ndarray, np.ndarray]:
     """Images of ``paths`` stacked, and which of them were colour (run in a worker process)."""
     arrays, colour = [], []
-    for p in paths:
-        a, c = _decode_one(p, size_hw, mode, resample, expect)
-        arrays.append(a)
-        colour.append(c)
+    with _bombs_are_errors():
+        for p in paths:
+            a, c = _decode_one(p, size_hw, mode, resample, expect)
+            arrays.append(a)
+            colour.append(c)
     return np.stack(arrays), np.asarray(colour, dtype=bool)
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory in bytes (0 where unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not on this platform
+        return 0
 
 
 def default_workers() -> int:
@@ -234,6 +290,12 @@ def decode_images(paths: Sequence[str], *, size: tuple[int, int] | None = None, 
     expect = None
     if size is None:
         expect = (_header(paths[0])[0], paths[0])
+    (w, h), channels = (expect[0] if size is None else size[::-1]), (1 if mode == "L" else 3)
+    need, have = len(paths) * w * h * channels, _memory_bytes()
+    if have and need > have:  # decoded as RGB unless mode "L"; refuse before decoding any
+        raise DataError(f"{len(paths):,} images of {w}x{h} pixels (width x height) need {need / 2**30:.1f} GiB "
+                        f"decoded, more than this machine's {have / 2**30:.1f} GiB of memory (first: {paths[0]}); "
+                        "expected them to fit: give size=(height, width) to shrink them while decoding")
     workers = default_workers() if workers is None else max(1, int(workers))
     workers = min(workers, max(1, len(paths) // (_PARALLEL_MIN_FILES // 2)))
     args = (size, mode, resample, expect)
@@ -303,6 +365,7 @@ def load_image_folder(root: str | Path, *, class_names: Sequence[str] | None = N
     names, mapping = _label_map(root, folders, class_names, aliases, ignore)
     if not mapping:
         raise DataError(f"{root}: no class folders (expected one sub-folder of images per class)")
+    _check_not_empty(root, mapping)
 
     def build() -> dict[str, np.ndarray]:
         paths: list[str] = []
@@ -336,7 +399,8 @@ def load_image_folder_dataset(root: str | Path, *, class_names: Sequence[str] | 
 
     Both splits share one label order: ``class_names``, or else the train split's sorted
     class folders (a test folder that is not one of them is an error). Other keywords go to
-    :func:`load_image_folder` (``per_class`` applies to each split).
+    :func:`load_image_folder` (``per_class`` applies to each split). A split without any
+    image of some class (no folder for it) loads with a ``DataWarning`` naming the classes.
     """
     root = Path(root)
     for split in (train, test):
@@ -350,6 +414,10 @@ def load_image_folder_dataset(root: str | Path, *, class_names: Sequence[str] | 
     common = dict(class_names=class_names, aliases=aliases, ignore=ignore, **kw)
     tr = load_image_folder(root / train, **common)
     te = load_image_folder(root / test, **common)
+    warn_missing_classes(tr.y, tr.class_names, f"training split {root / train}",
+                         "no client or server learns it, and class partitions use only the classes present")
+    warn_missing_classes(te.y, te.class_names, f"test split {root / test}",
+                         "the accuracy does not measure it")
     if tr.x.shape[1:] != te.x.shape[1:]:
         raise DataError(f"{root}: train images are {tr.x.shape[1:]} but test images are {te.x.shape[1:]} "
                         "(height, width, channels); give size=(height, width) and mode= to make them agree")

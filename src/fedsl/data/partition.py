@@ -11,12 +11,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from typing import Sequence
+
 from fedsl.data.errors import DataError
 from fedsl.engine.rng import PARTITION, rng
 
 
 class PartitionError(DataError):
     """A partition that the data cannot satisfy."""
+
+
+def class_label(c, class_names: Sequence[str] | None) -> str:
+    """How messages name label ``c``: "class 3 ('dog')" when the names are known, else "class 3"."""
+    c = int(c)
+    if class_names is not None and 0 <= c < len(class_names):
+        return f"class {c} ({class_names[c]!r})"
+    return f"class {c}"
 
 
 def class_sets(num_classes: int, num_clients: int, classes_per_client: int, gen: np.random.Generator) -> np.ndarray:
@@ -50,7 +60,8 @@ def class_sets(num_classes: int, num_clients: int, classes_per_client: int, gen:
 
 
 def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, samples_per_client: int,
-               seed: int, pool: np.ndarray | None = None) -> list[np.ndarray]:
+               seed: int, pool: np.ndarray | None = None,
+               class_names: Sequence[str] | None = None) -> list[np.ndarray]:
     """The paper's non-IID partition: N clients × C classes × n_i/C samples each.
 
     Args:
@@ -61,13 +72,18 @@ def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, sa
             (those demanded least by the clients before it) one more.
         seed: partition seed.
         pool: indices clients may draw from (default: all).
+        class_names: name of each label, for messages only.
     """
     labels = np.asarray(labels)
     pool = np.arange(len(labels)) if pool is None else np.asarray(pool, dtype=np.int64)
     classes = np.unique(labels)
     L = len(classes)
     if not 1 <= classes_per_client <= L:
-        raise PartitionError(f"data.classes_per_client = {classes_per_client}: expected 1..{L} (the dataset has {L} classes)")
+        present = set(classes.tolist())
+        absent = [] if class_names is None else [n for i, n in enumerate(class_names) if i not in present]
+        has = f"the dataset has {L} classes" if not absent else \
+            f"the training pool has samples of {L} of the {len(class_names)} classes; none of {absent}"
+        raise PartitionError(f"data.classes_per_client = {classes_per_client}: expected 1..{L} ({has})")
     if samples_per_client < classes_per_client:
         raise PartitionError(
             f"data.samples_per_client = {samples_per_client}: expected at least data.classes_per_client = {classes_per_client}")
@@ -105,7 +121,7 @@ def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, sa
     if short:
         c = short[0]
         raise PartitionError(
-            f"class {c} has {len(queues[c])} samples but the partition (N={num_clients}, "
+            f"{class_label(c, class_names)} has {len(queues[c])} samples but the partition (N={num_clients}, "
             f"C={classes_per_client}, n_i={samples_per_client}) needs {demand[c]}: lower "
             "data.samples_per_client or data.num_clients, or raise data.classes_per_client")
     taken = {c: 0 for c in classes}

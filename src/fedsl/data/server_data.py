@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsl.data.partition import PartitionError
+from typing import Sequence
+
+from fedsl.data.partition import PartitionError, class_label
 from fedsl.engine.rng import SERVER_DATA, rng
 
 
-def iid_per_class(labels: np.ndarray, size: int, seed: int, pool: np.ndarray | None = None) -> np.ndarray:
+def iid_per_class(labels: np.ndarray, size: int, seed: int, pool: np.ndarray | None = None,
+                  class_names: Sequence[str] | None = None) -> np.ndarray:
     """n0 samples with ≈ n0/L per class (paper, Scenario 1), drawn without replacement from ``pool``.
 
-    The first n0 mod L classes (in a seeded order) get one sample more.
+    The first n0 mod L classes (in a seeded order) get one sample more. ``class_names``
+    (label -> name) is for messages only.
     """
     labels = np.asarray(labels)
     pool = np.arange(len(labels)) if pool is None else np.asarray(pool, dtype=np.int64)
@@ -24,7 +28,8 @@ def iid_per_class(labels: np.ndarray, size: int, seed: int, pool: np.ndarray | N
         k = base + (1 if j < extra else 0)
         members = pool[labels[pool] == c]
         if k > len(members):
-            raise PartitionError(f"data.server_size = {size} needs {k} samples of class {c}, only {len(members)} exist")
+            raise PartitionError(f"data.server_size = {size} needs {k} samples of {class_label(c, class_names)}, "
+                                 f"only {len(members)} exist")
         picked.append(members[gen.permutation(len(members))[:k]])
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
 

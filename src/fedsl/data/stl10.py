@@ -16,6 +16,11 @@ loader linked from that page (github.com/mttk/STL10, stl10_input.py) turns it up
 with ``np.reshape(x, (-1, 3, 96, 96)).transpose(0, 3, 2, 1)`` (-> [n, row, column,
 channel]), and torchvision's ``STL10`` with ``transpose(0, 1, 3, 2)`` (-> [n, channel, row,
 column]): the same reading.
+
+The files have no header, so their sizes are checked before they are read: an X file must
+hold whole images and at most ``MAX_IMAGES`` of them (the release's largest file), its y file
+one byte per image, class_names.txt at most ``TEXT_MAX_BYTES``; extraction refuses a member
+whose tar header claims more than that, before writing a byte of it.
 """
 
 from __future__ import annotations
@@ -59,6 +64,17 @@ IMAGE_BYTES = 3 * SIDE * SIDE
 _MEMBERS = ("train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin", "class_names.txt", "fold_indices.txt")
 _SPLITS = ("train", "test")
 _CACHE_VERSION = 1
+MAX_IMAGES = 100_000  # the release's largest file, unlabeled_X.bin (the labelled splits: 5,000 and 8,000)
+TEXT_MAX_BYTES = 1 << 20  # class_names.txt, fold_indices.txt (~100 bytes and ~30 kB in the release)
+
+
+def _member_limit(name: str) -> int:
+    """The most bytes the release's file ``name`` may have."""
+    if name.endswith("_X.bin"):
+        return MAX_IMAGES * IMAGE_BYTES
+    if name.endswith("_y.bin"):
+        return MAX_IMAGES
+    return TEXT_MAX_BYTES
 
 
 def _binary_dir(root: Path) -> Path | None:
@@ -83,7 +99,16 @@ def _read_class_names(d: Path) -> list[str]:
     path = d / "class_names.txt"
     if not path.is_file():
         return list(STL10_CLASSES)
-    names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    size = path.stat().st_size
+    if size > TEXT_MAX_BYTES:
+        raise DataError(f"{path} is {size:,} bytes: expected a short text file, one class name a line "
+                        f"(at most {TEXT_MAX_BYTES:,} bytes); extract it again from {ARCHIVE}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): expected one class name a line "
+                        f"(STL-10: {' '.join(STL10_CLASSES)}); extract it again from {ARCHIVE}") from None
+    names = [line.strip() for line in text.splitlines() if line.strip()]
     if not names:
         raise DataError(f"{path} is empty: expected one class name a line (STL-10: {' '.join(STL10_CLASSES)})")
     return names
@@ -112,15 +137,18 @@ def read_stl10_binary(root: str | Path, splits: tuple[str, ...] = _SPLITS) -> di
             if not p.is_file():
                 raise DataError(f"{p}: missing; extract it from the publisher's {ARCHIVE} (or delete {d} "
                                 f"and pass download=True)")
-        n_bytes = xp.stat().st_size
+        n_bytes, n_labels = xp.stat().st_size, yp.stat().st_size  # sizes checked before reading
         if n_bytes % IMAGE_BYTES:
             raise DataError(f"{xp} has {n_bytes} bytes, not a multiple of one 3x96x96 image ({IMAGE_BYTES} bytes): "
                             f"the file is truncated or corrupt; extract it again from {ARCHIVE}")
-        y = np.fromfile(yp, dtype=np.uint8)
         n = n_bytes // IMAGE_BYTES
-        if len(y) != n:
-            raise DataError(f"{yp} has {len(y)} labels but {xp} has {n} images: one of them is truncated or "
+        if n > MAX_IMAGES:
+            raise DataError(f"{xp} holds {n:,} images: expected at most {MAX_IMAGES:,} (STL-10's largest file); "
+                            f"it is not STL-10's; extract it again from {ARCHIVE}")
+        if n_labels != n:
+            raise DataError(f"{yp} has {n_labels} labels but {xp} has {n} images: one of them is truncated or "
                             f"from another release; extract both again from {ARCHIVE}")
+        y = np.fromfile(yp, dtype=np.uint8)
         if n and (y.min() < 1 or y.max() > len(names)):
             raise DataError(f"{yp}: labels {int(y.min())}..{int(y.max())}, expected 1..{len(names)} "
                             f"(one for each line of class_names.txt); the file is corrupt")
@@ -144,6 +172,10 @@ def extract_stl10(archive: str | Path, dest: str | Path) -> Path:
                 name = os.path.basename(member.name)
                 if not member.isfile() or name not in wanted:
                     continue
+                if member.size > _member_limit(name):
+                    raise DataError(f"{archive}: member {member.name} claims {member.size:,} bytes, expected at "
+                                    f"most {_member_limit(name):,}: it is not the STL-10 binary release ({URL}); "
+                                    "delete it and download it again")
                 src = tf.extractfile(member)
                 part = out / f".{name}.part"
                 with open(part, "wb") as f:
