@@ -386,3 +386,54 @@ def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one
     assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
     final = torch.load(out / "final.pt")
     assert max((final["x"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-6
+
+
+def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployments, tmp_path, one_thread):
+    """The SuperLink (with its ServerApp) dies after round 2's checkpoint; a SuperLink started again and the
+    same `flwr run` continue from out-dir/checkpoint.pt: 4 rounds in all and the simulator's model."""
+    out = tmp_path / "out"
+    base = tmp_path / "base.toml"
+    base.write_text("rounds = 4\ncheckpoint_every = 1\n")  # checkpoint_every is not a key of the app's config
+    run_config = {"rounds": 4, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0, "client-delay": 1.0,
+                  "config-file": str(base)}
+    cfg, _ = parse_run_config(app_run_config(**run_config), APP)
+    expected, infos = run_rounds(prepare(cfg).sim, cfg.rounds)
+
+    dep = deployments()
+    dep.start_superlink()
+    for i in range(3):
+        dep.start_node(f"node{i}", i)
+    args = ["run", str(APP), "test", "--stream"]
+    for key, value in run_config.items():
+        args += ["--run-config", f"{key}={_toml(value)}"]
+    with open(dep.root / "flwr-run.log", "wb") as log:
+        run = subprocess.Popen([str(BIN / "flwr"), *args], env=dep.env(dep.cli_home), cwd=dep.cli_home, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    dep.procs["flwr-run"], dep.logs["flwr-run"] = run, dep.root / "flwr-run.log"
+
+    def checkpoint_round() -> int:
+        try:
+            return int(torch.load(out / "checkpoint.pt", weights_only=True)["round"])
+        except (OSError, RuntimeError, EOFError):
+            return 0
+
+    _wait_for(lambda: checkpoint_round() >= 2, 240, "the checkpoint of round 2", dep)
+    dep.kill("superlink")  # the SuperLink's machine dies, and the ServerApp with it
+    dep.kill("flwr-run")
+    crashed_at = checkpoint_round()
+    assert 2 <= crashed_at < 4 and not (out / "done.json").exists(), _logs(dep)
+    before = json.loads((out / "rounds.json").read_text())
+
+    dep.start_superlink()  # the same address; the SuperNodes are started again too
+    for i in range(3):
+        dep.start_node(f"node{i}-again", i)
+    res = dep.run_app(run_config, timeout=300)
+    assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4]
+    assert rounds[:crashed_at] == before[:crashed_at]  # kept from the checkpoint, not run again
+    assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
+    final = torch.load(out / "final.pt")
+    diff = max((final["x"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
+    print(f"resumed at round {crashed_at + 1}: max |x_T(Flower) - x_T(simulator)| = {diff:.3g}")
+    assert diff <= 1e-6

@@ -26,7 +26,7 @@ from fedsl.experiments.runner import prepare  # the runner's own resolution of t
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
 FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes",
-               "node-wait", "client-delay")
+               "node-wait", "client-delay", "resume", "node-partitions")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class FlowerOptions:
     """Options of a Flower run that are not part of the algorithm.
 
     Attributes:
-        out_dir: where the ServerApp writes ``final.pt``, ``rounds.json`` and ``metrics.json`` ("" = nowhere).
+        out_dir: where the ServerApp writes ``final.pt``, ``rounds.json``, ``evaluations.json``,
+            ``received.json`` and, every ``checkpoint_every`` rounds, ``checkpoint.pt`` ("" = nowhere).
         round_timeout: seconds the ServerApp waits for a round's replies; clients that have
             not replied by then are dropped for the rest of the run.
         straggler_timeout: seconds to wait for the rest of a round's replies once the first one
@@ -42,6 +43,12 @@ class FlowerOptions:
         min_nodes: connected SuperNodes to wait for before round 1.
         node_wait: seconds to wait for them (then the run starts with the nodes there are).
         client_delay: seconds a ClientApp sleeps before training (for failure tests only).
+        resume: continue from ``out_dir/checkpoint.pt`` when there is one (written every
+            ``checkpoint_every`` rounds by the ServerApp); False: start over at round 1.
+        node_partitions: the server's assignment of partitions to nodes, node id -> partition id
+            (run config ``node-partitions = "ID:I,ID:I,..."``, e.g. the node ids that
+            ``flwr supernode register`` printed); empty: a partition is assigned to the first
+            connected node that claims it (its node config's ``partition-id``).
     """
 
     out_dir: str = ""
@@ -50,6 +57,34 @@ class FlowerOptions:
     min_nodes: int = 1
     node_wait: float = 300.0
     client_delay: float = 0.0
+    resume: bool = True
+    node_partitions: tuple[tuple[int, int], ...] = ()
+
+
+def parse_node_partitions(text: str, num_clients: int) -> tuple[tuple[int, int], ...]:
+    """``"ID:I, ID:I"`` (node id : partition id) -> sorted pairs; one node per partition and vice versa.
+
+    Raises:
+        ConfigError: one line naming the bad entry.
+    """
+    pairs: dict[int, int] = {}
+    owner: dict[int, int] = {}
+    for item in text.replace(",", " ").split():
+        node_s, sep, pid_s = item.partition(":")
+        try:
+            node, pid = int(node_s), int(pid_s)
+        except ValueError:
+            node = pid = -1
+        if not sep or node < 0 or not 0 <= pid < num_clients:
+            raise ConfigError(f"run config node-partitions entry {item!r}: expected NODE_ID:PARTITION_ID with "
+                              f"0 <= PARTITION_ID < data.num_clients = {num_clients}")
+        if node in pairs:
+            raise ConfigError(f"run config node-partitions: node {node} is listed twice")
+        if pid in owner:
+            raise ConfigError(f"run config node-partitions: partition {pid} is assigned to nodes {owner[pid]} "
+                              f"and {node}")
+        pairs[node], owner[pid] = pid, node
+    return tuple(sorted(pairs.items()))
 
 
 def _option(flat: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -110,6 +145,8 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
         min_nodes=_option(flat, "min-nodes", int, FlowerOptions.min_nodes),
         node_wait=_option(flat, "node-wait", float, FlowerOptions.node_wait),
         client_delay=_option(flat, "client-delay", float, 0.0),
+        resume=_option(flat, "resume", bool, FlowerOptions.resume),
+        node_partitions=parse_node_partitions(_option(flat, "node-partitions", str, ""), cfg.data.num_clients),
     )
     if options.round_timeout <= 0:
         raise ConfigError(f"run config round-timeout = {options.round_timeout}: expected seconds > 0")

@@ -1,4 +1,5 @@
-"""The ServerApp: holds D0 and the test set, runs ``FedslStrategy`` for the config's T rounds."""
+"""The ServerApp: holds D0 and the test set, runs ``FedslStrategy`` for the config's T rounds
+(the rounds left after ``out-dir``'s checkpoint, when it resumes)."""
 
 from __future__ import annotations
 
@@ -51,16 +52,21 @@ class RoundGrid:
 
 
 def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) -> FedslStrategy:
-    """Run the configured algorithm on ``grid``; returns the strategy (its ``state.x`` is x_T)."""
+    """Run the configured algorithm on ``grid``; returns the strategy (its ``state.x`` is x_T).
+
+    With ``out-dir`` set, the run continues from ``out-dir/checkpoint.pt`` when there is one (a
+    ServerApp or SuperLink that crashed: start the same run again) unless ``resume = false``.
+    """
     setup = load_setup(context.run_config, app_dir)
     cfg = setup.cfg
     strategy = FedslStrategy(setup)
+    done = strategy.resume()  # the checkpoint's round in out-dir (0: none, or resume = false)
     log(INFO, "fedsl: %s, T=%d rounds, N=%d clients (partition ids 0..%d), S=%d per round, n0=%d on the server",
         setup.algorithm.name, cfg.rounds, setup.num_clients, setup.num_clients - 1, cfg.algorithm.clients_per_round,
         setup.fed.n0)
     straggler = setup.options.straggler_timeout or None
-    strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x), num_rounds=cfg.rounds,
-                   timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
+    strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x),
+                   num_rounds=cfg.rounds - done, timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
     strategy.finish()
     if strategy.evaluations:
         last = strategy.evaluations[-1]

@@ -1,0 +1,382 @@
+"""The Flower server does not trust replies (issue 13, item 7), in one process.
+
+The ClientApps run in this process behind a Grid (as in ``test_flower``), and some of them are
+made to misbehave: a NaN, a wrong shape or dtype, a missing or mistyped metric, a stale round,
+another partition's id, a node claiming a partition it was not assigned. Each bad reply is
+dropped from its round with one log line naming the node, and the run goes on to a finite model
+(the same model as a run without that client, where that can be compared). The ServerApp writes
+a checkpoint every ``checkpoint_every`` rounds and a restarted one continues from it, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from conftest import run_rounds
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedsl.experiments.config import ConfigError
+from fedsl.experiments.runner import prepare
+from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config
+from fedsl.flower.records import to_record
+from fedsl.flower.server import run_server
+
+APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
+
+# FSL on a tiny MLP in float64; every client sampled every round (S = N = 4)
+BASE = {"rounds": 3, "seed": 1, "dtype": "float64", "eval_every": 100, "data.dataset": "synthetic_chars",
+        "data.chars": "0123", "data.train_per_class": 30, "data.test_per_class": 10, "data.num_clients": 4,
+        "data.classes_per_client": 2, "data.samples_per_client": 24, "data.server_size": 12, "model.name": "mlp",
+        "algorithm.name": "fsl", "algorithm.clients_per_round": 4, "algorithm.local_lr": 0.05,
+        "algorithm.batch_size": 10, "round-timeout": 5.0, "min-nodes": 0, "node-wait": 0.0}
+HONEST = {100 + i: i for i in range(4)}  # node id -> the partition-id in its node config
+
+Tamper = Callable[[Message, Message], Message]  # (train message, honest reply) -> what the node sends
+
+
+class Crash(RuntimeError):
+    """The ServerApp's process dies (raised by the grid)."""
+
+
+class Nodes:
+    """ClientApps in this process behind Flower's Grid (``send_and_receive``, and ``push_messages`` /
+    ``pull_messages`` for the ServerApp's ``RoundGrid``); one Context (and state) per node.
+
+    Args:
+        partitions: node id -> partition-id of its node config.
+        tamper: node id -> what it sends instead of its honest train reply.
+        late: node id -> the ``get_node_ids`` call from which on it is connected (1 = from the start).
+        crash_at: the train message (1-based count) at whose sending the ServerApp crashes.
+    """
+
+    def __init__(self, run_config: dict, partitions: dict[int, int], tamper: dict[int, Tamper] | None = None,
+                 late: dict[int, int] | None = None, crash_at: int | None = None) -> None:
+        self.app = make_client_app(APP)
+        self.contexts = {node: Context(run_id=1, node_id=node, node_config={"partition-id": pid}, state=RecordDict(),
+                                       run_config=run_config) for node, pid in partitions.items()}
+        self.tamper, self.late, self.crash_at = tamper or {}, late or {}, crash_at
+        self.calls, self.sent, self._replies = 0, [], {}
+
+    def trains_to(self, node: int) -> int:
+        return sum(m.metadata.dst_node_id == node and m.metadata.message_type == "train" for m in self.sent)
+
+    def get_node_ids(self) -> list[int]:
+        self.calls += 1
+        return [n for n in self.contexts if self.late.get(n, 1) <= self.calls]
+
+    def _reply(self, msg: Message) -> Message:
+        msg.metadata.__dict__["_message_id"] = f"m{len(self.sent)}"
+        self.sent.append(msg)
+        node = msg.metadata.dst_node_id
+        if msg.metadata.message_type == "train" and self.crash_at == sum(
+                m.metadata.message_type == "train" for m in self.sent):
+            raise Crash(f"the ServerApp crashed sending train message {self.crash_at}")
+        try:
+            reply = self.app(msg, self.contexts[node])
+        except Exception as e:  # noqa: BLE001 - what a SuperNode sends back when the ClientApp raises
+            return Message(Error(code=1, reason=str(e)), reply_to=msg)
+        if msg.metadata.message_type == "train" and node in self.tamper:
+            reply = self.tamper[node](msg, reply)
+        return reply
+
+    def send_and_receive(self, messages, *, timeout=None) -> list[Message]:
+        return [self._reply(m) for m in messages]
+
+    def push_messages(self, messages) -> list[str]:
+        ids = []
+        for m in messages:
+            reply = self._reply(m)  # stamps the message id
+            self._replies[m.metadata.message_id] = reply
+            ids.append(m.metadata.message_id)
+        return ids
+
+    def pull_messages(self, ids) -> list[Message]:
+        return [self._replies.pop(i) for i in list(ids) if i in self._replies]
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+    yield
+    TaskIdentity._run_id = TaskIdentity._node_id = TaskIdentity._task_id = None
+
+
+def run_flower(run_config: dict, partitions: dict[int, int] | None = None, **grid_kw) -> tuple[FedslStrategy, Nodes]:
+    setup = load_setup(run_config)
+    grid = Nodes(run_config, partitions or HONEST, **grid_kw)
+    strategy = FedslStrategy(setup)
+    strategy.start(grid, to_record(strategy.state.x), num_rounds=setup.cfg.rounds, timeout=5.0)
+    return strategy, grid
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[n].double().cpu() - b[n].double().cpu()).abs().max().item() for n in a)
+
+
+def finite(params: dict) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in params.values())
+
+
+def edit(arrays: Callable[[dict], dict] | None = None, metrics: Callable[[dict], dict] | None = None,
+         records: Callable[[dict], dict] | None = None) -> Tamper:
+    """A node that changes its honest reply: its arrays (name -> numpy array, or -> Array), its metrics,
+    or its records."""
+    def tamper(msg: Message, reply: Message) -> Message:
+        content = reply.content
+        recs = {"arrays": content.array_records["arrays"], "metrics": content.metric_records["metrics"]}
+        if arrays is not None:
+            new = arrays({n: a.numpy().copy() for n, a in recs["arrays"].items()})
+            recs["arrays"] = ArrayRecord({n: a if isinstance(a, Array) else Array(np.ascontiguousarray(a))
+                                          for n, a in new.items()})
+        if metrics is not None:
+            recs["metrics"] = MetricRecord(metrics(dict(recs["metrics"])))
+        if records is not None:
+            recs = records(recs)
+        return Message(RecordDict(recs), reply_to=msg)
+    return tamper
+
+
+def _first(d: dict) -> str:
+    return next(iter(d))
+
+
+def _nan(a: dict) -> dict:
+    a[_first(a)].flat[0] = np.nan
+    return a
+
+
+def _inf(a: dict) -> dict:
+    a[_first(a)].flat[-1] = -np.inf
+    return a
+
+
+def _shape(a: dict) -> dict:
+    n = _first(a)
+    a[n] = a[n].reshape(-1)[:-1]
+    return a
+
+
+def _declared_shape(a: dict) -> dict:  # Flower's metadata says the right shape, the bytes hold another
+    n = _first(a)
+    honest = Array(np.ascontiguousarray(a[n]))
+    lying = Array(np.ascontiguousarray(a[n].reshape(-1)))
+    return {**a, n: Array(dtype=honest.dtype, shape=honest.shape, stype=honest.stype, data=lying.data)}
+
+
+def _drop_metric(key: str) -> Callable[[dict], dict]:
+    return lambda m: {k: v for k, v in m.items() if k != key}
+
+
+BAD_REPLIES = {
+    "nan": (edit(arrays=_nan), "non-finite value (NaN or inf)"),
+    "inf": (edit(arrays=_inf), "non-finite value (NaN or inf)"),
+    "wrong shape": (edit(arrays=_shape), "shape ["),
+    "shape lie": (edit(arrays=_declared_shape), "holds shape ["),
+    "wrong dtype": (edit(arrays=lambda a: {n: v.astype(np.float32) for n, v in a.items()}), "dtype float32: expected "
+                                                                                            "float64"),
+    "missing array": (edit(arrays=lambda a: {n: v for n, v in list(a.items())[1:]}), "missing ["),
+    "extra array": (edit(arrays=lambda a: {**a, "backdoor": np.zeros(3)}), "unexpected ['backdoor']"),
+    "no arrays": (edit(records=lambda r: {"metrics": r["metrics"]}), "no ArrayRecord 'arrays'"),
+    "no metrics": (edit(records=lambda r: {"arrays": r["arrays"]}), "no MetricRecord 'metrics'"),
+    "no partition-id": (edit(metrics=_drop_metric("partition-id")), "metric partition-id missing"),
+    "no steps": (edit(metrics=_drop_metric("steps")), "metric steps missing"),
+    "no round": (edit(metrics=_drop_metric("round")), "metric round missing"),
+    "no num-examples": (edit(metrics=_drop_metric("num-examples")), "metric num-examples missing"),
+    "float steps": (edit(metrics=lambda m: {**m, "steps": 3.0}), "steps = 3.0: expected an integer"),
+    "zero steps": (edit(metrics=lambda m: {**m, "steps": 0}), "steps = 0: expected >= 1"),
+    "inflated num-examples": (edit(metrics=lambda m: {**m, "num-examples": 10**9}), "partition 1 has 24 samples"),
+    "stale round": (edit(metrics=lambda m: {**m, "round": m["round"] - 1}), "stale or replayed"),
+}
+
+
+# ----------------------------------------------------------------------------- bad replies
+
+@pytest.mark.parametrize("kind", list(BAD_REPLIES))
+def test_a_bad_reply_is_dropped_from_its_round_and_the_run_completes(one_thread, caplog, kind):
+    """Node 101 (partition 1) sends a bad reply every round: it is dropped every round with one log line,
+    and the model is the one of a run without partition 1 (bit for bit), finite."""
+    tamper, needle = BAD_REPLIES[kind]
+    strategy, grid = run_flower(BASE, tamper={101: tamper})
+    assert len(strategy.history) == BASE["rounds"] and finite(strategy.state.x)
+    for h in strategy.history:
+        assert h["trained"] == [0, 2, 3] and h["lost_partitions"] == [] and h["server_steps"] > 0
+        assert [(r["node"], r["partition"]) for r in h["rejected"]] == [(101, 1)]
+        assert needle in h["rejected"][0]["reason"], h["rejected"][0]["reason"]
+    # an unusable reply costs its round only: the node is sent x_t again in every round
+    assert 101 not in strategy.dropped and grid.trains_to(101) == BASE["rounds"]
+    lines = [r.getMessage() for r in caplog.records if "dropped the reply of node 101" in r.getMessage()]
+    assert len(lines) == BASE["rounds"] and all(needle in line and "\n" not in line for line in lines)
+    without, _ = run_flower(BASE, partitions={100: 0, 102: 2, 103: 3})
+    assert max_diff(strategy.state.x, without.state.x) == 0.0
+
+
+def test_a_round_whose_replies_are_all_dropped_applies_no_client_update(one_thread, caplog):
+    """Every node sends NaN: no client update is applied (x̄ = x_t), server learning still runs and
+    the rounds count: x_{t+1} is K0 server steps on D0 from x_t."""
+    strategy, _ = run_flower(BASE, tamper={node: edit(arrays=_nan) for node in HONEST})
+    assert len(strategy.history) == BASE["rounds"] and finite(strategy.state.x)
+    assert all(h["trained"] == [] and len(h["rejected"]) == 4 and h["server_steps"] > 0 for h in strategy.history)
+    assert sum("no usable client update" in r.getMessage() for r in caplog.records) == BASE["rounds"]
+    cfg, _ = parse_run_config(BASE)
+    sim = prepare(cfg).sim
+    state = sim.initial_state()
+    x, sl = state.x, sim.alg.server_learning
+    for t in range(cfg.rounds):
+        x, _ = sim.server_sgd(x, t, sl.gamma_schedule.value(t, state.gamma))
+    assert max_diff(strategy.state.x, x) == 0.0
+
+
+def test_an_aggregate_that_overflows_is_not_applied(one_thread, caplog):
+    """Finite but huge values (each reply passes) whose mean overflows: the round applies no client update."""
+    huge = edit(arrays=lambda a: {n: np.full_like(v, 1e308) for n, v in a.items()})
+    strategy, _ = run_flower({**BASE, "rounds": 1}, tamper={100: huge, 101: huge})
+    assert finite(strategy.state.x) and strategy.history[0]["trained"] == []
+    assert any("is not finite" in r.getMessage() for r in caplog.records)
+
+
+def test_a_reply_from_a_node_that_was_sent_nothing_is_dropped(one_thread, caplog):
+    """Node 100 also answers for node 104, which was never sent a train message (nor connected)."""
+    def forge(msg: Message, reply: Message) -> Message:
+        forged = Message(RecordDict({"arrays": reply.content.array_records["arrays"],
+                                     "metrics": MetricRecord({**dict(reply.content.metric_records["metrics"]),
+                                                              "partition-id": 1})}), reply_to=msg)
+        forged.metadata.__dict__["_src_node_id"] = 104
+        return [reply, forged]
+
+    class Forging(Nodes):
+        def send_and_receive(self, messages, *, timeout=None):
+            out = []
+            for m in messages:
+                r = self._reply(m)
+                out.extend(r if isinstance(r, list) else [r])
+            return out
+
+    setup = load_setup(BASE)
+    grid = Forging(BASE, HONEST, tamper={100: forge})
+    strategy = FedslStrategy(setup)
+    strategy.start(grid, to_record(strategy.state.x), num_rounds=BASE["rounds"], timeout=5.0)
+    assert all(h["trained"] == [0, 1, 2, 3] for h in strategy.history) and finite(strategy.state.x)
+    assert all([(r["node"], r["partition"]) for r in h["rejected"]] == [(104, None)] for h in strategy.history)
+    assert any("reply of node 104: it was sent no train message" in r.getMessage() for r in caplog.records)
+
+
+# ----------------------------------------------------------------------------- partition assignment
+
+def test_a_reply_claiming_another_partition_is_dropped_and_its_node_left_out(one_thread, caplog):
+    """Node 101 was sent partition 1 and replies as partition 2: dropped, and not addressed again."""
+    strategy, grid = run_flower(BASE, tamper={101: edit(metrics=lambda m: {**m, "partition-id": 2})})
+    first = strategy.history[0]
+    assert first["trained"] == [0, 2, 3] and first["lost_partitions"] == [1]
+    assert "claims partition-id 2, but the server sent it partition 1" in first["rejected"][0]["reason"]
+    assert all(h["trained"] == [0, 2, 3] and h["missing"] == [1] for h in strategy.history[1:])
+    assert 101 in strategy.dropped and grid.trains_to(101) == 1 and finite(strategy.state.x)
+    assert any("node 101 (partition 1): claims partition-id 2" in r.getMessage() for r in caplog.records)
+
+
+def test_node_partitions_assigns_partitions_and_an_impostor_is_left_out(one_thread, caplog):
+    """The server's assignment (node-partitions): nodes 50 and 99, not listed, claim partitions 1 and 2
+    (held by nodes 101 and 102). Neither trains; the run is the simulator's, bit for bit."""
+    rc = {**BASE, "node-partitions": "100:0, 101:1, 102:2, 103:3"}
+    partitions = {**HONEST, 50: 1, 99: 2}  # lower node ids than the holders': first in line before
+    strategy, grid = run_flower(rc, partitions=partitions)
+    assert grid.trains_to(50) == grid.trains_to(99) == 0 and {50, 99} <= strategy.dropped
+    assert strategy.node_partition == HONEST
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("node 50 left out of the run: it claims partition-id 1 but is not in node-partitions" in m
+               for m in messages)
+    cfg, _ = parse_run_config(rc)
+    expected, infos = run_rounds(prepare(cfg).sim, cfg.rounds)
+    assert [h["trained"] for h in strategy.history] == [i.clients.tolist() for i in infos]
+    assert max_diff(strategy.state.x, expected.x) == 0.0
+
+    # a listed node claiming another partition than the one it was assigned
+    rc = {**BASE, "node-partitions": "100:0,101:1,102:2,103:3"}
+    strategy, grid = run_flower(rc, partitions={100: 0, 101: 2, 102: 2, 103: 3})
+    assert grid.trains_to(101) == 0 and 101 in strategy.dropped
+    assert all(h["missing"] == [1] and h["trained"] == [0, 2, 3] for h in strategy.history)
+    assert any("node 101 left out of the run: it claims partition-id 2 but node-partitions assigns it partition 1"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_without_node_partitions_a_late_claim_of_an_assigned_partition_is_refused(one_thread, caplog):
+    """No node-partitions: a partition goes to the first node that claims it and stays with it; node 50
+    (a lower node id) connects in round 2 claiming partition 1, which node 101 holds."""
+    strategy, grid = run_flower(BASE, partitions={**HONEST, 50: 1}, late={50: 2})
+    assert grid.trains_to(50) == 0 and 50 in strategy.dropped and strategy.node_partition == HONEST
+    assert grid.trains_to(101) == BASE["rounds"]
+    assert any("node 50 left out of the run: it claims partition-id 1, already assigned to node 101" in r.getMessage()
+               for r in caplog.records)
+    cfg, _ = parse_run_config(BASE)
+    expected, _ = run_rounds(prepare(cfg).sim, cfg.rounds)
+    assert max_diff(strategy.state.x, expected.x) == 0.0
+
+
+@pytest.mark.parametrize("value, needle", [("100:0,101", "'101'"), ("100:9", "'100:9'"), ("a:1", "'a:1'"),
+                                           ("100:0,100:1", "node 100 is listed twice"),
+                                           ("100:0,101:0", "partition 0 is assigned to nodes 100 and 101")])
+def test_bad_node_partitions_are_refused_in_one_line(value, needle):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({**BASE, "node-partitions": value})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- checkpoint and resume
+
+def serve(run_config: dict, **grid_kw) -> FedslStrategy:
+    """The ServerApp's ``run_server`` on nodes in this process (a new Flower run: new client contexts)."""
+    return run_server(Nodes(run_config, HONEST, **grid_kw), Context(run_id=1, node_id=0, node_config={},
+                                                                    state=RecordDict(), run_config=run_config))
+
+
+def test_the_server_checkpoints_and_a_restarted_server_app_continues_bit_for_bit(one_thread, tmp_path):
+    """checkpoint_every = 2 of 5 rounds; the ServerApp dies in round 4 and is started again on the same
+    out-dir: it continues from round 3 and ends with the uninterrupted run's model and records."""
+    rc = {**BASE, "rounds": 5, "checkpoint_every": 2, "eval_every": 1, "algorithm.clients_per_round": 2}
+    whole = serve({**rc, "out-dir": str(tmp_path / "whole")})
+    out = tmp_path / "out"
+    rc = {**rc, "out-dir": str(out)}
+    with pytest.raises(Crash):
+        serve(rc, crash_at=2 * 3 + 1)  # the first train message of round 4
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["round"] == 2 and len(json.loads((out / "rounds.json").read_text())) == 3
+    assert not (out / "final.pt").exists() and not list(out.glob(".*.tmp"))
+    cfg, _ = parse_run_config(rc)
+    sim = prepare(cfg).sim
+    after2, _ = run_rounds(sim, 2)
+    assert max_diff(ckpt["x"], after2.x) == 0.0  # the model after round 2
+
+    resumed = serve(rc)
+    assert resumed.offset == 2
+    assert [h["round"] for h in resumed.history] == [1, 2, 3, 4, 5]
+    assert [h["trained"] for h in resumed.history] == [h["trained"] for h in whole.history]
+    assert max_diff(resumed.state.x, whole.state.x) == 0.0
+    final = torch.load(out / "final.pt", weights_only=True)
+    assert final["rounds"] == 5 and max_diff(final["x"], whole.state.x) == 0.0
+    assert json.loads((out / "evaluations.json").read_text()) == whole.evaluations
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["round"] == 5
+    expected, _ = run_rounds(sim, cfg.rounds)
+    assert max_diff(resumed.state.x, expected.x) == 0.0
+
+
+def test_resume_refuses_another_config_and_resume_false_starts_over(one_thread, tmp_path, caplog):
+    rc = {**BASE, "rounds": 2, "checkpoint_every": 1, "out-dir": str(tmp_path)}
+    serve(rc)
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["round"] == 2
+    with pytest.raises(ConfigError) as err:
+        serve({**rc, "server.gamma": 0.5})
+    assert "differs in server.gamma" in str(err.value) and "\n" not in str(err.value)
+    # more rounds of the same config: continues the finished run
+    longer = serve({**rc, "rounds": 3})
+    assert longer.offset == 2 and [h["round"] for h in longer.history] == [1, 2, 3]
+    fresh = serve({**rc, "server.gamma": 0.5, "resume": False})
+    assert fresh.offset == 0 and len(fresh.history) == 2
+    assert any("resume = false: removed" in r.getMessage() for r in caplog.records)
