@@ -310,7 +310,7 @@ def test_bad_value_names_key_value_and_expectation(section, key, value, expected
 
 
 def test_bad_value_message_includes_field_description():
-    assert "(T, number of rounds)" in error_of(minimal(rounds=0))
+    assert "(T, number of rounds, at most 10^7)" in error_of(minimal(rounds=0))
 
 
 def test_section_of_wrong_type():
@@ -462,7 +462,8 @@ def test_bad_seeds(seeds):
     assert error_of(minimal(seeds=seeds)).startswith("seeds")
 
 
-def test_model_name_is_known_or_an_import_path():
+def test_model_name_is_known_or_an_import_path(monkeypatch):
+    monkeypatch.setenv("FEDSL_ALLOW_IMPORT", "1")  # imported factories are code: opted in
     assert validate(minimal(model={"name": "mypkg.models:make_net"})).model.name == "mypkg.models:make_net"
     msg = error_of(minimal(model={"name": "resnet"}))
     assert msg.startswith("model.name = 'resnet'") and "package.module:factory" in msg

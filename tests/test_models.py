@@ -162,7 +162,8 @@ def test_torch_init_is_the_constructors_and_keras_the_default():
         build_model("cifar_cnn", 10, (3, 32, 32), seed=4, init="he")
 
 
-def test_imported_factory_keeps_its_init_unless_keras_is_asked():
+def test_imported_factory_keeps_its_init_unless_keras_is_asked(monkeypatch):
+    monkeypatch.setenv("FEDSL_ALLOW_IMPORT", "1")  # imported factories are code: opted in
     import sys
     import types
     mod = types.ModuleType("fedsl_test_factory")

@@ -231,6 +231,7 @@ def make_bn_net(num_classes, input_shape):
 
 
 def test_user_module_and_seeds_with_mean_std(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FEDSL_ALLOW_IMPORT", "1")  # imported factories are code: opted in
     (tmp_path / "user_models.py").write_text(USER_MODELS)
     monkeypatch.syspath_prepend(str(tmp_path))
     extra = '[variants.FedAvg.algorithm]\nname = "fedavg"\n[variants.FSL.algorithm]\nname = "fsl"\n'

@@ -23,6 +23,9 @@ class UserError(Exception):
     """Bad input; printed as one line, exit status 2."""
 
 
+BIG_SWEEP = 500  # `fedsl run` asks for --yes beyond this many runs
+
+
 def _clean_errors(fn):
     """Turn expected errors (config, data, files) into one line on stderr and exit 2."""
     import functools
@@ -84,6 +87,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
                                                            "small subsets"),
         variants: Optional[str] = typer.Option(None, "--variants", help="run only these variants, e.g. "
                                                                        "--variants FSL,SCAFFOLD"),
+        yes: bool = typer.Option(False, "--yes", "-y", help=f"run a sweep of more than {BIG_SWEEP} runs"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
     cfg = _load_config(config, preset, set_, data_dir, quick)
@@ -95,8 +99,18 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
     from fedsl.experiments.config import expand_variants
     from fedsl.experiments.runner import check
-    for variant in expand_variants(cfg).values():  # every variant, data checks included, before any work
+    runs = expand_variants(cfg)
+    if len(runs) > BIG_SWEEP and not yes:
+        raise UserError(f"the config makes {len(runs)} runs (variants × sweep points × seeds), more than {BIG_SWEEP}: "
+                        "pass --yes to run them all, or sweep fewer values")
+    say = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
+    say(f"checking {len(runs)} run{'' if len(runs) == 1 else 's'}...")
+    shown = time.monotonic()
+    for i, variant in enumerate(runs.values(), 1):  # every run, data checks included, before any work
         check(variant)
+        if time.monotonic() - shown > 10 and i < len(runs):  # a big sweep's checks take minutes
+            say(f"checked {i}/{len(runs)} runs...")
+            shown = time.monotonic()
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and any(out.iterdir()):

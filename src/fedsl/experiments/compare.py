@@ -33,6 +33,8 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
     out = Path(out)
     named = expand_runs(cfg)
     runs = {r: c for r, (_, c) in named.items()}
+    for rname in runs:  # names are checked in config; still, no run folder outside `out`
+        _inside(out, rname, f"run {rname!r}")
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
         spec = {r: {"dir": r, "variant": c.name, "base": v, "seed": c.seed,
@@ -122,12 +124,26 @@ def _spec(path: Path) -> dict:
     return json.loads((path / "group.json").read_text()) if is_group(path) else {}
 
 
+def _inside(root: Path, rel, what: str) -> Path:
+    """``root / rel``; a ConfigError unless that is a folder inside ``root`` (after resolving '..' and links)."""
+    from fedsl.experiments.config import ConfigError
+    if not isinstance(rel, str) or not rel:
+        raise ConfigError(f"{what}: folder {rel!r}: expected a folder name inside {str(root)!r}")
+    p = root / rel
+    r, q = root.resolve(), p.resolve()
+    if q == r or not q.is_relative_to(r):
+        raise ConfigError(f"{what}: folder {rel!r} is outside {str(root)!r}: expected a folder name inside it")
+    return p
+
+
 def group_runs(path: str | Path) -> dict[str, RunDir]:
     """Run name -> its folder (a single run folder is a group of one)."""
     path = Path(path)
     spec = _spec(path)
-    if spec:
-        return {r: RunDir(path / s["dir"]) for r, s in spec["runs"].items()}
+    if spec:  # a tampered group.json must not send a resume outside the group folder
+        return {r: RunDir(_inside(path, s.get("dir") if isinstance(s, dict) else None,
+                                  f"{str(path / 'group.json')!r} run {r!r}"))
+                for r, s in spec["runs"].items()}
     return {path.name: RunDir(path)}
 
 

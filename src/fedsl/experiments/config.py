@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -31,6 +32,40 @@ class _Strict(BaseModel):
 
 
 PosInt = Field(ge=1)
+
+# Upper bounds: absurd values stop at validation with one line, not later with a MemoryError
+# or hours of silence (each is in its field's description).
+ROUNDS_MAX = 10**7          # rounds and every per-round period (eval_every, checkpoint_every, ...)
+SEED_MAX = 2**63 - 1        # seeds are non-negative int64
+CLIENTS_MAX = 100_000       # N, S, c
+PER_CLASS_MAX = 1_000_000   # generated or carved images per class
+SAMPLES_MAX = 10_000_000    # sample counts (n_i, n0)
+BATCH_MAX = 1_000_000       # batch sizes
+EPOCHS_MAX = 10_000         # epochs per round
+STEPS_MAX = 1_000_000       # steps per round
+SYNTH_IMAGES_MAX = 1_000_000  # synthetic_chars: len(chars) × (train + test) images (~1,000/s to render)
+RUNS_MAX = 100_000          # runs of one config (variants × sweep points × seeds)
+
+# Names of runs and variants become folder names under --out: a safe character set only.
+NAME_MAX = 200
+_NAME = re.compile(r"\w[\w .+=,()-]*")  # \w: letters and digits of any script, and _
+NAME_RULE = (f"letters, digits, spaces and _ . - + = , ( ) only, starting with a letter, digit or _, "
+             f"at most {NAME_MAX} bytes in UTF-8 (it names the run's folder)")
+_UNSAFE = re.compile(r"[^\w .+=,()-]")
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a run folder (None when it can)."""
+    if not name:
+        return "expected a non-empty name"
+    if not _NAME.fullmatch(name) or len(name.encode("utf-8")) > NAME_MAX:
+        return f"expected {NAME_RULE}"
+    return None
+
+
+def slug(text: str) -> str:
+    """``text`` with every character outside the safe set replaced by '_'."""
+    return _UNSAFE.sub("_", text)
 
 
 DATASETS = ("synthetic_chars", "cifar10", "emnist", "mnist", "fashion_mnist", "image_folder")
@@ -54,31 +89,39 @@ class DataConfig(_Strict):
         "up_to", description="carving: a class short of train_per_class + test_per_class gives the test set what "
                              "is left after its training share ('up_to', the test size is in summary.json) or is "
                              "refused ('exact')")
-    num_clients: int = Field(20, ge=1, description="N, number of clients")
+    num_clients: int = Field(20, ge=1, le=CLIENTS_MAX, description=f"N, number of clients (at most {CLIENTS_MAX})")
     partition: Literal["classes", "iid", "dirichlet", "shards"] = Field(
         "classes", description="'classes' (paper: C classes per client), 'iid', 'dirichlet' or 'shards'")
-    classes_per_client: int = Field(2, ge=1, description="C, label classes per client")
-    samples_per_client: int | None = Field(None, ge=1, description="n_i; default: the pool split evenly over N")
+    classes_per_client: int = Field(2, ge=1, le=10_000, description="C, label classes per client (at most 10,000)")
+    samples_per_client: int | None = Field(None, ge=1, le=SAMPLES_MAX, description="n_i; default: the pool split "
+                                                                                    "evenly over N (at most 10^7)")
     dirichlet_alpha: float = Field(0.5, gt=0, description="α of the Dirichlet label-skew partition")
-    shards_per_client: int = Field(2, ge=1, description="shards per client (McMahan et al. partition)")
+    shards_per_client: int = Field(2, ge=1, le=10_000, description="shards per client (McMahan et al. partition; "
+                                                                     "at most 10,000)")
     quantity_skew: float | None = Field(None, gt=0, description="β: IID labels, client sizes ∝ Dirichlet(β)")
     server_source: Literal["iid", "clients", "dataset"] = Field(
         "iid", description="D0 from: 'iid' training samples, 'clients' (c clients × s samples) or another 'dataset'")
-    server_size: int = Field(0, ge=0, description="n0 = |D0| (iid: ≈ n0/L per class; other sources: a size budget, "
-                                                  "0 = all they give)")
+    server_size: int = Field(0, ge=0, le=SAMPLES_MAX, description="n0 = |D0| (iid: ≈ n0/L per class; other sources: "
+                                                                    "a size budget, 0 = all they give; at most 10^7)")
     server_overlap: bool = Field(True, description="iid D0 drawn from the whole pool (paper) or disjoint from clients")
-    server_clients: int = Field(10, ge=1, description="c, clients the server takes samples from (paper Scenario 2)")
-    server_samples_per_client: int = Field(50, ge=1, description="s, samples taken from each of the c clients")
+    server_clients: int = Field(10, ge=1, le=CLIENTS_MAX, description="c, clients the server takes samples from "
+                                                                        "(paper Scenario 2; at most 100,000)")
+    server_samples_per_client: int = Field(50, ge=1, le=PER_CLASS_MAX, description="s, samples taken from each of "
+                                                                                     "the c clients (at most 10^6)")
     server_dataset: Literal["fslsyn", "synthetic_chars", "stl10", "image_folder"] = Field(
         "fslsyn", description="other-source D0: 'fslsyn' (paper's font characters), 'synthetic_chars', 'stl10', "
                               "'image_folder'")
     server_data_dir: str | None = Field(None, description="folder of the other-source D0 (default: data_dir)")
-    server_per_class: int | None = Field(None, ge=1, description="other-source D0: samples per class "
-                                                                 "(paper FSLsyn: STL-10 56 or 80)")
+    server_per_class: int | None = Field(None, ge=1, le=100_000, description="other-source D0: samples per class "
+                                                                               "(paper FSLsyn: STL-10 56 or 80; "
+                                                                               "at most 100,000)")
     # font-rendered characters (fedsl.data.synthetic)
     chars: str = Field("0123456789", min_length=2, description="characters (classes) of synthetic_chars")
-    train_per_class: int = Field(200, ge=1, description="training images per class (synthetic_chars, carve)")
-    test_per_class: int = Field(100, ge=1, description="test images per class (synthetic_chars, carve)")
+    train_per_class: int = Field(200, ge=1, le=PER_CLASS_MAX, description="training images per class (synthetic_chars, "
+                                                                            "carve; at most 10^6; synthetic_chars: "
+                                                                            "len(chars) × (train + test) at most 10^6)")
+    test_per_class: int = Field(100, ge=1, le=PER_CLASS_MAX, description="test images per class (synthetic_chars, "
+                                                                        "carve; at most 10^6)")
 
     @model_validator(mode="after")
     def _checks(self) -> "DataConfig":
@@ -90,6 +133,12 @@ class DataConfig(_Strict):
             raise ValueError(f"data.classes = 'paper45' is for dataset 'emnist', not {self.dataset!r}")
         if self.quantity_skew is not None and self.partition != "iid":
             raise ValueError(f"data.quantity_skew = {self.quantity_skew}: only with data.partition = 'iid'")
+        if self.dataset == "synthetic_chars":
+            n = len(self.chars) * (self.train_per_class + self.test_per_class)
+            if n > SYNTH_IMAGES_MAX:
+                raise ValueError(f"data.train_per_class = {self.train_per_class}, data.test_per_class = "
+                                 f"{self.test_per_class}: {len(self.chars)} classes × {self.train_per_class + self.test_per_class} "
+                                 f"= {n} images to render; expected at most {SYNTH_IMAGES_MAX} in all")
         return self
 
     @property
@@ -99,7 +148,8 @@ class DataConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = Field("small_cnn", description="model: the paper's emnist_cnn / cifar_cnn, small_cnn, mlp, linear, "
-                                                "or 'package.module:factory' for your own torch.nn.Module")
+                                                "or 'package.module:factory' for your own torch.nn.Module (runs that "
+                                                "code: only with FEDSL_ALLOW_IMPORT=1 in the environment)")
     init: Literal["auto", "keras", "torch"] = Field(
         "auto", description="initialisation: 'keras' (Glorot-uniform kernels, zero biases, as the paper's Keras "
                             "models), 'torch' (PyTorch's layer defaults), 'auto' (keras for the built-in models, "
@@ -107,10 +157,12 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_or_import_path(self) -> "ModelConfig":
-        from fedsl.models import MODELS
+        from fedsl.models import MODELS, import_problem
         if self.name not in MODELS and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.name):
             raise ValueError(f"model.name = {self.name!r}: expected one of {', '.join(MODELS)} "
                              "or an import path 'package.module:factory'")
+        if self.name not in MODELS and (problem := import_problem(self.name)):
+            raise ValueError(problem)  # an import path runs code: only where the user opted in
         return self
 
 
@@ -119,11 +171,14 @@ ALGORITHM_NAMES = ("fedavg", "fsl", "fsl_p", "ds", "fedprox", "fedavgm", "fedada
 
 class AlgorithmConfig(_Strict):
     name: Literal[ALGORITHM_NAMES] = Field(description="algorithm: " + ", ".join(ALGORITHM_NAMES))
-    clients_per_round: int = Field(5, ge=1, description="S, clients sampled per round")
+    clients_per_round: int = Field(5, ge=1, le=CLIENTS_MAX, description="S, clients sampled per round "
+                                                                          "(at most 100,000)")
     local_lr: float = Field(0.01, gt=0, description="η_l, client learning rate")
-    batch_size: int = Field(50, ge=1, description="B, client batch size")
-    local_epochs: int = Field(defaults.LOCAL_EPOCHS, ge=1, description="E_c, client epochs per round (paper: 1)")
-    local_steps: int | None = Field(None, ge=1, description="K, client steps per round (overrides local_epochs)")
+    batch_size: int = Field(50, ge=1, le=BATCH_MAX, description="B, client batch size (at most 10^6)")
+    local_epochs: int = Field(defaults.LOCAL_EPOCHS, ge=1, le=EPOCHS_MAX, description="E_c, client epochs per round "
+                                                                                      "(paper: 1; at most 10,000)")
+    local_steps: int | None = Field(None, ge=1, le=STEPS_MAX, description="K, client steps per round (overrides "
+                                                                          "local_epochs; at most 10^6)")
     global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
     weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
     mu: float = Field(0.01, ge=0, description="μ, FedProx proximal weight")
@@ -142,26 +197,34 @@ class ServerConfig(_Strict):
     gamma_schedule: Literal["constant", "step", "linear", "cosine", "inv_sqrt", "adaptive"] = Field(
         "constant", description="γ over rounds (paper: constant)")
     gamma_final: float = Field(0.0, ge=0, description="linear/cosine schedules: γ at the last round")
-    gamma_every: int = Field(100, ge=1, description="step schedule: rounds between decays")
+    gamma_every: int = Field(100, ge=1, le=ROUNDS_MAX, description="step schedule: rounds between decays "
+                                                                     "(at most 10^7)")
     gamma_factor: float = Field(0.5, gt=0, le=1, description="step schedule: decay factor")
     gamma_threshold: float = Field(0.0, ge=-1, le=1, description="adaptive: smallest cos θ that counts as agreement")
     gamma_shrink: float = Field(0.5, gt=0, lt=1, description="adaptive: γ ← shrink·γ when ∇f0 disagrees")
     log_angle: bool = Field(False, description="log cos θ_t between -∇f0 and the clients' update every round")
     lr: float | None = Field(None, gt=0, description="η0, server base step size (paper: √S·η_l·K/K0)")
-    batch_size: int | None = Field(None, ge=1, description="B0, server batch size (paper: B)")
-    epochs: int | None = Field(None, ge=1, description="E_s, server epochs per round (paper: ⌈n/(N·n0)·E_c⌉)")
-    steps: int | None = Field(None, ge=0, description="K0, server steps per round (overrides epochs)")
+    batch_size: int | None = Field(None, ge=1, le=BATCH_MAX, description="B0, server batch size (paper: B; "
+                                                                         "at most 10^6)")
+    epochs: int | None = Field(None, ge=1, le=EPOCHS_MAX, description="E_s, server epochs per round "
+                                                                      "(paper: ⌈n/(N·n0)·E_c⌉; at most 10,000)")
+    steps: int | None = Field(None, ge=0, le=STEPS_MAX, description="K0, server steps per round (overrides epochs; "
+                                                                    "at most 10^6)")
     weight: float | None = Field(None, gt=0, lt=1, description="w0, FSL-p server weight (default n0/(n0+Σn_i))")
     pretrain: bool = Field(False, description="pretrain the initial model on D0 (paper Scenario 1)")
-    pretrain_epochs: int = Field(defaults.PRETRAIN_EPOCHS, ge=1, description="pretraining epochs (paper: 500)")
+    pretrain_epochs: int = Field(defaults.PRETRAIN_EPOCHS, ge=1, le=100_000, description="pretraining epochs "
+                                                                                         "(paper: 500; at most 10^5)")
     pretrain_lr: float = Field(defaults.PRETRAIN_LR, gt=0, description="pretraining learning rate (paper: 0.01)")
-    pretrain_batch_size: int | None = Field(None, ge=1, description="pretraining batch size (paper: B)")
+    pretrain_batch_size: int | None = Field(None, ge=1, le=BATCH_MAX, description="pretraining batch size "
+                                                                                  "(paper: B; at most 10^6)")
 
 
 class RunConfig(_Strict):
-    name: str = Field("run", min_length=1, description="run name")
-    seed: int = Field(0, ge=0, description="seed of partition, sampling, batches, dropout, init")
-    seeds: list[int] = Field(default_factory=list, description="run every variant once per seed (overrides seed)")
+    name: str = Field("run", min_length=1, description=f"run name: {NAME_RULE}")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of partition, sampling, batches, dropout, init "
+                                                        "(0 to 2**63 - 1)")
+    seeds: list[int] = Field(default_factory=list, description="run every variant once per seed (overrides seed; "
+                                                               "each 0 to 2**63 - 1)")
     paper: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="the paper's numbers per variant (e.g. {FSL = {final_accuracy = 0.61, "
                                           "T_0.5 = 203}}), shown beside ours by `fedsl report`")
@@ -176,25 +239,27 @@ class RunConfig(_Strict):
     sweep: dict[str, list[Any]] = Field(
         default_factory=dict, description="dotted key -> list of values: one run per combination, e.g. "
                                           "'server.gamma' = [0.5, 1, 1.5] (× variants × seeds)")
-    rounds: int = Field(ge=1, description="T, number of rounds")
-    eval_every: int = Field(1, ge=1, description="evaluate every this many rounds (paper: 1)")
-    eval_batch_size: int = Field(100, ge=1, description="evaluation batch size")
-    rolling_window: int = Field(20, ge=1, description="rounds in the rolling accuracy window (paper: 20)")
-    checkpoint_every: int = Field(10, ge=0, description="write a checkpoint every this many rounds; 0 = only the "
+    rounds: int = Field(ge=1, le=ROUNDS_MAX, description="T, number of rounds, at most 10^7")
+    eval_every: int = Field(1, ge=1, le=ROUNDS_MAX, description="evaluate every this many rounds (paper: 1)")
+    eval_batch_size: int = Field(100, ge=1, le=BATCH_MAX, description="evaluation batch size (at most 10^6)")
+    rolling_window: int = Field(20, ge=1, le=ROUNDS_MAX, description="rounds in the rolling accuracy window "
+                                                                     "(paper: 20)")
+    checkpoint_every: int = Field(10, ge=0, le=ROUNDS_MAX, description="write a checkpoint every this many rounds; 0 = only the "
                                                         "final model, without per-client tables (big sweeps of "
                                                         "SCAFFOLD/FedDyn: N×d each), and on interruption")
-    diag_every: int = Field(0, ge=0, description="measure ξ², G² and cos(∇F, ∇f0) every this many rounds "
+    diag_every: int = Field(0, ge=0, le=ROUNDS_MAX, description="measure ξ², G² and cos(∇F, ∇f0) every this many rounds "
                                                  "(full-batch gradients; 0 = never; paper: 50)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
     executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")
-    threads: int = Field(0, ge=0, description="torch intra-op threads of the process (0 = torch's default). On a "
+    threads: int = Field(0, ge=0, le=1024, description="torch intra-op threads of the process (0 = torch's default). On a "
                                               "busy 2-core machine 1 thread ran CIFAR rounds 10x faster than 2")
     deterministic: bool = Field(False, description="CUDA: deterministic cuDNN convolutions, so that a resumed run "
                                                    "equals an uninterrupted one bit for bit (slower); CPU runs always are")
     stack: int | Literal["auto"] = Field(
         "auto", description="sweeps: runs advanced together as one vmapped computation (stacked runs); 'auto' = "
-                            "on CUDA up to 64 that fit in memory, on CPU 1 (measured: no gain there); 1 = never")
+                            "on CUDA up to 64 that fit in memory, on CPU 1 (measured: no gain there); 1 = never; "
+                            "at most 1024")
     description: str = Field("", description="what this run or preset is for")
     data: DataConfig = Field(description="a [data] table with at least dataset = ...")
     model: ModelConfig = Field(ModelConfig(), description="a [model] table")
@@ -205,10 +270,19 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
-        if isinstance(self.stack, int) and self.stack < 1:
-            raise ValueError(f"stack = {self.stack}: expected 'auto' or an integer >= 1 (1 = no stacking)")
-        if any(x < 0 for x in self.seeds) or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds = {self.seeds}: expected distinct integers >= 0")
+        if isinstance(self.stack, int) and not 1 <= self.stack <= 1024:
+            raise ValueError(f"stack = {self.stack}: expected 'auto' or an integer >= 1 (1 = no stacking), at most 1024")
+        if problem := name_problem(self.name):
+            raise ValueError(f"name = {self.name!r}: {problem}")
+        for vname in self.variants:
+            if problem := name_problem(vname):
+                raise ValueError(f"variants.{vname!r}: not a usable variant name: {problem}")
+        bad = [x for x in self.seeds if not 0 <= x <= SEED_MAX]
+        if bad:
+            raise ValueError(f"seeds = {self.seeds}: {bad[0]} is out of range: expected distinct integers from 0 "
+                             f"to 2**63 - 1 = {SEED_MAX}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds = {self.seeds}: expected distinct integers from 0 to 2**63 - 1")
         for key, values in self.sweep.items():
             if key.split(".")[0] in ("seed", "seeds", "sweep", "variants", "name") or not key or "" in key.split("."):
                 raise ValueError(f"sweep key {key!r}: expected a dotted config key such as 'server.gamma' "
@@ -350,7 +424,12 @@ def get_dotted(data: dict, key: str) -> Any:
 
 
 def _label(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    """A sweep value in a run name: a float in short form (exact where the short form would round it,
+    so 0.1 and 0.1000001 name two runs), characters outside the safe set written as '_'."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return slug(str(value))
 
 
 def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
@@ -373,23 +452,51 @@ def has_dotted(data: dict, key: str) -> bool:
     return True
 
 
+def count_runs(cfg: RunConfig) -> int:
+    """How many runs ``expand_runs`` gives (variants × their sweep points × seeds), without making them."""
+    total = 0
+    for over in (cfg.variants or {cfg.name: {}}).values():
+        keys = [k for k in cfg.sweep if not (isinstance(over, dict) and has_dotted(over, k))]
+        total += math.prod(len(cfg.sweep[k]) for k in keys) * max(1, len(cfg.seeds))
+    return total
+
+
 def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
     """``expand_variants`` with each run's variant name: run name -> (variant, RunConfig)."""
+    total = count_runs(cfg)
+    if total > RUNS_MAX:
+        raise ConfigError(f"sweep: {total} runs (variants × sweep points × seeds): expected at most {RUNS_MAX}; "
+                          "split it into several configs")
     base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "plot", "quick"})
     variants = cfg.variants or {cfg.name: {}}
-    out = {}
+    out: dict[str, tuple[str, RunConfig]] = {}
+    origin: dict[str, str] = {}  # run name -> where it came from (to report two runs of one name)
     for vname, over in variants.items():
         if not isinstance(over, dict):
             raise ConfigError(f"variants.{vname}: expected a table of overrides")
         keys = [k for k in cfg.sweep if not has_dotted(over, k)]  # the variant's own keys are pinned
+        merged_variant = deep_merge(base, over)
         for point in itertools.product(*(cfg.sweep[k] for k in keys)):
-            label = vname + "".join(f"-{k.split('.')[-1]}={_label(v)}" for k, v in zip(keys, point))
+            # the run's folder name: the variant's (validated) name, then key=value with unsafe characters as '_'
+            label = vname + "".join(f"-{slug(k.split('.')[-1])}={_label(v)}" for k, v in zip(keys, point))
+            where = f"variants.{vname}" if cfg.variants else ""
+            if keys:
+                where = f"{where} sweep point {label}".strip()
+            if len(label.encode("utf-8")) > NAME_MAX:
+                raise ConfigError(f"{where + ': ' if where else ''}run name {label!r} is {len(label.encode('utf-8'))} "
+                                  f"bytes long: expected at most {NAME_MAX} (it names the run's folder): shorten the "
+                                  "variant name or sweep fewer keys")
             for seed in cfg.seeds or [None]:
-                merged = deep_merge(base, over)
+                # copies of only the tables on the swept keys' paths (validation reads and never
+                # changes its input): a 40,000-run sweep expands in seconds
+                merged = dict(merged_variant)
                 for k, v in zip(keys, point):
                     node = merged
                     for part in k.split(".")[:-1]:
-                        node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+                        child = node.get(part, {})
+                        if isinstance(child, dict):
+                            node[part] = child = dict(child)
+                        node = child if isinstance(child, dict) else {}
                     node[k.split(".")[-1]] = copy.deepcopy(v)
                 merged["name"] = label
                 if seed is not None:
@@ -397,11 +504,14 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
                 try:
                     run_cfg = validate(merged)
                 except ConfigError as e:
-                    where = f"variants.{vname}" if cfg.variants else ""
-                    if keys:
-                        where = f"{where} sweep point {label}".strip()
                     raise ConfigError(f"{where}: {e}" if where else str(e)) from None
-                out[label if seed is None else f"{label}-seed{seed}"] = (vname, run_cfg)
+                run = label if seed is None else f"{label}-seed{seed}"
+                here = f"{where or 'the config'}" + ("" if seed is None else f" seed {seed}")
+                if run in out:  # two runs, one folder: one would overwrite the other
+                    raise ConfigError(f"run name {run!r} is given twice ({origin[run]}; {here}): expected distinct "
+                                      "run names: rename a variant or make the swept values differ in their "
+                                      "letters and digits")
+                out[run], origin[run] = (vname, run_cfg), here
     return out
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
+import os
 from typing import Callable
 
 import torch
@@ -21,13 +23,53 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+# An imported factory ('package.module:factory') is code that runs: a config (or a results folder
+# handed to `fedsl resume`) cannot opt itself in, so the person running fedsl does, in the environment.
+ALLOW_IMPORT_ENV = "FEDSL_ALLOW_IMPORT"
+# never model factories, whatever the environment says (not a sandbox: the opt-in is the gate)
+DENIED_MODULES = frozenset({"os", "sys", "subprocess", "shutil", "builtins", "importlib", "pty", "socket", "posix",
+                            "nt", "ctypes", "runpy", "code", "pickle", "marshal", "multiprocessing", "signal",
+                            "pathlib", "io", "tempfile", "urllib", "http", "webbrowser"})
+
+
+def imports_allowed() -> bool:
+    return os.environ.get(ALLOW_IMPORT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def import_problem(path: str) -> str | None:
+    """Why the model import path ``path`` may not be imported (None when it may)."""
+    top = path.partition(":")[0].split(".")[0]
+    if top in DENIED_MODULES or top.startswith("_"):
+        return (f"model.name = {path!r}: module {top!r} is never imported as a model; expected "
+                "'package.module:factory', a factory(num_classes, input_shape) returning a torch.nn.Module")
+    if not imports_allowed():
+        return (f"model.name = {path!r} imports and runs Python code: set {ALLOW_IMPORT_ENV}=1 in the environment "
+                "to allow imported model factories (only for code you trust), or use a built-in model: "
+                + ", ".join(MODELS))
+    return None
+
+
 def _import_factory(path: str) -> Callable[..., nn.Module]:
+    """The factory at ``path``, checked to be callable as factory(num_classes=..., input_shape=...)."""
+    if problem := import_problem(path):
+        raise ValueError(problem)
     module_name, _, attr = path.partition(":")
+    expected = "expected 'package.module:factory', a factory(num_classes, input_shape) returning a torch.nn.Module"
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"model.name = {path!r}: cannot import it ({e}); expected 'package.module:factory' "
+        factory = getattr(importlib.import_module(module_name), attr)
+    except Exception as e:  # noqa: BLE001 — ImportError, AttributeError or the module's own error: one line
+        raise ValueError(f"model.name = {path!r}: cannot import it ({type(e).__name__}: {e}); {expected} "
                          "on the Python path") from None
+    if not callable(factory):
+        raise ValueError(f"model.name = {path!r} is a {type(factory).__name__}, not callable: {expected}")
+    try:
+        inspect.signature(factory).bind(num_classes=1, input_shape=(1,))
+    except TypeError:
+        raise ValueError(f"model.name = {path!r} does not take the arguments num_classes and input_shape: "
+                         f"{expected}") from None
+    except ValueError:  # no signature to inspect (some built-in functions)
+        raise ValueError(f"model.name = {path!r} has no inspectable signature: {expected}") from None
+    return factory
 
 
 INITS = ("auto", "keras", "torch")
@@ -69,7 +111,11 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed:
     if ":" in name:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = _import_factory(name)(num_classes=num_classes, input_shape=tuple(input_shape))
+            factory = _import_factory(name)
+            try:
+                model = factory(num_classes=num_classes, input_shape=tuple(input_shape))
+            except Exception as e:  # noqa: BLE001 — the factory's own error, as one line
+                raise ValueError(f"model.name = {name!r}: the factory failed ({type(e).__name__}: {e})") from None
             if not isinstance(model, nn.Module):
                 raise ValueError(f"model.name = {name!r} returned {type(model).__name__}: expected a torch.nn.Module")
             if init == "keras":
@@ -102,5 +148,5 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MODELS", "INITS", "build_model", "keras_init_", "count_parameters", "emnist_cnn", "cifar_cnn",
+__all__ = ["MODELS", "INITS", "ALLOW_IMPORT_ENV", "DENIED_MODULES", "import_problem", "build_model", "keras_init_", "count_parameters", "emnist_cnn", "cifar_cnn",
            "small_cnn", "mlp", "KeyedDropout", "replace_dropout"]
