@@ -21,7 +21,7 @@ from fedsl.experiments.runner import run
 
 from conftest import TINY
 
-GROUP = '\n[variants.FSL]\n"algorithm.name" = "fsl"\n[variants.FedAvg]\n"algorithm.name" = "fedavg"\n'
+GROUP = '\n[variants.FSL.algorithm]\nname = "fsl"\n[variants.FedAvg.algorithm]\nname = "fedavg"\n'
 SWEEP = '\n[sweep]\n"server.gamma" = [0.5, 1.0, 1.5]\n'
 KINDS = {"group": GROUP, "sweep": SWEEP}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # same threads in every process: same float sums
@@ -213,3 +213,24 @@ def test_spike_that_recovers_is_not_diverged(tmp_path):
     """A single evaluation above the bound (γ = 100: one loss of ≈ 3e3, then ≈ 2.5) is not a divergence."""
     s = run(blow_up("server.gamma=100", "rounds=6"), tmp_path / "r", log=lambda s: None, progress=False)
     assert s["status"] == "completed"
+
+
+def test_data_warnings_print_as_one_line(tmp_path, capsys):
+    """A test split missing a class: `warning: ...` on one line, not Python's file:line echo."""
+    from PIL import Image
+
+    from fedsl.cli import main
+    for split, classes in (("train", "abc"), ("test", "ab")):
+        for c in classes:
+            (tmp_path / "imgs" / split / c).mkdir(parents=True)
+            for k in range(20):
+                Image.new("L", (8, 8), color=k * 20).save(tmp_path / "imgs" / split / c / f"{k}.png")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'name = "w"\nrounds = 1\n[data]\ndataset = "image_folder"\ndata_dir = "{tmp_path / "imgs"}"\n'
+                   'num_clients = 2\npartition = "iid"\nserver_size = 0\n[model]\nname = "linear"\n'
+                   '[algorithm]\nname = "fedavg"\nclients_per_round = 1\nbatch_size = 2\n')
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "'c'" in x]
+    assert lines and all(x.startswith("warning: ") for x in lines), err
+    assert "warnings.warn" not in err and "DataWarning" not in err

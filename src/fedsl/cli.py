@@ -32,17 +32,29 @@ def _clean_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from fedsl.data.errors import DataError
+        import warnings
+
+        from fedsl.data.errors import DataError, DataWarning
         from fedsl.experiments.config import ConfigError
+        shown = warnings.showwarning
+
+        def one_line(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, DataWarning):  # ours: one readable line, not Python's source echo
+                err_console.print(f"warning: {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
+            else:
+                shown(message, category, filename, lineno, file, line)
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.showwarning = one_line
+                return fn(*args, **kwargs)
         except (UserError, ConfigError, DataError) as e:
             # one line, whatever the message quotes back (newlines in keys, ':emoji:' codes)
             msg = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(e))
             err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)
             raise typer.Exit(2)
-        except KeyboardInterrupt:
-            raise typer.Exit(130)
+        except KeyboardInterrupt as e:
+            from fedsl.experiments.interrupts import Terminated
+            raise typer.Exit(143 if isinstance(e, Terminated) else 130)
     return wrapper
 
 
@@ -117,7 +129,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with `fedsl resume {out}`")
     from fedsl.experiments.compare import run_group
     log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
-    run_group(cfg, out, log=log, progress=None if not quiet else False)
+    from fedsl.experiments.interrupts import terminate_as_interrupt
+    with terminate_as_interrupt():
+        run_group(cfg, out, log=log, progress=None if not quiet else False)
     _print_tables(out, f"{cfg.name}  ({out})")
     if len(cfg.variants) > 1 or len(cfg.seeds) > 1:
         console.print(f"curves: {out / 'comparison.png'}   table: {out / 'comparison.md'}", markup=False)
@@ -129,21 +143,28 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
            quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Continue an interrupted run (or group of runs) from its last checkpoint."""
     from fedsl.experiments import config as C
-    from fedsl.experiments.compare import group_runs, is_group, write_comparison
+    from fedsl.experiments.compare import group_config, group_runs, is_group, run_group, write_comparison
     from fedsl.experiments.runner import run as run_one
+    from fedsl.experiments.interrupts import terminate_as_interrupt
     log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
+    progress = None if not quiet else False
+    group_cfg = group_config(path)
     runs = group_runs(path)
-    if not any(rd.is_run() for rd in runs.values()):
+    if group_cfg is None and not any(rd.is_run() for rd in runs.values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
-    for name, rd in runs.items():
-        if rd.read_summary().get("status") in ("completed", "diverged"):
-            continue
-        cfg = C.validate(rd.read_config()) if rd.is_run() else None
-        if cfg is None:
-            raise UserError(f"run {name!r} in {str(path)!r} never started; re-run it with `fedsl run`")
-        run_one(cfg, rd.path, resume=True, log=log, progress=None if not quiet else False)
-    if is_group(path):
-        write_comparison(path)
+    with terminate_as_interrupt():
+        if group_cfg is not None:  # the group's own config: unstarted runs start, the others continue
+            run_group(group_cfg, path, resume=True, log=log, progress=progress)
+        else:
+            for name, rd in runs.items():
+                if rd.read_summary().get("status") in ("completed", "diverged"):
+                    continue
+                if not rd.is_run():
+                    raise UserError(f"run {name!r} in {str(path)!r} never started and the group was written by "
+                                    "an older fedsl without its config; re-run the group with `fedsl run`")
+                run_one(C.validate(rd.read_config()), rd.path, resume=True, log=log, progress=progress)
+            if is_group(path):
+                write_comparison(path)
     _print_tables(path, str(path))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from fedsl import metrics
 from fedsl.experiments import runner
 from fedsl.experiments.config import RunConfig, expand_runs, get_dotted
-from fedsl.experiments.results import RunDir
+from fedsl.experiments.results import RunDir, atomic_write
 from fedsl.report.plots import accuracy_curves
 
 RUN_COLUMNS = ("run", "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done", "wall_time")
@@ -39,10 +39,11 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
     if not resume:
         spec = {r: {"dir": r, "variant": c.name, "base": v, "seed": c.seed,
                     "params": {k: get_dotted(c.model_dump(), k) for k in cfg.sweep}} for r, (v, c) in named.items()}
-        (out / "group.json").write_text(json.dumps(
+        # "config": the group's validated config, so `fedsl resume` can start runs that never began
+        atomic_write(out / "group.json", lambda p: p.write_text(json.dumps(
             {"name": cfg.name, "description": cfg.description, "window": cfg.rolling_window, "runs": spec,
-             "sweep": list(cfg.sweep), "plot": cfg.plot, "paper": cfg.paper, "paper_claims": cfg.paper_claims},
-            indent=2))
+             "sweep": list(cfg.sweep), "plot": cfg.plot, "paper": cfg.paper, "paper_claims": cfg.paper_claims,
+             "config": cfg.model_dump()}, indent=2, ensure_ascii=False)))
     summaries: dict[str, dict] = {}
     pending = {}
     for rname, rcfg in runs.items():
@@ -122,6 +123,14 @@ def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool) -> list
 
 def _spec(path: Path) -> dict:
     return json.loads((path / "group.json").read_text()) if is_group(path) else {}
+
+
+def group_config(path: str | Path) -> RunConfig | None:
+    """The config a group was started with (group.json's "config"); None for a single run folder
+    or a group written before fedsl kept it."""
+    from fedsl.experiments.config import validate
+    data = _spec(Path(path)).get("config")
+    return validate(data) if data is not None else None
 
 
 def _inside(root: Path, rel, what: str) -> Path:

@@ -249,6 +249,13 @@ class RunConfig(_Strict):
                                                         "SCAFFOLD/FedDyn: N×d each), and on interruption")
     diag_every: int = Field(0, ge=0, le=ROUNDS_MAX, description="measure ξ², G² and cos(∇F, ∇f0) every this many rounds "
                                                  "(full-batch gradients; 0 = never; paper: 50)")
+    diverge_loss: float = Field(100.0, ge=0, description="stop a run as 'diverged' when its test loss exceeds this "
+                                                         "factor × max(initial loss, ln L) for diverge_patience "
+                                                         "evaluations in a row (a finite blow-up: weights ≈ 1e25, "
+                                                         "accuracy at chance); non-finite loss always stops it; "
+                                                         "0 = only non-finite")
+    diverge_patience: int = Field(3, ge=1, le=1000, description="consecutive evaluations above the diverge_loss "
+                                                                "bound before a run counts as diverged")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
     executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")
