@@ -392,10 +392,8 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     """The SuperLink (with its ServerApp) dies after round 2's checkpoint; a SuperLink started again and the
     same `flwr run` continue from out-dir/checkpoint.pt: 4 rounds in all and the simulator's model."""
     out = tmp_path / "out"
-    base = tmp_path / "base.toml"
-    base.write_text("rounds = 4\ncheckpoint_every = 1\n")  # checkpoint_every is not a key of the app's config
     run_config = {"rounds": 4, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0, "client-delay": 1.0,
-                  "config-file": str(base)}
+                  "checkpoint_every": 1}
     cfg, _ = parse_run_config(app_run_config(**run_config), APP)
     expected, infos = run_rounds(prepare(cfg).sim, cfg.rounds)
 
