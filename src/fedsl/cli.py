@@ -118,8 +118,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     say = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     say(f"checking {len(runs)} run{'' if len(runs) == 1 else 's'}...")
     shown = time.monotonic()
+    models: set = set()
     for i, variant in enumerate(runs.values(), 1):  # every run, data checks included, before any work
-        check(variant)
+        check(variant, models)
         if time.monotonic() - shown > 10 and i < len(runs):  # a big sweep's checks take minutes
             say(f"checked {i}/{len(runs)} runs...")
             shown = time.monotonic()

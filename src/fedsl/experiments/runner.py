@@ -141,12 +141,20 @@ def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
         raise ConfigError(str(e)) from None
 
 
-def check(cfg: RunConfig) -> None:
-    """Every check that needs the data or the model (sizes, batch vs client data, n0), without training."""
+def check(cfg: RunConfig, _models_seen: set | None = None) -> None:
+    """Every check that needs the data or the model (sizes, batch vs client data, n0), without training.
+
+    ``_models_seen``: (model, init, classes, input shape) already built by earlier checks of
+    the same sweep; a model is built once per such key, not once per run (40,000 runs).
+    """
     resolve_device(cfg.device)
     fed = build_federation(cfg.data, cfg.seed)
     resolve(cfg, fed)
-    make_model(cfg, fed)
+    key = (cfg.model.name, cfg.model.init, fed.num_classes, tuple(fed.input_shape))
+    if _models_seen is None or key not in _models_seen:
+        make_model(cfg, fed)
+        if _models_seen is not None:
+            _models_seen.add(key)
 
 
 def prepare(cfg: RunConfig, pools: list[Federation] | None = None) -> Prepared:
