@@ -10,6 +10,10 @@ python3 -m pip install -q --no-index --find-links .dev/wheels --target .dev/lib 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c "import torch, pydantic, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'pydantic', pydantic.__version__)" | tee -a "$OUT/machine.txt"
 case "${1:-check}" in
+  verify)  # CUDA tests of the current tree, then the heat-map timing (a baseline for issue 16)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -6 | tee "$OUT/cuda_tests.txt"
+    timeout 200 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 3 2>&1 | tee "$OUT/heatmap_time.md"
+    ;;
   check)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
     timeout 170 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 2 2>&1 | tee "$OUT/heatmap_time.md"
