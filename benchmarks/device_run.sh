@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # What ran on the GPU machine (see RESULTS.md): CUDA tests, the Fig. 5 heat-map timing, the
 # benchmark table. The machine has torch (CUDA) but no pydantic and no internet: wheels for
-# it are carried in .dev/wheels (git-ignored; `pip download pydantic==2.14.4 --python-version 3.12
-# --only-binary=:all: -d .dev/wheels`). Results go to $OUT.
+# it are carried in .dev/wheels (git-ignored; `pip download --no-deps pydantic==2.14.4 pydantic-core==2.50.5
+# annotated-types==0.8.0 typing-inspection==0.4.5 --python-version 3.12 --only-binary=:all: -d .dev/wheels`). Results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src:$PWD/.dev/lib
-python3 -m pip install -q --no-index --find-links .dev/wheels --target .dev/lib pydantic >/dev/null 2>&1
+export PYTHONPATH=$PWD/src:/tmp/lib
+python3 -m pip install -q --no-index --no-deps --target /tmp/lib .dev/wheels/*.whl  # a carried .dev replaces the last call's
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c "import torch, pydantic, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'pydantic', pydantic.__version__)" | tee -a "$OUT/machine.txt"
 case "${1:-check}" in
