@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from fedsl.engine import rng
+from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel, evaluate
 from fedsl.engine.plan import make_plan

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from conftest import random_federation, run_rounds
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
-from fedsl.engine import rng
+from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import make_plan

@@ -5,7 +5,7 @@ from torch import nn
 
 from conftest import random_federation
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
-from fedsl.engine import rng
+from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor, make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import make_plan

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from torch.func import grad, vmap
 
+from fedsl.core.types import Params
 from fedsl.data.federation import Federation
-from fedsl.engine.functional import FunctionalModel, Params, full_gradient
+from fedsl.engine.functional import FunctionalModel, full_gradient
 
 
 @dataclass

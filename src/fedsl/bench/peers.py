@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedsl.bench.machine import sync
 from fedsl.bench.workloads import Data, Workload
-from fedsl.engine import rng
+from fedsl.core import rng
 
 
 class Peer:
@@ -209,7 +209,7 @@ def fedavg_mean(global_model: nn.Module, locals_: list[nn.Module]) -> None:
 class LoopPeer(Peer):
     """The plain sequential PyTorch loop (see ``plain_local_train``, ``fedavg_mean``,
     ``plain_evaluate``), one seed after another. Clients are sampled as the engine samples
-    them (``fedsl.engine.rng.sample_clients``), so both train the same clients each round.
+    them (``fedsl.core.rng.sample_clients``), so both train the same clients each round.
 
     ``share_plan``: take each client's batches from the engine's batch plan instead of a
     shuffling DataLoader (tests: then both give the same model on a dropout-free model).

@@ -13,8 +13,8 @@ import numpy as np
 
 from typing import Sequence
 
+from fedsl.core.rng import PARTITION, rng
 from fedsl.data.errors import DataError
-from fedsl.engine.rng import PARTITION, rng
 
 
 class PartitionError(DataError):

@@ -6,8 +6,8 @@ import numpy as np
 
 from typing import Sequence
 
+from fedsl.core.rng import SERVER_DATA, rng
 from fedsl.data.partition import PartitionError, class_label
-from fedsl.engine.rng import SERVER_DATA, rng
 
 
 def iid_per_class(labels: np.ndarray, size: int, seed: int, pool: np.ndarray | None = None,

@@ -16,7 +16,8 @@ from typing import Protocol
 import torch
 from torch.func import vmap
 
-from fedsl.engine.functional import FunctionalModel, Params
+from fedsl.core.types import Params
+from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import BatchPlan
 
 

@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from fedsl.core.types import Params
 from fedsl.models.dropout import replace_dropout
-
-Params = dict[str, torch.Tensor]
 
 
 def check_model(model: nn.Module) -> None:

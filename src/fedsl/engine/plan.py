@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedsl.engine.rng import DROPOUT, rng
+from fedsl.core.rng import DROPOUT, rng
 
 
 @dataclass(frozen=True)

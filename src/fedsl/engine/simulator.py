@@ -19,10 +19,11 @@ import torch
 from fedsl.algorithms.base import Algorithm, Correction, RoundContext, State
 from fedsl.algorithms.fedavg import client_weights
 from fedsl.algorithms.server_learning import Pretraining
+from fedsl.core import rng
+from fedsl.core.types import Params
 from fedsl.data.federation import Federation
-from fedsl.engine import rng
 from fedsl.engine.executors import Executor
-from fedsl.engine.functional import FunctionalModel, Params, evaluate, full_gradient
+from fedsl.engine.functional import FunctionalModel, evaluate, full_gradient
 from fedsl.engine.plan import BatchPlan, make_plan
 
 SERVER_ID = -1  # the server's id in batch-plan streams

@@ -19,7 +19,8 @@ from dataclasses import replace
 import torch
 
 from fedsl.algorithms.base import Correction
-from fedsl.engine.functional import Params, evaluate_many
+from fedsl.core.types import Params
+from fedsl.engine.functional import evaluate_many
 from fedsl.engine.plan import concat_plans
 from fedsl.engine.simulator import RoundInfo, RunState, Simulator
 

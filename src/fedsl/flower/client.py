@@ -23,8 +23,8 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsl.algorithms.base import RoundContext, State
-from fedsl.engine import rng
-from fedsl.engine.functional import Params
+from fedsl.core import rng
+from fedsl.core.types import Params
 from fedsl.engine.plan import make_plan
 from fedsl.engine.simulator import Simulator
 from fedsl.flower.config import load_setup

@@ -7,7 +7,7 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from fedsl.algorithms.base import State
-from fedsl.engine.functional import Params
+from fedsl.core.types import Params
 
 SEP = "/"  # state entry / parameter name, e.g. "c/conv1.weight"
 

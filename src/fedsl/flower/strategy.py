@@ -54,7 +54,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 from fedsl.algorithms.base import State, zeros_like
-from fedsl.engine import rng
+from fedsl.core import rng
 from fedsl.engine.simulator import ClientWork, RunState
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.results import RunDir, atomic_write

@@ -1,0 +1,1 @@
+"""The bottom layer: types and randomness every other layer may use; imports nothing of fedsl."""
