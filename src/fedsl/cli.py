@@ -60,7 +60,7 @@ def _clean_errors(fn):
 
 def _print_tables(path: Path, title: str) -> None:
     """Per-run table, and per-variant means ± std when a variant ran with several seeds."""
-    from fedsl.experiments.compare import RUN_COLUMNS, VARIANT_COLUMNS, fmt, run_rows, variant_rows
+    from fedsl.report.tables import RUN_COLUMNS, VARIANT_COLUMNS, fmt, run_rows, variant_rows
     short = {"final_accuracy": "final acc", "rise_time": "rise time", "rounds_done": "rounds", "wall_time": "time (s)"}
 
     def show(rows: list[dict], columns: tuple[str, ...], caption: str) -> None:
@@ -129,10 +129,12 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with `fedsl resume {out}`")
     from fedsl.experiments.compare import run_group
-    log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     from fedsl.experiments.interrupts import terminate_as_interrupt
+    from fedsl.report.tables import write_comparison
+    log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     with terminate_as_interrupt():
         run_group(cfg, out, log=log, progress=None if not quiet else False)
+    write_comparison(out)
     _print_tables(out, f"{cfg.name}  ({out})")
     if len(cfg.variants) > 1 or len(cfg.seeds) > 1:
         console.print(f"curves: {out / 'comparison.png'}   table: {out / 'comparison.md'}", markup=False)
@@ -144,9 +146,10 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
            quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
     """Continue an interrupted run (or group of runs) from its last checkpoint."""
     from fedsl.experiments import config as C
-    from fedsl.experiments.compare import group_config, group_runs, is_group, run_group, write_comparison
-    from fedsl.experiments.runner import run as run_one
+    from fedsl.experiments.compare import group_config, group_runs, is_group, run_group
     from fedsl.experiments.interrupts import terminate_as_interrupt
+    from fedsl.experiments.runner import run as run_one
+    from fedsl.report.tables import write_comparison
     log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     progress = None if not quiet else False
     group_cfg = group_config(path)
@@ -164,8 +167,8 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
                     raise UserError(f"run {name!r} in {str(path)!r} never started and the group was written by "
                                     "an older fedsl without its config; re-run the group with `fedsl run`")
                 run_one(C.validate(rd.read_config()), rd.path, resume=True, log=log, progress=progress)
-            if is_group(path):
-                write_comparison(path)
+    if is_group(path):
+        write_comparison(path)
     _print_tables(path, str(path))
 
 
@@ -352,7 +355,8 @@ def sweep_status(path: Path = typer.Argument(..., help="a sweep (group) folder")
     """Progress of a sweep: runs by status, and the index of runs."""
     from collections import Counter
 
-    from fedsl.experiments.compare import is_group, write_index
+    from fedsl.experiments.compare import is_group
+    from fedsl.report.tables import write_index
     if not is_group(path):
         raise UserError(f"{str(path)!r} is not a sweep folder: expected group.json written by `fedsl run`")
     index = write_index(path)

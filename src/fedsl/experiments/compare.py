@@ -1,9 +1,8 @@
-"""Several runs side by side: a config's variants (× seeds), then tables and a plot.
+"""Several runs side by side: a config's variants (× sweep points × seeds), run as a group.
 
-A group folder holds ``group.json`` (run -> folder, variant, seed) and one run folder
-per run, plus ``comparison.md`` and ``comparison.png`` once all are done. With several
-seeds, the comparison reports mean ± std over seeds and plots the mean rolling curve
-with a ±1 std band.
+A group folder holds ``group.json`` (run -> folder, variant, seed, swept parameters, and the
+group's config) and one run folder per run. Its tables, ``comparison.md`` / ``.png`` and
+``index.csv`` are written by ``fedsl.report.tables`` (the CLI does so once the group is done).
 """
 
 from __future__ import annotations
@@ -11,17 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
-from fedsl import metrics
 from fedsl.experiments import runner
 from fedsl.experiments.config import RunConfig, expand_runs, get_dotted
 from fedsl.experiments.results import RunDir, atomic_write
-from fedsl.report.plots import accuracy_curves
 
-RUN_COLUMNS = ("run", "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done", "wall_time")
 FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips
-VARIANT_COLUMNS = ("variant", "seeds", "final_accuracy", "rise_time", "T_0.5")
 
 
 def is_group(path: str | Path) -> bool:
@@ -73,9 +66,7 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
             except Exception as e:  # noqa: BLE001 — one failed run must not stop a sweep; it is recorded
                 log(f"{rname}: failed ({type(e).__name__}: {e}); the group goes on")
                 summaries[rname] = rd.read_summary()
-    summaries = [summaries[r] for r in runs]
-    write_comparison(out)
-    return summaries
+    return [summaries[r] for r in runs]
 
 
 MODEL_PARAMS = {"cifar_cnn": 545_098, "emnist_cnn": 1_409_197}  # d of the paper's models (tests check)
@@ -121,7 +112,8 @@ def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool) -> list
     return result
 
 
-def _spec(path: Path) -> dict:
+def group_spec(path: str | Path) -> dict:
+    """The group's ``group.json`` ({} for a single run folder)."""
     return json.loads((path / "group.json").read_text()) if is_group(path) else {}
 
 
@@ -129,7 +121,7 @@ def group_config(path: str | Path) -> RunConfig | None:
     """The config a group was started with (group.json's "config"); None for a single run folder
     or a group written before fedsl kept it."""
     from fedsl.experiments.config import validate
-    data = _spec(Path(path)).get("config")
+    data = group_spec(Path(path)).get("config")
     return validate(data) if data is not None else None
 
 
@@ -148,124 +140,9 @@ def _inside(root: Path, rel, what: str) -> Path:
 def group_runs(path: str | Path) -> dict[str, RunDir]:
     """Run name -> its folder (a single run folder is a group of one)."""
     path = Path(path)
-    spec = _spec(path)
+    spec = group_spec(path)
     if spec:  # a tampered group.json must not send a resume outside the group folder
         return {r: RunDir(_inside(path, s.get("dir") if isinstance(s, dict) else None,
                                   f"{str(path / 'group.json')!r} run {r!r}"))
                 for r, s in spec["runs"].items()}
     return {path.name: RunDir(path)}
-
-
-def _variant_of(path: Path) -> dict[str, str]:
-    spec = _spec(path)
-    return {r: s["variant"] for r, s in spec["runs"].items()} if spec else {path.name: path.name}
-
-
-def run_rows(path: str | Path) -> list[dict]:
-    """One row per run: status and its summary metrics."""
-    return [{"run": r, **{c: rd.read_summary().get(c) for c in RUN_COLUMNS[1:]}}
-            for r, rd in group_runs(path).items()]
-
-
-def variant_rows(path: str | Path) -> list[dict]:
-    """One row per variant: metric means and stds over its seeds (as (mean, std) tuples)."""
-    path = Path(path)
-    by_variant: dict[str, list[dict]] = {}
-    for r, rd in group_runs(path).items():
-        by_variant.setdefault(_variant_of(path)[r], []).append(rd.read_summary())
-    rows = []
-    for v, sums in by_variant.items():
-        row: dict = {"variant": v, "seeds": len(sums)}
-        for c in VARIANT_COLUMNS[2:]:
-            row[c] = metrics.mean_std([s.get(c) for s in sums])
-        rows.append(row)
-    return rows
-
-
-def fmt(v, column: str = "") -> str:
-    if column == "wall_time" and isinstance(v, (int, float)):
-        return f"{v:.1f}"
-    if (column in ("rise_time", "rounds_done") or column.startswith("T_")) and v is not None:
-        if isinstance(v, tuple):  # mean ± std of round numbers
-            m, s = v
-            return "—" if np.isnan(m) else (f"{m:.0f}" if s == 0 else f"{m:.1f} ± {s:.1f}")
-        return str(int(v)) if float(v).is_integer() else f"{v:.1f}"
-    if v is None:
-        return "—"
-    if isinstance(v, tuple):  # (mean, std)
-        m, s = v
-        if np.isnan(m):
-            return "—"
-        return fmt(m) if s == 0 else f"{fmt(m)} ± {fmt(s)}"
-    if isinstance(v, float):
-        if np.isnan(v):
-            return "—"
-        return f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}"
-    return str(v)
-
-
-def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
-    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join("| " + " | ".join(fmt(r.get(c), c) for c in columns) + " |\n" for r in rows)
-
-
-def variant_curves(path: Path) -> dict[str, tuple]:
-    """Variant -> (rounds, mean accuracy, mean rolling accuracy, std of rolling) over its seeds."""
-    runs = group_runs(path)
-    variant = _variant_of(path)
-    grouped: dict[str, list[list[dict]]] = {}
-    for r, rd in runs.items():
-        grouped.setdefault(variant[r], []).append(rd.read_metrics())
-    curves = {}
-    for v, ms in grouped.items():
-        ms = [m for m in ms if m]
-        if not ms:
-            continue
-        n = min(len(m) for m in ms)  # rounds all seeds have reached
-        rounds = [m["round"] for m in ms[0][:n]]
-        acc = np.array([[r["accuracy"] for r in m[:n]] for m in ms])
-        roll = np.array([[r["rolling_accuracy"] for r in m[:n]] for m in ms])
-        curves[v] = (rounds, acc.mean(0).tolist(), roll.mean(0).tolist(), roll.std(0).tolist())
-    return curves
-
-
-def write_comparison(path: str | Path) -> tuple[Path, Path]:
-    """comparison.md (tables) and comparison.png (accuracy curves) in the group folder."""
-    path = Path(path)
-    spec = _spec(path)
-    title = spec.get("name", path.name)
-    window = spec.get("window", metrics.WINDOW)
-    png = accuracy_curves(variant_curves(path), path / "comparison.png", title, window)
-    vrows = variant_rows(path)
-    multi = any(r["seeds"] > 1 for r in vrows)
-    text = (f"# {title}\n\n{spec.get('description', '')}\n\n"
-            f"Final accuracy = rolling mean over {window} rounds at the last round; rise time = first round "
-            "reaching 90% of it; T_0.5 = first round whose rolling accuracy reaches 0.5"
-            + (" (mean ± std over seeds)" if multi else "") + ".\n\n"
-            + markdown_table(vrows, VARIANT_COLUMNS)
-            + ("\n## Runs\n\n" + markdown_table(run_rows(path), RUN_COLUMNS) if multi else "")
-            + "\n![accuracy curves](comparison.png)\n")
-    md = path / "comparison.md"
-    md.write_text(text)
-    write_index(path)
-    return md, png
-
-
-def write_index(path: str | Path) -> Path:
-    """index.csv: one row per run (run, variant, seed, swept parameters, status, metrics), for pandas."""
-    import csv
-
-    path = Path(path)
-    spec = _spec(path).get("runs", {})
-    params = sorted({k for s in spec.values() for k in s.get("params", {})})
-    cols = ["run", "variant", "seed", *params, "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done",
-            "wall_time"]
-    with open(path / "index.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for r, rd in group_runs(path).items():
-            s, sp = rd.read_summary(), spec.get(r, {})
-            row = {"run": r, "variant": sp.get("variant", r), "seed": sp.get("seed"), **sp.get("params", {}),
-                   "status": s.get("status", "pending"), **{c: s.get(c) for c in cols[len(params) + 4:]}}
-            w.writerow(["" if row.get(c) is None else row[c] for c in cols])
-    return path / "index.csv"

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from fedsl import metrics
-from fedsl.experiments.compare import VARIANT_COLUMNS, fmt, group_runs, markdown_table, variant_curves, variant_rows
+from fedsl.experiments.compare import group_runs
 from fedsl.report.plots import accuracy_curves, colours, plt
+from fedsl.report.tables import VARIANT_COLUMNS, fmt, markdown_table, variant_curves, variant_rows
 
 
 def _spec(path: Path) -> dict:
