@@ -5,18 +5,21 @@
     PYTHONPATH=src python3 benchmarks/bench.py --device cuda   # GPU machine, only torch + numpy needed
     python benchmarks/bench.py --smoke               # tiny: checks the harness (CI)
 
-Same as ``fedsl bench``; see ``fedsl.bench`` for what is measured and how.
+The harness lives beside this script in ``benchmarks/harness/`` (not in the library); see its
+``__init__`` for what is measured and how.
 """
 
 import os
 import sys
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # the harness package next to this script
 try:
     import fedsl  # noqa: F401
 except ImportError:  # not installed: use the source tree next to this script
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-from fedsl.bench.command import main  # noqa: E402
+from harness.command import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""The benchmark harness (fedsl.bench): correctness of what it measures, not speed."""
+"""The benchmark harness (benchmarks/harness, not in the library): correctness of what it measures, not speed."""
 
 import subprocess
 import sys
@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsl.bench import run_benchmarks
-from fedsl.bench.peers import EnginePeer, LoopPeer
-from fedsl.bench.table import COLUMNS, Row, add_ratios, markdown
-from fedsl.bench.workloads import DEFAULT_WORKLOADS, make_data, timed_rounds, workloads
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness import run_benchmarks  # noqa: E402
+from harness.peers import EnginePeer, LoopPeer  # noqa: E402
+from harness.table import COLUMNS, Row, add_ratios, markdown  # noqa: E402
+from harness.workloads import DEFAULT_WORKLOADS, make_data, timed_rounds, workloads  # noqa: E402
 
 
 def test_workloads_match_the_presets():
@@ -46,7 +47,7 @@ def test_engine_and_plain_loop_give_the_same_fedavg_model(one_thread):
     for n in mine:
         torch.testing.assert_close(mine[n], theirs[n], rtol=1e-5, atol=1e-6)
     # and the model moved: the comparison is not between two untouched initialisations
-    from fedsl.bench.peers import plain_model
+    from harness.peers import plain_model
     init = plain_model(w, 0, cpu).state_dict()
     assert max((mine[n] - init[n]).abs().max().item() for n in mine) > 1e-3
 
@@ -100,7 +101,7 @@ def test_script_runs_from_the_source_tree(tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "| eval-cifar10 | fedsl |" in out.read_text()
-    from fedsl.bench.command import main
+    from harness.command import main
     assert main(["--workloads", "nope"]) == 2
 
 
@@ -109,7 +110,7 @@ def test_flower_peer_runs_fedavg_rounds(one_thread):
     """Flower's simulation (Ray) on a tiny workload: rounds are timed, start-up is reported apart."""
     pytest.importorskip("flwr.simulation")
     pytest.importorskip("ray")  # the bench extra, flwr[simulation]
-    from fedsl.bench.flower_peer import FlowerPeer
+    from harness.flower_peer import FlowerPeer
     w = replace(workloads(smoke=True)["s2-cifar10+eval"], num_clients=4, clients_per_round=2)
     peer = FlowerPeer(w, make_data(w), torch.device("cpu"))
     assert peer.available, peer.why_not

@@ -383,31 +383,6 @@ def _short_num(text: str) -> str:
     return str(int(v)) if v.is_integer() else f"{v:.4g}"
 
 
-@app.command("bench")
-def bench(workloads: Optional[str] = typer.Option(None, "--workloads", "-w",
-                                                help="comma-separated workloads (default: all; see fedsl.bench)"),
-          rounds: int = typer.Option(3, "--rounds", help="timed rounds per repetition (Scenario 1: 1)"),
-          reps: int = typer.Option(3, "--reps", help="interleaved repetitions"),
-          heavy_reps: Optional[int] = typer.Option(None, "--heavy-reps",
-                                                   help="repetitions of Scenario-1 and seed-sweep workloads"),
-          device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-          peers: str = typer.Option("fedsl,loop,flower", "--peers", help="comma-separated: fedsl, loop, flower"),
-          threads: str = typer.Option("auto", "--threads", help="torch intra-op threads: N, auto (measured) or torch"),
-          smoke: bool = typer.Option(False, "--smoke", help="tiny model and data: checks the harness, not speed"),
-          out: Optional[Path] = typer.Option(None, "--out", "-o", help="also write the Markdown report here")) -> None:
-    """Benchmark fedsl's engine against a plain PyTorch loop and Flower's simulation (random data)."""
-    from fedsl.bench.command import main as bench_main
-    argv = ["--rounds", str(rounds), "--reps", str(reps), "--device", device, "--peers", peers]
-    argv += ["--workloads", workloads] if workloads else []
-    argv += ["--threads", threads]
-    argv += ["--heavy-reps", str(heavy_reps)] if heavy_reps else []
-    argv += ["--smoke"] if smoke else []
-    argv += ["--out", str(out)] if out is not None else []
-    code = bench_main(argv)
-    if code:
-        raise typer.Exit(code)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedsl`` script; returns the exit status."""
     try:

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedsl.bench.machine import sync
-from fedsl.bench.workloads import Data, Workload
+from harness.machine import sync
+from harness.workloads import Data, Workload
 from fedsl.core import rng
 
 
@@ -125,11 +125,6 @@ class StackedPeer(Peer):
         super().__init__()
         self.w, self.data, self.device, self.executor, self.eval_bs = w, data, device, executor, eval_batch_size
         self.t = 0
-        try:
-            pass
-        except Exception as e:  # ImportError, or a half-written module
-            self.available = False
-            self.why_not = f"fedsl.engine.stacked not available ({type(e).__name__}: {e})"
 
     def setup(self) -> None:
         from fedsl.engine.stacked import StackedSimulator

@@ -1,21 +1,22 @@
 """Benchmark harness: fedsl's engine vs a plain PyTorch loop vs Flower's simulation.
 
-    from fedsl.bench import run_benchmarks
+    from harness import run_benchmarks
     report = run_benchmarks(["s2-cifar10+eval"], rounds=3, reps=3)
     print(report.markdown())
 
-For each workload (``fedsl.bench.workloads``, random data) every available peer
-(``fedsl.bench.peers``, ``fedsl.bench.flower_peer``) is set up and warmed up (one untimed
+For each workload (``harness.workloads``, random data) every available peer
+(``harness.peers``, ``harness.flower_peer``) is set up and warmed up (one untimed
 round), then run ``reps`` times in turn — fedsl, plain loop, Flower, fedsl, ... — each time
 for a few timed rounds, so that noise from other work on the machine hits all alike. A
 row reports the median seconds per round, samples/s, its speed ratio to each other peer,
 achieved GFLOP/s (FLOPs counted by ``FlopCounterMode``) and their fraction of the
-machine's best rate measured in the same process (``fedsl.bench.machine.best_rates``), and
+machine's best rate measured in the same process (``harness.machine.best_rates``), and
 peak memory. Also measured: the per-client state of SCAFFOLD and FedDyn for N = 1,000 CIFAR
 clients (``state_footprint``).
 
-Also runs as ``fedsl bench`` and ``python benchmarks/bench.py`` (with only torch and
-numpy installed: ``PYTHONPATH=src python3 benchmarks/bench.py --device cuda``).
+Not part of the library: it lives beside ``benchmarks/bench.py``, which puts ``benchmarks/``
+on ``sys.path`` and runs it (with only torch and numpy installed:
+``PYTHONPATH=src python3 benchmarks/bench.py --device cuda``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedsl.bench import machine
-from fedsl.bench.peers import EnginePeer, LoopPeer, Peer, StackedPeer, median
-from fedsl.bench.table import Row, add_ratios, markdown
-from fedsl.bench.workloads import (
+from harness import machine
+from harness.peers import EnginePeer, LoopPeer, Peer, StackedPeer, median
+from harness.table import Row, add_ratios, markdown
+from harness.workloads import (
     DEFAULT_WORKLOADS,
     Workload,
     is_heavy,
@@ -98,7 +99,7 @@ def state_footprint(num_clients: int = 1000, model: str = "cifar_cnn", device: s
     from dataclasses import replace
 
     from fedsl.algorithms import LocalTraining, make_algorithm
-    from fedsl.bench.peers import _federation
+    from harness.peers import _federation
     from fedsl.engine.executors import make_executor
     from fedsl.engine.functional import FunctionalModel
     from fedsl.engine.simulator import Simulator
@@ -142,7 +143,7 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
         elif name == "loop":
             peers.append(LoopPeer(w, data, device))
         elif name == "flower":
-            from fedsl.bench.flower_peer import FlowerPeer
+            from harness.flower_peer import FlowerPeer
             peer = FlowerPeer(w, data, device, flower_actors, flower_cpus)
             if device.type != "cpu":
                 peer.available, peer.why_not = False, "not run on GPU machines"
@@ -182,7 +183,7 @@ def run_benchmarks(names: Sequence[str] | None = None, rounds: int = 3, reps: in
     chosen = [table[n] for n in names]
     mem = machine.PeakMemory(dev)
     notes: list[str] = []
-    from fedsl.bench.peers import plain_model
+    from harness.peers import plain_model
     if threads == "auto":
         threads = None
         cores = os.cpu_count() or 1
@@ -205,7 +206,7 @@ def run_benchmarks(names: Sequence[str] | None = None, rounds: int = 3, reps: in
 
 def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_actors, flower_cpus,
          footprint_clients, log, command, mem, notes, load_start, t_start) -> Report:
-    from fedsl.bench.peers import plain_model
+    from harness.peers import plain_model
 
     rates: dict[str, machine.Rates] = {}
     for model in dict.fromkeys(w.model for w in chosen):

@@ -1,5 +1,5 @@
-"""``python benchmarks/bench.py`` / ``python -m fedsl.bench``: argparse only (runs where just
-torch and numpy are installed, e.g. a GPU machine with ``PYTHONPATH=src``)."""
+"""``python benchmarks/bench.py``: argparse only (runs where just torch and numpy are
+installed, e.g. a GPU machine with ``PYTHONPATH=src``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedsl.bench import PEERS, run_benchmarks
-from fedsl.bench.workloads import DEFAULT_WORKLOADS, workloads
+from harness import PEERS, run_benchmarks
+from harness.workloads import DEFAULT_WORKLOADS, workloads
 
 
 def parser() -> argparse.ArgumentParser:

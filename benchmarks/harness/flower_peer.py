@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from fedsl.bench.peers import Peer, plain_evaluate, plain_local_train, plain_model
-from fedsl.bench.workloads import Data, Workload, client_tensors
+from harness.peers import Peer, plain_evaluate, plain_local_train, plain_model
+from harness.workloads import Data, Workload, client_tensors
 
 _FIELDS = ("model", "num_clients", "samples_per_client", "clients_per_round", "batch_size", "epochs", "test_size",
            "lr")
@@ -31,7 +31,7 @@ def _workload(cfg) -> Workload:
 
 
 def _peak_rss_mb() -> float:
-    from fedsl.bench.machine import peak_rss_mb
+    from harness.machine import peak_rss_mb
     return peak_rss_mb()
 
 
@@ -84,7 +84,7 @@ class FlowerPeer(Peer):
         import importlib.util
         try:
 
-            from fedsl.bench.machine import optional_version
+            from harness.machine import optional_version
             self.version = optional_version("flwr") or "?"
             if importlib.util.find_spec("ray") is None:
                 raise ImportError("ray is missing")

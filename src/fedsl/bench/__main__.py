@@ -1,5 +1,0 @@
-import sys
-
-from fedsl.bench.command import main
-
-sys.exit(main())
