@@ -222,7 +222,7 @@ def test_resolved_hyperparameters_scenario_1_cifar():
     assert alg.global_lr == 2.0 and sl.epochs == 10 and sl.batch_size == 50 and sl.gamma == 1.0
     table = {h.symbol: h for h in hp}
     assert table["K"].value == 100 and table["K0"].value == 100
-    assert sl.lr == pytest.approx(0.02) and sl.step_size == pytest.approx(0.02)
+    assert sl.lr == pytest.approx(0.02)
     assert table["η0"].source.startswith("paper default")
 
 

@@ -122,7 +122,3 @@ class Algorithm:
     def global_lr(self) -> float | None:
         """η_g of the rule (None for rules without one, e.g. FedDyn)."""
         return getattr(self.rule, "global_lr", None)
-
-    @property
-    def uses_server_data(self) -> bool:
-        return self.share_server_data or (self.server_learning is not None and self.server_learning.active)

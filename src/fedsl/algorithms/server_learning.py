@@ -48,11 +48,6 @@ class ServerLearning:
     log_angle: bool = False
 
     @property
-    def step_size(self) -> float:
-        """γ·η0, the learning rate of the server's LocalSGD (at the base γ)."""
-        return self.gamma * self.lr
-
-    @property
     def active(self) -> bool:
         return self.gamma > 0 and self.steps != 0
 

@@ -46,16 +46,13 @@ except ImportError:  # pragma: no cover - numpy 1.x
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 # The publisher's files (https://www.cs.toronto.edu/~kriz/cifar.html). The md5 of the python
-# tarball is the one torchvision checks (torchvision/datasets/cifar.py, CIFAR10.tgz_md5); the
-# binary tarball's md5 is the one in the table of the publisher's page (torchvision does not
-# read the binary version).
+# tarball is the one torchvision checks (torchvision/datasets/cifar.py, CIFAR10.tgz_md5); only
+# the python version is downloaded, the binary one is read when it is found.
 PYTHON_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 PYTHON_TARBALL = "cifar-10-python.tar.gz"
 PYTHON_MD5 = "c58f30108f718f92721af3b95e74349a"
 PYTHON_FOLDER = "cifar-10-batches-py"
-BINARY_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
 BINARY_TARBALL = "cifar-10-binary.tar.gz"
-BINARY_MD5 = "c32a1d4ab5d03f1284b67883e8d87530"
 BINARY_FOLDER = "cifar-10-batches-bin"
 
 TRAIN_BATCHES = 5
@@ -302,11 +299,6 @@ def _decode(kind: str, path: Path) -> dict[str, np.ndarray]:
 def _dataset(a: dict[str, np.ndarray]) -> ArrayDataset:
     return ArrayDataset(ImageSet(a["x_train"], a["y_train"], list(CIFAR10_CLASSES)),
                         ImageSet(a["x_test"], a["y_test"], list(CIFAR10_CLASSES)))
-
-
-def read_python(path: str | Path) -> ArrayDataset:
-    """The python version: ``cifar-10-python.tar.gz`` or an extracted ``cifar-10-batches-py/`` (no cache)."""
-    return _dataset(_decode("python", Path(path)))
 
 
 def read_binary(path: str | Path) -> ArrayDataset:

@@ -90,11 +90,6 @@ def stl10_images_from_binary(raw: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(raw.reshape(-1, 3, SIDE, SIDE).transpose(0, 3, 2, 1))
 
 
-def stl10_images_to_binary(x: np.ndarray) -> np.ndarray:
-    """Upright images [n, 96, 96, 3] -> the publisher's layout, flat (the inverse of the above)."""
-    return np.ascontiguousarray(np.asarray(x, dtype=np.uint8).transpose(0, 3, 2, 1)).reshape(-1)
-
-
 def _read_class_names(d: Path) -> list[str]:
     path = d / "class_names.txt"
     if not path.is_file():

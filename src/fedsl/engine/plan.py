@@ -37,11 +37,6 @@ class BatchPlan:
         return BatchPlan(self.idx.to(device), self.weight.to(device=device, dtype=dtype), self.keys.to(device), self.steps)
 
 
-def num_steps(n: int, batch_size: int, epochs: int) -> int:
-    """K = E * ceil(n / B): local steps of E epochs over n samples in batches of B."""
-    return epochs * math.ceil(n / batch_size)
-
-
 def client_batches(indices: np.ndarray, batch_size: int, epochs: int, steps: int | None,
                    gen: np.random.Generator) -> list[np.ndarray]:
     """The batches of one client: a fresh permutation per epoch, split into batches of B.

@@ -31,8 +31,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, allow_inf_nan=False)
 
 
-PosInt = Field(ge=1)
-
 # Upper bounds: absurd values stop at validation with one line, not later with a MemoryError
 # or hours of silence (each is in its field's description).
 ROUNDS_MAX = 10**7          # rounds and every per-round period (eval_every, checkpoint_every, ...)
