@@ -1,0 +1,118 @@
+"""The package's layering (README, Architecture): no module imports from a layer above its own.
+
+Read from the source with ``ast`` (nothing is imported), including imports inside functions:
+
+    core  <  data, models  <  algorithms  <  engine  <  experiments  <  report, flower  <  cli
+
+- ``core`` (shared types, rng) imports nothing of fedsl;
+- ``data`` and ``models`` are independent of each other;
+- ``engine`` includes the run's measurements ``fedsl.diagnostics`` and ``fedsl.metrics``;
+- ``experiments`` holds the config schema (which reads the algorithm specs and model names),
+  the runner, run groups and the results store;
+- ``report`` (plots, tables, reports of finished runs) and ``flower`` (the Flower runtime)
+  are independent of each other;
+- ``cli`` and the package's own ``__init__`` (the public API) sit on top.
+
+Within one group, modules import each other freely. There are no exceptions; a new one must be
+listed in ``EXCEPTIONS`` with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "fedsl"
+
+# group -> rank; a module may import from groups of lower rank, and from its own group.
+RANK = {"core": 0, "data": 1, "models": 1, "algorithms": 2, "engine": 3, "experiments": 4,
+        "report": 5, "flower": 5, "cli": 6}
+GROUP_OF_TOP_MODULE = {"diagnostics": "engine", "metrics": "engine", "cli": "cli", "__init__": "cli"}
+EXCEPTIONS: dict[tuple[str, str], str] = {}  # (importer, imported module) -> why it is allowed
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    return (SRC / rel).with_suffix(".py").is_file() or (SRC / rel / "__init__.py").is_file()
+
+
+def group(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return GROUP_OF_TOP_MODULE["__init__"]
+    if parts[1] in RANK and (PACKAGE / parts[1]).is_dir():
+        return parts[1]
+    return GROUP_OF_TOP_MODULE[parts[1]]  # a KeyError: a new top-level module needs a group here
+
+
+def fedsl_imports(path: Path) -> set[str]:
+    """The fedsl modules ``path`` imports (``from fedsl import metrics`` is fedsl.metrics)."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                found.add(sub if _is_module(sub) else base)
+    return {m for m in found if m == "fedsl" or m.startswith("fedsl.")}
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    for path in _modules():
+        assert group(_module_name(path)) in RANK, path
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    bad = []
+    for path in _modules():
+        me = _module_name(path)
+        mine = group(me)
+        for imported in sorted(fedsl_imports(path)):
+            theirs = group(imported)
+            if theirs == mine or RANK[theirs] < RANK[mine] or (me, imported) in EXCEPTIONS:
+                continue
+            bad.append(f"{me} ({mine}) imports {imported} ({theirs})")
+    assert not bad, "layering violations:\n" + "\n".join(bad)
+
+
+def test_core_imports_nothing_of_fedsl():
+    for path in (PACKAGE / "core").rglob("*.py"):
+        assert not {m for m in fedsl_imports(path) if not m.startswith("fedsl.core")}, path
+
+
+def test_the_library_does_not_import_the_benchmark_harness_or_tests():
+    for path in _modules():
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+        assert not names & {"harness", "benchmarks", "tests", "conftest"}, path
+
+
+def test_the_checker_sees_violations():
+    """The parser resolves the import forms used in the package (so the test above can fail)."""
+    f = PACKAGE / "data" / "partition.py"
+    assert "fedsl.core.rng" in fedsl_imports(f)
+    assert group("fedsl.metrics") == "engine" and group("fedsl") == "cli" and group("fedsl.report.tables") == "report"
+    runner = fedsl_imports(PACKAGE / "experiments" / "runner.py")
+    assert "fedsl.metrics" in runner and "fedsl" not in runner  # `from fedsl import metrics`
+    assert RANK[group("fedsl.engine.simulator")] > RANK[group("fedsl.algorithms.base")]
