@@ -65,6 +65,30 @@ def test_run_writes_results_folder(tmp_path, capsys):
     assert "completed" in capsys.readouterr().out
 
 
+def test_run_checks_every_run_first_and_builds_each_once(tmp_path, monkeypatch):
+    """`fedsl run` checks all runs before any work, and the runs take over what the checks built:
+    each run's federation and model are built once (here a stacked pair), and its numbers are
+    those of the same run building its own."""
+    from fedsl.experiments import runner
+    calls = []
+    for name in ("build_federation", "make_model"):
+        real = getattr(runner, name)
+        monkeypatch.setattr(runner, name, lambda *a, _f=real, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    text = tiny(tmp_path, rounds=2, dtype="float64").read_text().replace("seed = 3\n", "seeds = [1, 2]\nstack = 2\n")
+    (tmp_path / "two.toml").write_text(text)
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "two.toml"), "--out", str(out), "--quiet"]) == 0
+    assert calls.count("build_federation") == 2 and calls.count("make_model") == 2
+    calls.clear()
+    for r in ("tiny-seed1", "tiny-seed2"):  # each run alone, building its own data and model
+        cfg = C.validate({**json.loads((out / r / "config.json").read_text()), "stack": 1})
+        run(cfg, tmp_path / r, log=lambda s: None, progress=False)
+        for a, b in zip(rows(tmp_path / r), rows(out / r), strict=True):
+            assert float(a["accuracy"]) == pytest.approx(float(b["accuracy"]), abs=1e-9), r
+            assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-9), r
+    assert calls.count("make_model") == 2
+
+
 def test_same_seed_same_metrics_whichever_executor(tmp_path):
     res = {}
     for ex in ("sequential", "vectorised"):

@@ -110,7 +110,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
             raise UserError(f"--variants {variants!r}: expected names from {list(cfg.variants) or 'none (the config has no variants)'}")
         cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
     from fedsl.experiments.config import expand_variants
-    from fedsl.experiments.runner import check
+    from fedsl.experiments.runner import check_all
     runs = expand_variants(cfg)
     if len(runs) > BIG_SWEEP and not yes:
         raise UserError(f"the config makes {len(runs)} runs (variants × sweep points × seeds), more than {BIG_SWEEP}: "
@@ -118,12 +118,13 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     say = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     say(f"checking {len(runs)} run{'' if len(runs) == 1 else 's'}...")
     shown = time.monotonic()
-    models: set = set()
-    for i, variant in enumerate(runs.values(), 1):  # every run, data checks included, before any work
-        check(variant, models)
+
+    def checked(i: int) -> None:
+        nonlocal shown
         if time.monotonic() - shown > 10 and i < len(runs):  # a big sweep's checks take minutes
             say(f"checked {i}/{len(runs)} runs...")
             shown = time.monotonic()
+    built = check_all(runs, checked)  # every run, data checks included, before any work; kept for the runs
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and any(out.iterdir()):
@@ -133,7 +134,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     from fedsl.report.tables import write_comparison
     log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     with terminate_as_interrupt():
-        run_group(cfg, out, log=log, progress=None if not quiet else False)
+        run_group(cfg, out, log=log, progress=None if not quiet else False, built=built)
     write_comparison(out)
     _print_tables(out, f"{cfg.name}  ({out})")
     if len(cfg.variants) > 1 or len(cfg.seeds) > 1:

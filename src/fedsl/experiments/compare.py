@@ -21,9 +21,14 @@ def is_group(path: str | Path) -> bool:
     return (Path(path) / "group.json").is_file()
 
 
-def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=print, progress=None) -> list[dict]:
-    """Run every (variant, seed) of ``cfg``; a config without variants is a group of one."""
+def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=print, progress=None,
+              built: dict[str, runner.Built] | None = None) -> list[dict]:
+    """Run every (variant, seed) of ``cfg``; a config without variants is a group of one.
+
+    ``built``: run name -> what ``runner.check_all`` built of it (taken over, not built again).
+    """
     out = Path(out)
+    built = dict(built or {})
     named = expand_runs(cfg)
     runs = {r: c for r, (_, c) in named.items()}
     for rname in runs:  # names are checked in config; still, no run folder outside `out`
@@ -50,7 +55,8 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
             try:
                 outs = [out / n for n in names]
                 for n, s in zip(names, runner.run_stacked([pending[n] for n in names], outs, resume=resume,
-                                                          log=log, progress=progress)):
+                                                          log=log, progress=progress,
+                                                          built=[built.pop(n, None) for n in names])):
                     summaries[n] = s
                 continue
             except Exception as e:  # noqa: BLE001 — recorded per run below; the sweep goes on
@@ -62,7 +68,7 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
                 continue
             try:
                 summaries[rname] = runner.run(pending[rname], rd.path, resume=resume and rd.is_run(), log=log,
-                                              progress=progress)
+                                              progress=progress, built=built.pop(rname, None))
             except Exception as e:  # noqa: BLE001 — one failed run must not stop a sweep; it is recorded
                 log(f"{rname}: failed ({type(e).__name__}: {e}); the group goes on")
                 summaries[rname] = rd.read_summary()

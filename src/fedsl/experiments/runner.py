@@ -141,27 +141,73 @@ def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
         raise ConfigError(str(e)) from None
 
 
-def check(cfg: RunConfig, _models_seen: set | None = None) -> None:
+@dataclass
+class Built:
+    """What ``check`` built of a run, on the CPU, for ``prepare`` to take over (once: ``prepare``
+    moves the model to the run's device and dtype), so that a checked run is built only once."""
+    fed: Federation
+    algorithm: Algorithm
+    pretrain: Pretraining | None
+    hparams: list[HyperParam]
+    fm: FunctionalModel
+
+    def nbytes(self) -> int:
+        """Memory it holds beyond the data pool that runs share: the model and the index arrays."""
+        model = sum(p.numel() * p.element_size() for p in self.fm.module.parameters())
+        return model + sum(c.nbytes for c in self.fed.clients) + self.fed.server.nbytes
+
+
+# How much a sweep's checks keep for its runs to take over (the first runs' builds; the others
+# are built again by ``prepare``, cheaply: decoded data and its tensors are memoised per process).
+KEEP_BYTES = 256 * 2**20
+
+
+def check(cfg: RunConfig, _models_seen: set | None = None, *, keep: bool = False) -> Built | None:
     """Every check that needs the data or the model (sizes, batch vs client data, n0), without training.
 
     ``_models_seen``: (model, init, classes, input shape) already built by earlier checks of
     the same sweep; a model is built once per such key, not once per run (40,000 runs).
+    ``keep``: return what was built (the run's federation, algorithm and seeded model), for
+    ``prepare(cfg, built=...)``.
     """
     resolve_device(cfg.device)
     fed = build_federation(cfg.data, cfg.seed)
-    resolve(cfg, fed)
+    algorithm, pretrain, hp = resolve(cfg, fed)
     key = (cfg.model.name, cfg.model.init, fed.num_classes, tuple(fed.input_shape))
-    if _models_seen is None or key not in _models_seen:
-        make_model(cfg, fed)
+    fm = None
+    if keep or _models_seen is None or key not in _models_seen:
+        fm = make_model(cfg, fed)
         if _models_seen is not None:
             _models_seen.add(key)
+    return Built(fed, algorithm, pretrain, hp, fm) if keep else None
 
 
-def prepare(cfg: RunConfig, pools: list[Federation] | None = None) -> Prepared:
+def check_all(runs: dict[str, RunConfig], progress: Callable[[int], None] | None = None,
+              keep_bytes: int = KEEP_BYTES) -> dict[str, Built]:
+    """``check`` every run of a sweep before any work; returns what the checks built for the first
+    runs (up to about ``keep_bytes``), by run name, for ``run_group(..., built=...)``.
+
+    ``progress(i)`` is called after the i-th run's check.
+    """
+    models: set = set()
+    built: dict[str, Built] = {}
+    left = keep_bytes
+    for i, (name, cfg) in enumerate(runs.items(), 1):
+        b = check(cfg, models, keep=left > 0)
+        if b is not None:
+            built[name] = b
+            left -= b.nbytes()
+        if progress is not None:
+            progress(i)
+    return built
+
+
+def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built | None = None) -> Prepared:
     """Data, model, algorithm and simulator of ``cfg``.
 
     ``pools`` (stacked runs): federations prepared before; a pool or test set equal to
     one of theirs is shared rather than held twice (a CIFAR-10 pool is 600 MB).
+    ``built``: what ``check(cfg, keep=True)`` built (taken over, not built again).
     """
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
@@ -174,9 +220,12 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None) -> Prepared:
         # to rounding only, run to run; deterministic algorithms make them bit-identical.
         torch.backends.cudnn.deterministic = cfg.deterministic
         torch.backends.cudnn.benchmark = not cfg.deterministic
-    fed = build_federation(cfg.data, cfg.seed)
-    algorithm, pretrain, hp = resolve(cfg, fed)
-    fm = make_model(cfg, fed)
+    if built is None:
+        fed = build_federation(cfg.data, cfg.seed)
+        algorithm, pretrain, hp = resolve(cfg, fed)
+        fm = make_model(cfg, fed)
+    else:
+        fed, algorithm, pretrain, hp, fm = built.fed, built.algorithm, built.pretrain, built.hparams, built.fm
     fm.module.to(device=device, dtype=dtype)
     executor = make_executor(cfg.executor, fm, device)
     on_device = fed.to(device, dtype)
@@ -242,12 +291,12 @@ class RunSession:
     """
 
     def __init__(self, cfg: RunConfig, out: str | Path, *, resume: bool, log: Log, progress: bool | None,
-                 prep: Prepared | None = None) -> None:
+                 prep: Prepared | None = None, built: Built | None = None) -> None:
         self.cfg, self.log = cfg, log
         self.rd = rd = RunDir(out)
         for p in rd.remove_stale_tmp():
             log(f"{cfg.name}: removed {p.name}, left by a write that was killed")
-        self.prep = prep = prep or prepare(cfg)
+        self.prep = prep = prep or prepare(cfg, built=built)
         self.sim = sim = prep.sim
         self.start, self.wall0, history = 0, 0.0, []
         self.state: RunState | None = None
@@ -377,13 +426,13 @@ class RunSession:
 
 
 def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = print,
-        progress: bool | None = None, stop_after: int | None = None) -> dict:
+        progress: bool | None = None, stop_after: int | None = None, built: Built | None = None) -> dict:
     """Run ``cfg`` into folder ``out`` (or continue it with ``resume``); returns summary.json's content.
 
     ``stop_after`` ends the process's work after that many rounds in this call (tests use it
-    to simulate interruptions); the run stays resumable.
+    to simulate interruptions); the run stays resumable. ``built``: what ``check`` built of it.
     """
-    s = RunSession(cfg, out, resume=resume, log=log, progress=progress)
+    s = RunSession(cfg, out, resume=resume, log=log, progress=progress, built=built)
     status = "running"
     try:
         s.begin()
@@ -407,19 +456,21 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
 
 
 def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool = False, log: Log = print,
-                progress: bool | None = None, stop_after: int | None = None) -> list[dict]:
+                progress: bool | None = None, stop_after: int | None = None,
+                built: list[Built | None] | None = None) -> list[dict]:
     """Run several configs in lock-step with a ``StackedSimulator``: one executor call per round
     for all their clients. Each run keeps its own folder, checkpoints and summary, exactly as
     ``run`` would write them; a run that diverges leaves the stack and the others go on.
 
     The runs must be stackable (same model, algorithm kind, device, rounds) and start at the
-    same round (all new, or all resumed from the same checkpoint round).
+    same round (all new, or all resumed from the same checkpoint round). ``built``: what
+    ``check`` built of each (or None).
     """
     if len(cfgs) != len(outs) or not cfgs:
         raise ValueError(f"run_stacked needs as many output folders as configs, got {len(cfgs)} and {len(outs)}")
     pools: list[Federation] = []
     sessions = [RunSession(c, o, resume=resume and RunDir(o).is_run(), log=log, progress=False,
-                           prep=prepare(c, pools)) for c, o in zip(cfgs, outs)]
+                           prep=prepare(c, pools, b)) for c, o, b in zip(cfgs, outs, built or [None] * len(cfgs))]
     starts = {s.start for s in sessions}
     if len(starts) > 1 or len({c.rounds for c in cfgs}) > 1:
         raise ValueError(f"stacked runs must start at one round and share T, got starts {sorted(starts)} "
