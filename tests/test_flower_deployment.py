@@ -268,8 +268,10 @@ def _check_only_parameters(received: list[dict], model: dict[str, torch.Tensor])
         if entry["kind"] == "train":
             assert entry["records"] == {"arrays": "ArrayRecord", "metrics": "MetricRecord"}, entry
             assert entry["arrays"] == {"arrays": params}, entry  # x_i only: names, shapes, dtype of the model
-            assert sorted(entry["metrics"]["metrics"]) == ["num-examples", "partition-id", "round", "steps"], entry
-            assert all(isinstance(v, int) for v in entry["metrics"]["metrics"].values()), entry
+            metrics = dict(entry["metrics"]["metrics"])
+            assert isinstance(metrics.pop("train-loss"), float), entry  # the loss of x_i on D_i
+            assert sorted(metrics) == ["num-examples", "partition-id", "round", "steps"], entry
+            assert all(isinstance(v, int) for v in metrics.values()), entry
         else:
             assert entry["records"] == {"partition": "ConfigRecord"}, entry
             assert sorted(entry["configs"]["partition"]) == ["num-examples", "partition-id"], entry
@@ -435,3 +437,66 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     diff = max((final["x"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
     print(f"resumed at round {crashed_at + 1}: max |x_T(Flower) - x_T(simulator)| = {diff:.3g}")
     assert diff <= 1e-6
+
+
+# ----------------------------------------------------------------------------- a plain Flower ClientApp
+
+def _plain_app(tmp_path: Path, **overrides: object) -> tuple[Path, dict]:
+    """A Flower App of fedsl's ServerApp and a plain ClientApp that does not import fedsl
+    (``test_flower_protocol.PLAIN_CLIENT``), with its partitions exported to a data folder."""
+    from test_flower_protocol import BASE, export_partitions, write_plain_app
+
+    config = {**BASE, "data-dir": str(tmp_path / "data"), "min-nodes": 4, "node-wait": 120.0, "round-timeout": 120.0,
+              **overrides}
+    export_partitions(config, tmp_path / "data")
+    return write_plain_app(tmp_path / "app", config), config
+
+
+def _check_plain_run(out: Path, config: dict) -> None:
+    cfg, _ = parse_run_config(config)
+    expected, infos = run_rounds(prepare(cfg).sim, cfg.rounds)
+    rounds = json.loads((out / "rounds.json").read_text())
+    assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
+    assert all(r["server_steps"] == info.server_steps > 0 for r, info in zip(rounds, infos))
+    assert all(r["rejected"] == [] and r["train_loss"] > 0 for r in rounds)
+    final = torch.load(out / "final.pt")
+    assert max((final["x"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-10
+
+
+def test_a_plain_client_app_in_flowers_deployment_runtime(deployments, tmp_path, one_thread):
+    """4 SuperNodes run a ClientApp without fedsl and without a query handler: the server assigns them
+    partitions, FSL runs with server learning and gives the simulator's model. Then a run in which every
+    client fails: the ServerApp fails with one line, the run's status says so, and no final.pt is written."""
+    out = tmp_path / "out"
+    app, config = _plain_app(tmp_path, **{"out-dir": str(out)})
+    dep = deployments()
+    dep.start_superlink()
+    for i in range(4):
+        dep.start_node(f"node{i}", i)
+    res = dep.flwr("run", str(app), "test", "--stream", timeout=300)
+    assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
+    assert res.stdout.count("has no query handler: the server assigns it partition") == 4, _logs(dep, res)
+    _check_plain_run(out, config)
+
+    failed = tmp_path / "failed"
+    res = dep.flwr("run", str(app), "test", "--stream", "--run-config", f'data-dir="{tmp_path / "nowhere"}"',
+                   "--run-config", f'out-dir="{failed}"', "--run-config", "rounds=2", timeout=300)
+    assert "fedsl: no client update was aggregated in any of the 2 rounds" in res.stdout, _logs(dep, res)
+    assert "final test accuracy" not in res.stdout and not (failed / "final.pt").exists(), _logs(dep, res)
+    run_id = re.search(r"started run (\d+)", res.stdout)
+    assert run_id, _logs(dep, res)
+    runs = json.loads(dep.flwr("ls", "test", "--format", "json").stdout)["runs"]
+    (run,) = [r for r in runs if r["run-id"] == run_id.group(1)]
+    assert run["status"] == "finished:failed" and "no client update was aggregated" in run["status-details"], run
+
+
+def test_a_plain_client_app_under_flwr_run_in_simulation(deployments, tmp_path, one_thread):
+    """The same plain ClientApp in Flower's simulation runtime (virtual SuperNodes, Ray)."""
+    pytest.importorskip("ray", reason="Flower's simulation runtime needs flwr[simulation] (Ray)")
+    out = tmp_path / "out"
+    app, config = _plain_app(tmp_path, **{"out-dir": str(out)})
+    dep = deployments(simulation=True)
+    dep.start_superlink()
+    res = dep.flwr("run", str(app), "test", "--stream", "--federation-config", "num-supernodes=4", timeout=300)
+    assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
+    _check_plain_run(out, config)

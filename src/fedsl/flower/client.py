@@ -7,14 +7,17 @@ with step size η_l. Stateful rules keep this client's rows of their per-client 
 (SCAFFOLD's c_i, FedDyn's ∇L_i) in the ClientApp's ``context.state``; the client updates its
 own row with the rule's own ``update``, exactly as the simulator updates row i of its table.
 
-What goes back to the server is parameters only: the final model x_i (and the
-number of samples n_i and steps K_i as metrics), never samples or labels.
+What goes back to the server is parameters only: the final model x_i (and as metrics the
+number of samples n_i, the steps K_i and the loss of x_i on D_i), never samples or labels.
+The messages and replies: README, "The Flower protocol".
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,10 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsl.algorithms.base import RoundContext, State
+from fedsl.algorithms.base import LocalTraining, RoundContext, State
 from fedsl.core import rng
 from fedsl.core.types import Params
+from fedsl.engine.functional import evaluate
 from fedsl.engine.plan import make_plan
 from fedsl.engine.simulator import Simulator
 from fedsl.flower.config import load_setup
@@ -56,7 +60,7 @@ def partition_id(node_config: Mapping[str, Any], num_clients: int) -> int:
 
 
 def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state: State | None = None,
-                  rows: State | None = None) -> tuple[Params, int, State]:
+                  rows: State | None = None, local: LocalTraining | None = None) -> tuple[Params, int, State]:
     """Client ``cid``'s update of round ``t``: K_i LocalSGD steps with η_l from x_t.
 
     Args:
@@ -67,11 +71,12 @@ def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state
         server_state: the server-state entries the rule's correction reads (SCAFFOLD's c).
         rows: this client's rows of the rule's per-client tables (name ending in ``_i``,
             tensors without the client dimension); missing rows start as the rule's initial ones.
+        local: η_l, B, E and K to train with (default: the algorithm's, ``sim.alg.local``).
     Returns:
         (x_i, K_i, new rows of this client's tables).
     """
     alg = sim.alg
-    loc, rule = alg.local, alg.rule
+    loc, rule = local or alg.local, alg.rule
     params = sim.layout(params)
     state = rule.init_state(params, 1)  # shapes and initial values; tables have one row: this client's
     for key, row in (rows or {}).items():
@@ -101,43 +106,118 @@ def _load_rows(context: Context) -> State:
     return rows
 
 
+def _int(config: Mapping[str, Any], key: str, low: int = 1) -> int | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < low:
+        raise ValueError(f"train message config {key} = {value!r}: expected an integer >= {low}")
+    return value
+
+
+def message_round(config: Mapping[str, Any]) -> int:
+    """The round t (0-based) of a train or evaluate message: fedsl's ``round``, else Flower's ``server-round`` - 1.
+
+    Raises:
+        ValueError: neither key, or not an integer, in one line.
+    """
+    if "round" in config:
+        return _int(config, "round", 0)
+    if "server-round" in config:
+        return _int(config, "server-round", 1) - 1
+    raise ValueError(f"message config has neither round nor server-round (keys: {sorted(config)})")
+
+
+def message_local(local: LocalTraining, config: Mapping[str, Any]) -> LocalTraining:
+    """η_l, E, B and K from the message's config (``lr``, ``local-epochs``, ``batch-size``, ``local-steps``)
+    where it has them, else the ClientApp's own (its fedsl config).
+
+    Raises:
+        ValueError: a key present with a bad value, in one line.
+    """
+    lr = config.get("lr", local.lr)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"train message config lr = {lr!r}: expected a number > 0")
+    epochs, batch, steps = (_int(config, k) for k in ("local-epochs", "batch-size", "local-steps"))
+    return replace(local, lr=float(lr), epochs=local.epochs if epochs is None else epochs,
+                   batch_size=local.batch_size if batch is None else batch,
+                   steps=local.steps if steps is None else steps)
+
+
+def _partition(msg: Message, context: Context, num_clients: int) -> int:
+    pid = partition_id(context.node_config, num_clients)
+    config = msg.content.config_records.get("config") or {}
+    if "partition-id" in config and config["partition-id"] != pid:
+        raise ValueError(f"{msg.metadata.message_type} message for partition-id {config['partition-id']!r} reached "
+                         f"node partition-id {pid}")
+    return pid
+
+
+def _arrays(msg: Message, sim: Simulator) -> Params:
+    if "arrays" not in msg.content.array_records:
+        raise ValueError(f"{msg.metadata.message_type} message has no ArrayRecord 'arrays' "
+                         f"(records: {sorted(msg.content.keys())})")
+    return from_record(msg.content.array_records["arrays"], sim.device, sim.dtype, names=sim.fm.names)
+
+
+def _on(sim: Simulator, params: Params, idx) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of ``params`` on the pool samples ``idx`` (without dropout)."""
+    rows = torch.as_tensor(idx, dtype=torch.long, device=sim.fed.x.device)
+    return evaluate(sim.fm, sim.layout(params), sim.fed.x[rows], sim.fed.y[rows], sim.eval_batch_size)
+
+
 def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
-    """A Flower ClientApp running fedsl's client update on the node's partition.
+    """A Flower ClientApp running fedsl's client update on the node's partition (its node config's
+    ``partition-id``).
 
     ``app_dir``: folder a relative ``config-file`` in the run config is resolved against.
-    Handles ``train`` (one client update) and ``query`` (reports the node's partition id and
-    n_i, so that the strategy can address the clients the simulator would sample).
+    Handles ``train`` (one client update: η_l, E, B, K from the message's config when there, else the
+    fedsl config; the round from ``round`` or Flower's ``server-round``), ``evaluate`` (accuracy and loss
+    of the sent model on the partition) and ``query`` (the node's partition id and n_i, so that
+    ``FedslStrategy`` can address the clients the simulator would sample). It runs under
+    ``FedslStrategy`` and under Flower's own strategies (``FedAvg``, ``FedAvgM``, ...).
     """
     app = ClientApp()
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        setup = load_setup(context.run_config, app_dir)
+        setup = load_setup(context.run_config, app_dir, client=True)
         pid = partition_id(context.node_config, setup.num_clients)
         info = ConfigRecord({"partition-id": pid, "num-examples": len(setup.sim.client_data[pid])})
         return Message(RecordDict({"partition": info}), reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        setup = load_setup(context.run_config, app_dir)
+        setup = load_setup(context.run_config, app_dir, client=True)
         sim = setup.sim
-        pid = partition_id(context.node_config, setup.num_clients)
-        config = msg.content.config_records["config"]
-        t = int(config["round"])
-        if int(config.get("partition-id", pid)) != pid:
-            raise ValueError(f"train message for partition-id {config['partition-id']} reached node "
-                             f"partition-id {pid}")
+        pid = _partition(msg, context, setup.num_clients)
+        config = msg.content.config_records.get("config") or {}
+        t = message_round(config)
+        if "algorithm" in config and config["algorithm"] != setup.algorithm.name:
+            raise ValueError(f"train message algorithm = {config['algorithm']!r}: this ClientApp's run config has "
+                             f"algorithm.name = {setup.algorithm.name!r}")
+        local = message_local(sim.alg.local, config)
         if setup.options.client_delay:
             time.sleep(setup.options.client_delay)
-        params = from_record(msg.content.array_records["arrays"], sim.device, sim.dtype, names=sim.fm.names)
+        params = _arrays(msg, sim)
         server_state = {}
         if "server-state" in msg.content.array_records:
             server_state = state_from_record(msg.content.array_records["server-state"], sim.device, sim.dtype)
-        final, steps, rows = client_update(sim, params, t, pid, server_state, _load_rows(context))
+        final, steps, rows = client_update(sim, params, t, pid, server_state, _load_rows(context), local)
         for key, row in rows.items():
             context.state[STATE_PREFIX + key] = to_record(row)
+        _, loss = _on(sim, final, sim.client_data[pid])
         metrics = MetricRecord({"num-examples": len(sim.client_data[pid]), "steps": steps, "partition-id": pid,
-                                "round": t})
+                                "round": t, "train-loss": loss})
         return Message(RecordDict({"arrays": to_record(final), "metrics": metrics}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate_(msg: Message, context: Context) -> Message:
+        setup = load_setup(context.run_config, app_dir, client=True)
+        sim = setup.sim
+        pid = _partition(msg, context, setup.num_clients)
+        accuracy, loss = _on(sim, _arrays(msg, sim), sim.client_data[pid])
+        metrics = MetricRecord({"accuracy": accuracy, "loss": loss, "num-examples": len(sim.client_data[pid])})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app

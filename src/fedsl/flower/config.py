@@ -7,11 +7,18 @@ validated by ``fedsl.experiments.config`` with the same one-line errors as ``fed
 A base config may come from a fedsl TOML file (``config-file``) or a bundled preset
 (``preset``), and ``variant`` picks one of its ``[variants.X]``; the run-config keys
 override it.
+
+Keys that are neither (their first dotted part is no fedsl key, e.g. a user's own ``data-dir`` or
+Flower's ``num-server-rounds``) are left to the user's code: fedsl ignores them, except a near miss
+of one of its keys (``rouds``, ``eval-every``), refused as a likely typo. A ClientApp needs little of
+the config (``CLIENT_DEFAULTS``): ``data.*`` (the federation it holds a partition of), ``seed``,
+``model.*``, ``dtype``; η_l, B, E, K come from the train message when it carries them.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +34,35 @@ from fedsl.experiments.runner import prepare  # the runner's own resolution of t
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
 FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes",
                "node-wait", "client-delay", "resume", "node-partitions")
+# fedsl's own keys: the first dotted part of every key validated as a fedsl config key
+FEDSL_KEYS = tuple(RunConfig.model_fields)
+# What a ClientApp assumes when the run config leaves it out (it does not sample clients nor count rounds):
+# plain local SGD (the rule's correction only matters to the ClientApps of fedsl's own strategy, whose run
+# config names it), one round, one client per round.
+CLIENT_DEFAULTS = {"algorithm.name": "fedavg", "rounds": 1, "algorithm.clients_per_round": 1}
+
+
+def user_key(key: str) -> bool:
+    """Whether a run-config key is the user's (fedsl ignores it): neither a Flower-side option nor a fedsl key.
+
+    Raises:
+        ConfigError: a near miss of a fedsl key or option (a likely typo), in one line.
+    """
+    top = key.split(".")[0]
+    if key in FLOWER_KEYS or top in FEDSL_KEYS:
+        return False
+    near = difflib.get_close_matches(top, FEDSL_KEYS + FLOWER_KEYS, n=1, cutoff=0.8)
+    if near:
+        raise ConfigError(f"run config key {key!r}: not a fedsl key; did you mean {near[0]!r}? (keys fedsl does not "
+                          "know are left to your code: rename it if it is yours)")
+    return True
+
+
+def client_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``CLIENT_DEFAULTS`` a ClientApp adds to ``run_config`` (none when a base config is named)."""
+    if run_config.get("preset") or run_config.get("config-file"):
+        return {}
+    return {k: v for k, v in CLIENT_DEFAULTS.items() if k not in run_config}
 
 
 @dataclass(frozen=True)
@@ -48,7 +84,9 @@ class FlowerOptions:
         node_partitions: the server's assignment of partitions to nodes, node id -> partition id
             (run config ``node-partitions = "ID:I,ID:I,..."``, e.g. the node ids that
             ``flwr supernode register`` printed); empty: a partition is assigned to the first
-            connected node that claims it (its node config's ``partition-id``).
+            connected node that claims it (its node config's ``partition-id``), and the lowest free
+            one to a node whose ClientApp answers no query (a plain Flower client).
+        user_keys: run-config keys fedsl ignores (the user's own, left to their code).
     """
 
     out_dir: str = ""
@@ -59,6 +97,7 @@ class FlowerOptions:
     client_delay: float = 0.0
     resume: bool = True
     node_partitions: tuple[tuple[int, int], ...] = ()
+    user_keys: tuple[str, ...] = ()
 
 
 def parse_node_partitions(text: str, num_clients: int) -> tuple[tuple[int, int], ...]:
@@ -121,8 +160,12 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
             path = Path(app_dir) / path
         data = read_file(path)
     data = copy.deepcopy(data)
+    users = []
     for key, value in flat.items():
         if key in FLOWER_KEYS:
+            continue
+        if user_key(key):
+            users.append(key)
             continue
         set_dotted(data, key, value)
     for key in ("seeds", "sweep"):
@@ -147,6 +190,7 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
         client_delay=_option(flat, "client-delay", float, 0.0),
         resume=_option(flat, "resume", bool, FlowerOptions.resume),
         node_partitions=parse_node_partitions(_option(flat, "node-partitions", str, ""), cfg.data.num_clients),
+        user_keys=tuple(sorted(users)),
     )
     if options.round_timeout <= 0:
         raise ConfigError(f"run config round-timeout = {options.round_timeout}: expected seconds > 0")
@@ -183,8 +227,12 @@ class FlowerSetup:
 _CACHE: dict[tuple, FlowerSetup] = {}
 
 
-def load_setup(run_config: Mapping[str, Any], app_dir: str | Path | None = None) -> FlowerSetup:
-    """Build (once per process and run config) the federation, algorithm, model and engine."""
+def load_setup(run_config: Mapping[str, Any], app_dir: str | Path | None = None, client: bool = False) -> FlowerSetup:
+    """Build (once per process and run config) the federation, algorithm, model and engine.
+
+    ``client``: for a ClientApp, which assumes ``CLIENT_DEFAULTS`` for the keys the run config leaves out.
+    """
+    run_config = {**client_defaults(run_config), **run_config} if client else dict(run_config)
     key = (tuple(sorted((k, repr(v)) for k, v in run_config.items())), str(app_dir))
     if key not in _CACHE:
         cfg, options = parse_run_config(run_config, app_dir)

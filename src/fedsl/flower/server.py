@@ -18,6 +18,10 @@ from fedsl.flower.records import to_record
 from fedsl.flower.strategy import FedslStrategy
 
 
+class NoClientUpdate(RuntimeError):
+    """A run in which no client update was aggregated at all: the ServerApp fails (exits non-zero)."""
+
+
 class RoundGrid:
     """Flower's Grid whose ``send_and_receive`` polls every ``poll`` seconds (Flower's: 3 s) and,
     with ``straggler`` set, stops waiting that many seconds after the first reply arrived.
@@ -56,9 +60,15 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
 
     With ``out-dir`` set, the run continues from ``out-dir/checkpoint.pt`` when there is one (a
     ServerApp or SuperLink that crashed: start the same run again) unless ``resume = false``.
+
+    Raises:
+        NoClientUpdate: no round (of the whole run, a resumed one's included) aggregated any client
+            update; ``final.pt`` and ``done.json`` are not written (a single empty round is a warning).
     """
     setup = load_setup(context.run_config, app_dir)
     cfg = setup.cfg
+    if setup.options.user_keys:
+        log(INFO, "fedsl: run config keys left to your code (not fedsl's): %s", ", ".join(setup.options.user_keys))
     strategy = FedslStrategy(setup)
     done = strategy.resume()  # the checkpoint's round in out-dir (0: none, or resume = false)
     log(INFO, "fedsl: %s, T=%d rounds, N=%d clients (partition ids 0..%d), S=%d per round, n0=%d on the server",
@@ -67,6 +77,10 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
     straggler = setup.options.straggler_timeout or None
     strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x),
                    num_rounds=cfg.rounds - done, timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
+    if not any(h["trained"] for h in strategy.history):
+        raise NoClientUpdate(f"fedsl: no client update was aggregated in any of the {len(strategy.history)} rounds "
+                             f"(every sampled client was missing, failed or sent an unusable reply; see rounds.json "
+                             f"and the log): the model is server learning alone, so the run failed")
     strategy.finish()
     if strategy.evaluations:
         last = strategy.evaluations[-1]

@@ -5,9 +5,12 @@
 - ``configure_train``: the clients of round t are the simulator's,
   ``rng.sample_clients(seed, t, N, S)``; each is addressed through the node the server assigned
   that partition to (``node-partitions``, or the first connected node that claimed it in its
-  reply to a ``query`` message; a node claiming a partition it was not assigned is left out).
-  A sampled client whose node is gone is skipped: the round goes on with the others.
-- ``aggregate_train``: every reply is checked first (``check_reply``: from a node sent a train
+  reply to a ``query`` message; a node claiming a partition it was not assigned is left out; a
+  node whose ClientApp has no ``query`` handler gets the lowest free partition). A sampled client
+  whose node is gone is skipped: the round goes on with the others. The train message carries
+  x_t, the round, the partition, η_l, E, B (and K), the rule's client-side hyper-parameters and
+  the server state its clients read (``train_config``; README, "The Flower protocol").
+- ``aggregate_train``: every reply is checked first (``replies.check_reply``: from a node sent a train
   message this round, for its partition and round, the model's array names, shapes and dtype,
   finite values, the metrics as integers, n_i the partition's size); a bad one is logged in one
   line and left out of the round. The usable replies' final models x_i, in client-id order as the simulator
@@ -19,7 +22,8 @@
   A round without a usable reply (or whose aggregate is not finite) applies no client update:
   x̄ = x_t, then server learning as usual, and the round counts.
 - every ``checkpoint_every`` rounds the model, the server state, γ_t and the records are saved
-  atomically to ``out-dir/checkpoint.pt``; ``resume`` continues a ServerApp from it.
+  atomically to ``out-dir/checkpoint.pt``; ``resume`` continues a ServerApp from it
+  (``fedsl.flower.checkpoint``).
 
 The server keeps only the server state (SCAFFOLD's c, FedDyn's h, optimiser moments, γ_t);
 per-client tables stay on the clients. A rule's ``update`` reads the sampled clients' old rows
@@ -57,108 +61,27 @@ from fedsl.algorithms.base import State, zeros_like
 from fedsl.core import rng
 from fedsl.engine.simulator import ClientWork, RunState
 from fedsl.experiments.config import ConfigError
-from fedsl.experiments.results import RunDir, atomic_write
+from fedsl.experiments.results import atomic_write
+from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
 from fedsl.flower.config import FlowerSetup
 from fedsl.flower.records import from_record, state_to_record, to_record
+from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_METRICS re-exported
+    TRAIN_METRICS,
+    BadReply,
+    check_claim,
+    check_reply,
+    describe_content,
+    lacks_query_handler,
+    train_loss,
+)
+
 
 # Server-state entries a rule's clients need for their correction (SCAFFOLD: c - c_i).
 # A rule may say so itself with a ``client_state`` attribute.
 CLIENT_STATE = {"scaffold": ("c",)}
-
-# The metrics a train reply must carry, each an integer.
-TRAIN_METRICS = ("num-examples", "steps", "partition-id", "round")
-CHECKPOINT = "checkpoint.pt"
-# Config keys a resumed run may change: they do not change the rounds' arithmetic.
-RESUMABLE_CHANGES = ("rounds", "eval_every", "checkpoint_every", "threads")
-
-
-class BadReply(ValueError):
-    """A reply the server cannot use; ``impostor``: it claims a partition its node was not assigned."""
-
-    def __init__(self, reason: str, impostor: bool = False) -> None:
-        super().__init__(reason)
-        self.impostor = impostor
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
-def check_reply(msg: Message, expected: dict[str, torch.Tensor], partition: int, t: int,
-                examples: int | None = None) -> tuple[dict, int, int]:
-    """A train reply's final model x_i, n_i and K_i, after checking everything in it the server uses.
-
-    Args:
-        msg: the reply (without an error).
-        expected: the model's parameters (their names, shapes and dtype are what x_i must have).
-        partition: the partition the server sent this node.
-        t: the round (0-based).
-        examples: n_i, the partition's size, when the server knows it.
-    Returns:
-        (x_i as numpy arrays by name, n_i, K_i).
-    Raises:
-        BadReply: one line saying what is wrong.
-    """
-    content = msg.content
-    metrics = content.metric_records.get("metrics")
-    if metrics is None:
-        raise BadReply(f"no MetricRecord 'metrics' (records: {sorted(content.keys())})")
-    missing = [k for k in TRAIN_METRICS if k not in metrics]
-    if missing:
-        raise BadReply(f"metric {', '.join(missing)} missing (has {sorted(metrics.keys())})")
-    wrong = {k: metrics[k] for k in TRAIN_METRICS if type(metrics[k]) is not int}
-    if wrong:
-        raise BadReply(f"metric {', '.join(f'{k} = {v!r}' for k, v in wrong.items())}: expected an integer")
-    if metrics["partition-id"] != partition:
-        raise BadReply(f"claims partition-id {metrics['partition-id']}, but the server sent it partition {partition}",
-                       impostor=True)
-    if metrics["round"] != t:
-        raise BadReply(f"round = {metrics['round']}: expected {t} (a stale or replayed reply)")
-    for key in ("num-examples", "steps"):
-        if metrics[key] < 1:
-            raise BadReply(f"metric {key} = {metrics[key]}: expected >= 1")
-    if examples is not None and metrics["num-examples"] != examples:
-        raise BadReply(f"metric num-examples = {metrics['num-examples']}: partition {partition} has {examples} samples")
-    arrays = content.array_records.get("arrays")
-    if arrays is None:
-        raise BadReply(f"no ArrayRecord 'arrays' (records: {sorted(content.keys())})")
-    lacking, extra = sorted(set(expected) - set(arrays.keys())), sorted(set(arrays.keys()) - set(expected))
-    if lacking or extra:
-        raise BadReply("arrays do not match the model's parameters: "
-                       + "; ".join(f"{what} {names[:3]}{' ...' if len(names) > 3 else ''}"
-                                   for what, names in (("missing", lacking), ("unexpected", extra)) if names))
-    out = {}
-    for name, ref in expected.items():
-        array = arrays[name]
-        want_dtype, want_shape = np.dtype(str(ref.dtype).removeprefix("torch.")), list(ref.shape)
-        try:
-            value = array.numpy()
-        except Exception as e:  # noqa: BLE001 - whatever the bytes are, the reply is unusable
-            raise BadReply(f"array {name!r} cannot be read: {_one_line(e)}") from None
-        # what the array says it is (Flower's metadata) and what its bytes hold
-        for what, shape, dtype in (("declares", list(array.shape), str(array.dtype)),
-                                   ("holds", list(value.shape), str(value.dtype))):
-            if shape != want_shape:
-                raise BadReply(f"array {name!r} {what} shape {shape}: expected {want_shape}")
-            if dtype != str(want_dtype):
-                raise BadReply(f"array {name!r} {what} dtype {dtype}: expected {want_dtype}")
-        bad = int(value.size - np.count_nonzero(np.isfinite(value)))
-        if bad:
-            raise BadReply(f"array {name!r} has {bad} non-finite value{'s' if bad > 1 else ''} (NaN or inf)")
-        out[name] = value
-    return out, metrics["num-examples"], metrics["steps"]
-
-
-def _finite(params: dict[str, torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in params.values())
-
-
-def _config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted keys where two config dumps differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _config_diff(a.get(k), b.get(k), f"{prefix}{k}.")]
-    return [] if a == b else [prefix.rstrip(".")]
+# A rule's client-side hyper-parameters the train message carries (rule attribute, config key): FedProx's μ
+# under Flower's own key for it, FedDyn's α.
+RULE_CONFIG = (("mu", "proximal-mu"), ("alpha", "alpha"))
 
 
 @dataclass(frozen=True)
@@ -168,21 +91,22 @@ class _Steps:
     steps: tuple[int, ...]
 
 
-def describe_content(content: RecordDict) -> dict[str, Any]:
-    """What a message carries: record names and kinds, array names with shape and dtype, scalars."""
-    out: dict[str, Any] = {"records": {}, "arrays": {}, "metrics": {}, "configs": {}}
-    for name, rec in content.items():
-        out["records"][name] = type(rec).__name__
-        if isinstance(rec, ArrayRecord):
-            out["arrays"][name] = {k: {"shape": list(a.shape), "dtype": a.dtype} for k, a in rec.items()}
-        elif isinstance(rec, MetricRecord):
-            out["metrics"][name] = dict(rec)
-        elif isinstance(rec, ConfigRecord):
-            out["configs"][name] = {k: (v if not isinstance(v, bytes) else f"<{len(v)} bytes>") for k, v in rec.items()}
-    return out
+def _flat(text: str | None) -> str:
+    """An error reason on one line (Flower's simulation puts the ClientApp's message on a line of its own)."""
+    return " ".join((text or "").split())
 
 
-class FedslStrategy(FedAvg):
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the values reported (None: none was)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _finite(params: dict[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in params.values())
+
+
+class FedslStrategy(Checkpointing, FedAvg):
     """Flower FedAvg whose aggregation is fedsl's server update + server learning on D0.
 
     Args:
@@ -243,15 +167,6 @@ class FedslStrategy(FedAvg):
 
     # ------------------------------------------------------------------ nodes
 
-    def _claim(self, msg: Message) -> int:
-        """The partition id a node claims in its reply to the ``query`` message."""
-        info = msg.content.config_records.get("partition")
-        pid = None if info is None else info.get("partition-id")
-        if type(pid) is not int or not 0 <= pid < self.setup.num_clients:
-            raise BadReply(f"its query reply has partition-id = {pid!r}: expected an integer in "
-                           f"0..{self.setup.num_clients - 1}")
-        return pid
-
     def _assignment_error(self, node: int, pid: int) -> str | None:
         """Why ``node`` may not train partition ``pid`` (None: it may)."""
         if self.assigned:
@@ -266,11 +181,16 @@ class FedslStrategy(FedAvg):
         return None
 
     def _query(self, grid: Grid, nodes: list[int]) -> None:
-        """Learn the partition ``nodes`` claim (a ``query`` message each) and assign it, or leave them out."""
+        """Learn the partition ``nodes`` claim (a ``query`` message each) and assign it, or leave them out.
+
+        A node whose ClientApp has no ``query`` handler (a plain Flower client: Flower answers with an
+        error) is assigned a partition by the server: the one ``node-partitions`` lists for it, else the
+        lowest partition id no node holds (after this round of claims; in node-id order).
+        """
         msgs = [Message(RecordDict({"config": ConfigRecord({"want": "partition-id"})}), dst_node_id=n,
                         message_type=MessageType.QUERY) for n in nodes]
         replies = list(grid.send_and_receive(msgs, timeout=self.setup.options.round_timeout))
-        answered = set()
+        answered, plain = set(), []
         # lowest node id first: of two new nodes claiming one partition, the lower id gets it
         for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
             node = msg.metadata.src_node_id
@@ -279,11 +199,14 @@ class FedslStrategy(FedAvg):
                 log(WARNING, "fedsl: ignoring a query reply of node %d: it was not asked, or answered twice", node)
                 continue
             answered.add(node)
+            if lacks_query_handler(msg):
+                plain.append(node)
+                continue
             if msg.has_error():  # e.g. a missing or bad partition-id in the node's config
-                log(WARNING, "fedsl: node %d left out of the run: %s", node, msg.error.reason)
+                log(WARNING, "fedsl: node %d left out of the run: %s", node, _flat(msg.error.reason))
                 continue
             try:
-                pid = self._claim(msg)
+                pid = check_claim(msg, self.setup.num_clients)
             except BadReply as e:
                 log(WARNING, "fedsl: node %d left out of the run: %s", node, e)
                 continue
@@ -292,9 +215,25 @@ class FedslStrategy(FedAvg):
                 log(WARNING, "fedsl: node %d left out of the run: %s", node, why)
                 continue
             self.node_partition[node] = pid
+        for node in plain:
+            pid = self._free_partition(node)
+            if pid is None:
+                why = "not in node-partitions" if self.assigned else "every partition is held by another node"
+                log(WARNING, "fedsl: node %d (no query handler) left out of the run: %s", node, why)
+                continue
+            log(INFO, "fedsl: node %d has no query handler: the server assigns it partition %d", node, pid)
+            self.node_partition[node] = pid
         for n in nodes:
             if n not in self.node_partition:
                 self.dropped.add(n)  # no (valid) answer, or a partition it was not assigned
+
+    def _free_partition(self, node: int) -> int | None:
+        """The partition the server assigns a node that claims none (None: no partition for it)."""
+        held = set(self.node_partition.values())
+        if self.assigned:
+            pid = self.assigned.get(node)
+            return pid if pid is not None and pid not in held else None
+        return next((i for i in range(self.setup.num_clients) if i not in held), None)
 
     def _refresh_nodes(self, grid: Grid, first: bool) -> None:
         deadline = time.monotonic() + (self.setup.options.node_wait if first else 0.0)
@@ -333,14 +272,28 @@ class FedslStrategy(FedAvg):
         messages = []
         for pid, node in targets.items():
             content = RecordDict({"arrays": model,
-                                  "config": ConfigRecord({**dict(config), "server-round": t + 1, "round": t,
-                                                          "partition-id": pid})})
+                                  "config": ConfigRecord({**dict(config), **self.train_config(t, pid)})})
             if server_state:
                 content["server-state"] = state_to_record(server_state)
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
         self._pending = {"t": t, "sampled": ids.tolist(), "targets": targets, "missing": missing,
                          "started": time.time()}
         return messages
+
+    def train_config(self, t: int, pid: int) -> dict[str, Any]:
+        """The ConfigRecord ``config`` of round t's train message to the node of partition ``pid``: what a
+        client needs to run the round's client update (README, "The Flower protocol")."""
+        loc, rule = self.alg.local, self.alg.rule
+        out: dict[str, Any] = {"server-round": t + 1, "round": t, "partition-id": pid,
+                               "num-partitions": self.setup.num_clients, "algorithm": self.alg.name,
+                               "lr": float(loc.lr), "local-epochs": int(loc.epochs), "batch-size": int(loc.batch_size)}
+        if loc.steps is not None:
+            out["local-steps"] = int(loc.steps)
+        for attr, key in RULE_CONFIG:
+            value = getattr(rule, attr, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[key] = float(value)
+        return out
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -355,6 +308,7 @@ class FedslStrategy(FedAvg):
         rejected: list[dict[str, Any]] = []
         impostors: set[int] = set()
         seen: set[int] = set()
+        losses: dict[int, float | None] = {}  # pid -> the reply's train-loss (None: not reported)
         for msg in replies:
             node = msg.metadata.src_node_id
             self._audit("train", msg, t)
@@ -366,7 +320,7 @@ class FedslStrategy(FedAvg):
                 continue
             seen.add(node)
             if msg.has_error():
-                failed[node] = msg.error.reason
+                failed[node] = _flat(msg.error.reason)
                 continue
             try:
                 # n_i weighs the update (algorithm.weighted, FSL-p): the federation, rebuilt from the
@@ -382,6 +336,7 @@ class FedslStrategy(FedAvg):
                                                                              dtype=self.sim.dtype)
                       for n in self.sim.fm.names}
             finals[pid] = (params, n_i, k_i)
+            losses[pid] = train_loss(msg)
         # no reply in time, an error or another partition's reply: left out for the rest of the run
         # (a reply that was merely unusable leaves its node in the run: it gets x_{t+1} next time)
         bad_content = {r["node"] for r in rejected if r["partition"] is not None} - impostors
@@ -404,7 +359,8 @@ class FedslStrategy(FedAvg):
         self.state = new_state  # the cached current model is the model after server learning
         info = {"round": t + 1, "t": t, "sampled": pending["sampled"], "missing": pending["missing"],
                 "trained": ids, "lost_partitions": [node_to_pid[n] for n in lost], "rejected": rejected,
-                "client_steps": [finals[i][2] for i in ids], "server_steps": server_steps, "gamma": gamma,
+                "client_steps": [finals[i][2] for i in ids], "train_loss": _mean([losses[i] for i in ids]),
+                "server_steps": server_steps, "gamma": gamma,
                 "cos_theta": cos, "seconds": round(time.time() - pending["started"], 3)}
         self.history.append(info)
         every = self.setup.cfg.checkpoint_every
@@ -412,6 +368,8 @@ class FedslStrategy(FedAvg):
             self.save_checkpoint()
         self._write()
         metrics = MetricRecord({"clients": len(ids), "server-steps": server_steps})
+        if info["train_loss"] is not None:
+            metrics["train-loss"] = info["train_loss"]
         return to_record(self.state.x), metrics
 
     def _no_update(self, t: int) -> tuple[RunState, int, None, float | None]:
@@ -498,79 +456,3 @@ class FedslStrategy(FedAvg):
     def finish(self) -> None:
         """Write the final model (``final.pt``) and ``done.json`` to ``out-dir``."""
         self._write(final=True)
-
-    # ------------------------------------------------------------------ checkpoint and resume
-
-    def _config_dump(self) -> dict[str, Any]:
-        return self.setup.cfg.model_dump(mode="json")
-
-    def save_checkpoint(self) -> Path | None:
-        """``out-dir/checkpoint.pt`` (written atomically): the model after round ``len(history)``, the
-        server state, γ_t, the run's records so far and its config."""
-        d = self._out()
-        if d is None:
-            return None
-        blob = {"format": "fedsl-flower-checkpoint/1", "round": len(self.history),
-                "x": {n: p.detach().cpu().contiguous() for n, p in self.state.x.items()},
-                "algo": {k: {n: v.detach().cpu().contiguous() for n, v in g.items()}
-                         for k, g in self.state.algo.items()},
-                "gamma": self.state.gamma, "history": json.dumps(self.history, default=str),
-                "evaluations": json.dumps(self.evaluations), "config": json.dumps(self._config_dump())}
-        atomic_write(d / CHECKPOINT, lambda p: torch.save(blob, p))
-        return d / CHECKPOINT
-
-    def restore(self, blob: dict[str, Any]) -> None:
-        """Continue from a checkpoint's round (``save_checkpoint``'s blob).
-
-        Raises:
-            ConfigError: the checkpoint is of another config (other than ``RESUMABLE_CHANGES``), or
-                past ``rounds``.
-        """
-        cfg = self.setup.cfg
-        ignore = set(RESUMABLE_CHANGES)
-        theirs, ours = json.loads(blob["config"]), self._config_dump()
-        diff = [k for k in _config_diff(theirs, ours) if k.split(".")[0] not in ignore]
-        if diff:
-            raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is of another config (differs in "
-                              f"{', '.join(diff[:5])}{' ...' if len(diff) > 5 else ''}): use another out-dir, "
-                              f"or resume = false to start over")
-        done = int(blob["round"])
-        if done > cfg.rounds:
-            raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is at round {done}, past rounds = "
-                              f"{cfg.rounds}")
-        sim = self.sim
-
-        def dev(group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return {n: v.to(device=sim.device, dtype=sim.dtype) for n, v in group.items()}
-
-        self.state = RunState(dev(blob["x"]), {k: dev(g) for k, g in blob["algo"].items()}, blob["gamma"])
-        self.offset = done
-        self.history = json.loads(blob["history"])[:done]
-        self.evaluations = [e for e in json.loads(blob["evaluations"]) if e["round"] <= done]
-
-    def resume(self) -> int:
-        """Continue from ``out-dir/checkpoint.pt`` when there is one and ``resume`` is on; returns the
-        checkpoint's round (0: the run starts at round 1, and an old checkpoint there is removed)."""
-        d = self._out()
-        if d is None:
-            return 0
-        RunDir(d).remove_stale_tmp()  # temporary files of writes killed half-way
-        path = d / CHECKPOINT
-        if not path.is_file():
-            return 0
-        if not self.setup.options.resume:
-            path.unlink()
-            log(INFO, "fedsl: resume = false: removed %s, starting at round 1", path)
-            return 0
-        self.restore(torch.load(path, map_location="cpu", weights_only=True))
-        received = d / "received.json"
-        if received.is_file():  # the audit of what arrived before, kept
-            try:
-                self.received = list(json.loads(received.read_text()))
-            except (ValueError, TypeError):
-                self.received = []
-        log(INFO, "fedsl: resuming from %s at round %d of %d", path, self.offset + 1, self.setup.cfg.rounds)
-        if self.tables:
-            log(WARNING, "fedsl: %s keeps %s on the clients, which start them over in a new Flower run: the resumed "
-                "run is not bit-identical to an uninterrupted one", self.alg.name, ", ".join(self.tables))
-        return self.offset

@@ -1,0 +1,108 @@
+"""The ServerApp's checkpoint and resume: ``out-dir/checkpoint.pt``, written atomically every
+``checkpoint_every`` rounds and after the last one, holds x_t, the server state, γ_t, the run's records
+and its config; a ServerApp started on that ``out-dir`` continues from it (``resume``)."""
+
+from __future__ import annotations
+
+import json
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.supercore import log
+
+from fedsl.engine.simulator import RunState
+from fedsl.experiments.config import ConfigError
+from fedsl.experiments.results import RunDir, atomic_write
+
+CHECKPOINT = "checkpoint.pt"
+FORMAT = "fedsl-flower-checkpoint/1"
+# Config keys a resumed run may change: they do not change the rounds' arithmetic.
+RESUMABLE_CHANGES = ("rounds", "eval_every", "checkpoint_every", "threads")
+
+
+def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys where two config dumps differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in config_diff(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+class Checkpointing:
+    """Checkpoint and resume for ``FedslStrategy`` (which provides ``setup``, ``sim``, ``state``,
+    ``offset``, ``history``, ``evaluations``, ``received``, ``tables`` and ``_out()``)."""
+
+    def _config_dump(self) -> dict[str, Any]:
+        return self.setup.cfg.model_dump(mode="json")
+
+    def save_checkpoint(self) -> Path | None:
+        """``out-dir/checkpoint.pt`` (written atomically): the model after round ``len(history)``, the
+        server state, γ_t, the run's records so far and its config."""
+        d = self._out()
+        if d is None:
+            return None
+        blob = {"format": FORMAT, "round": len(self.history),
+                "x": {n: p.detach().cpu().contiguous() for n, p in self.state.x.items()},
+                "algo": {k: {n: v.detach().cpu().contiguous() for n, v in g.items()}
+                         for k, g in self.state.algo.items()},
+                "gamma": self.state.gamma, "history": json.dumps(self.history, default=str),
+                "evaluations": json.dumps(self.evaluations), "config": json.dumps(self._config_dump())}
+        atomic_write(d / CHECKPOINT, lambda p: torch.save(blob, p))
+        return d / CHECKPOINT
+
+    def restore(self, blob: dict[str, Any]) -> None:
+        """Continue from a checkpoint's round (``save_checkpoint``'s blob).
+
+        Raises:
+            ConfigError: the checkpoint is of another config (other than ``RESUMABLE_CHANGES``), or
+                past ``rounds``.
+        """
+        cfg = self.setup.cfg
+        ignore = set(RESUMABLE_CHANGES)
+        theirs, ours = json.loads(blob["config"]), self._config_dump()
+        diff = [k for k in config_diff(theirs, ours) if k.split(".")[0] not in ignore]
+        if diff:
+            raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is of another config (differs in "
+                              f"{', '.join(diff[:5])}{' ...' if len(diff) > 5 else ''}): use another out-dir, "
+                              f"or resume = false to start over")
+        done = int(blob["round"])
+        if done > cfg.rounds:
+            raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is at round {done}, past rounds = "
+                              f"{cfg.rounds}")
+        sim = self.sim
+
+        def dev(group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {n: v.to(device=sim.device, dtype=sim.dtype) for n, v in group.items()}
+
+        self.state = RunState(dev(blob["x"]), {k: dev(g) for k, g in blob["algo"].items()}, blob["gamma"])
+        self.offset = done
+        self.history = json.loads(blob["history"])[:done]
+        self.evaluations = [e for e in json.loads(blob["evaluations"]) if e["round"] <= done]
+
+    def resume(self) -> int:
+        """Continue from ``out-dir/checkpoint.pt`` when there is one and ``resume`` is on; returns the
+        checkpoint's round (0: the run starts at round 1, and an old checkpoint there is removed)."""
+        d = self._out()
+        if d is None:
+            return 0
+        RunDir(d).remove_stale_tmp()  # temporary files of writes killed half-way
+        path = d / CHECKPOINT
+        if not path.is_file():
+            return 0
+        if not self.setup.options.resume:
+            path.unlink()
+            log(INFO, "fedsl: resume = false: removed %s, starting at round 1", path)
+            return 0
+        self.restore(torch.load(path, map_location="cpu", weights_only=True))
+        received = d / "received.json"
+        if received.is_file():  # the audit of what arrived before, kept
+            try:
+                self.received = list(json.loads(received.read_text()))
+            except (ValueError, TypeError):
+                self.received = []
+        log(INFO, "fedsl: resuming from %s at round %d of %d", path, self.offset + 1, self.setup.cfg.rounds)
+        if self.tables:
+            log(WARNING, "fedsl: %s keeps %s on the clients, which start them over in a new Flower run: the resumed "
+                "run is not bit-identical to an uninterrupted one", self.alg.name, ", ".join(self.tables))
+        return self.offset
