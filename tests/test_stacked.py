@@ -125,7 +125,7 @@ def test_incompatible_runs_are_refused():
     fed = random_federation(SIZES, seed=0)
     with pytest.raises(ValueError, match="run 1 cannot be stacked with run 0: server rule Scaffold differs"):
         StackedSimulator([_sim("fedavg", fed, SequentialExecutor), _sim("scaffold", fed, SequentialExecutor)])
-    with pytest.raises(ValueError, match="proximal coefficient"):
+    with pytest.raises(ValueError, match=r"hyper-parameter of the local step \(mu\) differs"):
         a = _sim("fedprox", fed, SequentialExecutor)
         b = _sim("fedprox", fed, SequentialExecutor)
         object.__setattr__(b.alg.rule, "mu", 0.9)

@@ -4,8 +4,12 @@
 - ``fsl``: FedAvg + K0 server SGD steps on D0 with step γ·η0 (Algorithm 1).
 - ``fsl_p``: FedAvg + the server as one more weighted client (non-incremental SL).
 - ``ds``: FedAvg where clients train on D_i ∪ D0 (data sharing).
-- ``scaffold``, ``feddyn``, ``fedprox``, ``fedavgm``, ``fedadam``: the baselines; any of
-  them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
+- ``scaffold``, ``feddyn``, ``fedprox``, ``fedavgm``, ``fedadam``, ``fednova``: the baselines;
+  any of them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
+
+Each module ends with its ``Spec`` (``spec.py``); ``SPECS`` below is the registry that config
+validation, defaults, stacking and Flower read. A new algorithm is one module (a rule and a
+spec) and its entry in ``SPECS``.
 """
 
 from __future__ import annotations
@@ -21,26 +25,28 @@ from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.algorithms.scaffold import Scaffold
 from fedsl.algorithms.server_learning import Pretraining, ServerLearning
 
-ALGORITHMS = ("fedavg", "fsl", "fsl_p", "ds", "fedprox", "fedavgm", "fedadam", "scaffold", "feddyn")
-# rules whose aggregate is a weighted mean of updates, where FSL-p's server "client" can join the mean
-PARALLEL_OK = ("fedavg", "fedprox", "fedavgm", "fedadam")
+from fedsl.algorithms import fedavg, feddyn, fednova, fedopt, fedprox, scaffold
+from fedsl.algorithms.spec import HyperParam, Spec
+
+# Every algorithm's spec, by name; a new algorithm adds its module here.
+SPECS: dict[str, Spec] = {s.name: s for s in (*fedavg.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC,
+                                                feddyn.SPEC, fednova.SPEC)}
+ALGORITHMS = tuple(SPECS)
 
 
-def make_rule(name: str, global_lr: float, **hp) -> ServerRule:
-    """The server rule of algorithm ``name`` (fsl, fsl_p and ds use FedAvg's)."""
-    if name in ("fedavg", "fsl", "fsl_p", "ds"):
-        return FedAvg(global_lr)
-    if name == "fedprox":
-        return FedProx(global_lr, mu=hp.get("mu", 0.01))
-    if name == "fedavgm":
-        return FedAvgM(global_lr, momentum=hp.get("momentum", 0.9))
-    if name == "fedadam":
-        return FedAdam(global_lr, beta1=hp.get("beta1", 0.9), beta2=hp.get("beta2", 0.99), tau=hp.get("tau", 1e-3))
-    if name == "scaffold":
-        return Scaffold(global_lr)
-    if name == "feddyn":
-        return FedDyn(alpha=hp.get("alpha", 0.01))
-    raise ValueError(f"algorithm.name = {name!r}: expected one of {list(ALGORITHMS)}")
+def spec(name: str) -> Spec:
+    """The spec of algorithm ``name``; ValueError naming the known ones otherwise."""
+    if name not in SPECS:
+        raise ValueError(f"algorithm.name = {name!r}: expected one of {list(ALGORITHMS)}")
+    return SPECS[name]
+
+
+def make_rule(name: str, global_lr: float | None, **hp) -> ServerRule:
+    """The server rule of algorithm ``name`` (fsl, fsl_p and ds use FedAvg's); ``hp`` its own
+    hyper-parameters (missing ones take the spec's defaults)."""
+    sp = spec(name)
+    own = {**sp.defaults(), **{k: v for k, v in hp.items() if k in sp.defaults()}}
+    return sp.make_rule(global_lr, **own) if sp.global_lr is not None else sp.make_rule(**own)
 
 
 def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: ServerLearning | None,
@@ -53,16 +59,19 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
     - any other rule: ``server``, when given, runs after its server update (e.g. SCAFFOLD + SL).
     ``hp`` holds the rules' own hyper-parameters (mu, momentum, beta1, beta2, tau, alpha).
     """
+    sp = spec(name)
     rule = make_rule(name, global_lr, **hp)
-    if name in ("fsl", "fsl_p"):
+    if sp.server_learning != "off":
         if server is None:
             raise ValueError(f"algorithm.name = {name!r} needs server data (data.server_size > 0)")
-        server = replace(server, mode="parallel" if name == "fsl_p" else "incremental")
-    if server is not None and server.mode == "parallel" and rule.name not in PARALLEL_OK:
-        raise ValueError(f"parallel server learning (FSL-p) composes with {', '.join(PARALLEL_OK)}, not {name!r}")
-    return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=name == "ds")
+        server = replace(server, mode=sp.server_learning)
+    if server is not None and server.mode == "parallel" and not sp.parallel_ok:
+        ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok)
+        raise ValueError(f"parallel server learning (FSL-p) composes with {ok}, not {name!r}")
+    return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=sp.shares_server_data,
+                     spec=sp)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "Correction", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx",
+__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "Correction", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx",
            "GammaSchedule", "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule"]

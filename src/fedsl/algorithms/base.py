@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 
 from fedsl.algorithms.server_learning import ServerLearning
+from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params, State
 
 
@@ -109,6 +110,7 @@ class Algorithm:
         weighted: weight Δ_i by n_i instead of the plain mean of Algorithm 1.
         server_learning: SL on D0 after (incremental) or beside (parallel) aggregation.
         share_server_data: DS, clients train on D_i ∪ D0.
+        spec: what outside the arithmetic depends on the algorithm (stacking, Flower, defaults).
     """
 
     name: str
@@ -117,6 +119,7 @@ class Algorithm:
     weighted: bool = False
     server_learning: ServerLearning | None = None
     share_server_data: bool = False
+    spec: Spec | None = None  # the algorithm's spec (fedsl.algorithms.spec); set by make_algorithm
 
     @property
     def global_lr(self) -> float | None:

@@ -29,7 +29,3 @@ def server_lr(clients_per_round: int, local_lr: float, local_steps: int, server_
     """η0 = √S · η_l · K / K0."""
     return math.sqrt(clients_per_round) * local_lr * local_steps / server_steps
 
-
-# η_g of the baselines whose papers do not use √S: FedAvgM (Hsu et al. 2019) steps with
-# η_g = 1 on a momentum buffer; FedAdam (Reddi et al. 2021) tunes η_g around 0.1.
-GLOBAL_LR = {"fedavgm": 1.0, "fedadam": 0.1}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean
+from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params
 
 
@@ -49,3 +50,15 @@ class FedAvg:
     def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
                ctx: RoundContext) -> tuple[Params, State]:
         return aggregate(x, finals, weights, self.global_lr), state
+
+
+# FSL, FSL-p and DS are FedAvg's rule with server learning or shared data (base.Algorithm).
+SPECS = (
+    Spec("fedavg", FedAvg, parallel_ok=True, summary="FedAvg: x̄ = x + η_g·mean Δ_i"),
+    Spec("fsl", FedAvg, server_learning="incremental", needs_server_data=True, parallel_ok=True,
+         summary="FSL (Algorithm 1): FedAvg, then K0 SGD steps on D0 with step γ·η0"),
+    Spec("fsl_p", FedAvg, server_learning="parallel", needs_server_data=True, parallel_ok=True,
+         summary="FSL-p: the server trains from x_t like one more client, weight w0"),
+    Spec("ds", FedAvg, needs_server_data=True, shares_server_data=True,
+         summary="data sharing: FedAvg with clients on D_i ∪ D0"),
+)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsl.algorithms.base import Correction, RoundContext, State, deltas, zeros_like
+from fedsl.algorithms.spec import HyperParam, Spec
 from fedsl.core.types import Params
 
 
@@ -40,3 +41,8 @@ class FedDyn:
             new[n] = finals[n].mean(0) - h[n] / self.alpha
         # "grad_i" holds the sampled clients' new rows only (see base.ServerRule)
         return new, {"h": h, "grad_i": grad_i}
+
+
+SPEC = Spec("feddyn", FedDyn,
+            (HyperParam("alpha", 0.01, "α", "FedDyn regularisation (paper: 0.01)"),), global_lr=None,
+            local_keys=("alpha",), summary="FedDyn: dynamic regularisation, h = mean ∇L_i")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean, zeros_like
+from fedsl.algorithms.spec import HyperParam, Spec
 from fedsl.core.types import Params
 
 
@@ -71,3 +72,15 @@ class FedAdam:
         v = {n: self.beta2 * state["v"][n] + (1 - self.beta2) * d[n] ** 2 for n in x}
         new = {n: p + self.global_lr * m[n] / (v[n].sqrt() + self.tau) for n, p in x.items()}
         return new, {"m": m, "v": v}
+
+
+# η_g of these baselines is not the paper's √S: FedAvgM (Hsu et al. 2019) steps with η_g = 1 on a
+# momentum buffer; FedAdam (Reddi et al. 2021) tunes η_g around 0.1.
+SPECS = (
+    Spec("fedavgm", FedAvgM, (HyperParam("momentum", 0.9, "β", "FedAvgM server momentum"),), global_lr=1.0,
+         parallel_ok=True, summary="FedAvgM: server momentum on the mean update"),
+    Spec("fedadam", FedAdam, (HyperParam("beta1", 0.9, "β1", "FedAdam first-moment decay"),
+                              HyperParam("beta2", 0.99, "β2", "FedAdam second-moment decay"),
+                              HyperParam("tau", 1e-3, "τ", "FedAdam adaptivity")),
+         global_lr=0.1, parallel_ok=True, summary="FedAdam: Adam on the mean update"),
+)

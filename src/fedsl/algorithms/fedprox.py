@@ -8,6 +8,7 @@ import torch
 
 from fedsl.algorithms.base import Correction, State
 from fedsl.algorithms.fedavg import FedAvg
+from fedsl.algorithms.spec import HyperParam, Spec
 from fedsl.core.types import Params
 
 
@@ -25,3 +26,7 @@ class FedProx(FedAvg):
 
     def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
         return Correction(prox=self.mu)
+
+
+SPEC = Spec("fedprox", FedProx, (HyperParam("mu", 0.01, "μ", "FedProx proximal weight"),), parallel_ok=True,
+            local_keys=("mu",), summary="FedProx: FedAvg with μ(y - x_t) added to local gradients")

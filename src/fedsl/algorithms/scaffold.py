@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean, zeros_like
+from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params
 
 
@@ -24,7 +25,6 @@ class Scaffold:
 
     global_lr: float
     name: str = field(default="scaffold", init=False)
-    comm_factor: int = 2  # x and c down, Δy and Δc up
 
     def init_state(self, x: Params, num_clients: int) -> State:
         return {"c": zeros_like(x), "c_i": zeros_like(x, (num_clients,))}
@@ -45,3 +45,8 @@ class Scaffold:
         mean = weighted_mean(d, weights)
         # "c_i" holds the sampled clients' new rows only (see base.ServerRule)
         return {n: p + self.global_lr * mean[n] for n, p in x.items()}, {"c": c, "c_i": c_i}
+
+
+# comm_factor 2: x and c down, Δy and Δc up
+SPEC = Spec("scaffold", Scaffold, sends=("c",), comm_factor=2,
+            summary="SCAFFOLD: control variates c - c_i correct local gradients")

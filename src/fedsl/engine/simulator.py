@@ -208,7 +208,7 @@ class Simulator:
         next_gamma = state.gamma
         if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive":
             next_gamma = sl.gamma_schedule.adapt(agg.gamma, agg.cos)
-        comm = 2 * self.S * self.num_params * getattr(self.alg.rule, "comm_factor", 1)
+        comm = 2 * self.S * self.num_params * (self.alg.spec.comm_factor if self.alg.spec else 1)
         info = RoundInfo(work.ids, work.plan.steps, server_steps, agg.gamma, agg.cos, comm)
         # last, so that an interruption inside the round leaves the tables as the checkpoint expects
         algo = agg.algo

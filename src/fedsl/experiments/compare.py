@@ -97,9 +97,10 @@ def stack_limit(cfg: RunConfig) -> int:
 
 def _stack_key(cfg: RunConfig) -> tuple:
     """Runs with equal keys may share a stack (the StackedSimulator checks the rest)."""
+    from fedsl.algorithms import spec
     a = cfg.algorithm
     return (cfg.model.name, a.name, cfg.data.dataset, cfg.device, cfg.dtype, cfg.executor, cfg.rounds,
-            a.mu, a.alpha, cfg.server.learning)
+            *(getattr(a, k) for k in spec(a.name).local_keys), cfg.server.learning)
 
 
 def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool) -> list[list[str]]:

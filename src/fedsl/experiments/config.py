@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedsl.algorithms import defaults
+from fedsl.algorithms import ALGORITHMS, SPECS, defaults
 
 
 class ConfigError(ValueError):
@@ -164,7 +164,8 @@ class ModelConfig(_Strict):
         return self
 
 
-ALGORITHM_NAMES = ("fedavg", "fsl", "fsl_p", "ds", "fedprox", "fedavgm", "fedadam", "scaffold", "feddyn")
+ALGORITHM_NAMES = ALGORITHMS  # from the algorithms' specs
+_HP = {h.key: h for s in SPECS.values() for h in s.hyperparams}  # rules' own hyper-parameters, by config key
 
 
 class AlgorithmConfig(_Strict):
@@ -179,12 +180,13 @@ class AlgorithmConfig(_Strict):
                                                                           "local_epochs; at most 10^6)")
     global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
     weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
-    mu: float = Field(0.01, ge=0, description="μ, FedProx proximal weight")
-    momentum: float = Field(0.9, ge=0, lt=1, description="β, FedAvgM server momentum")
-    beta1: float = Field(0.9, ge=0, lt=1, description="β1, FedAdam first-moment decay")
-    beta2: float = Field(0.99, ge=0, lt=1, description="β2, FedAdam second-moment decay")
-    tau: float = Field(1e-3, gt=0, description="τ, FedAdam adaptivity")
-    alpha: float = Field(0.01, gt=0, description="α, FedDyn regularisation (paper: 0.01)")
+    # the rules' own hyper-parameters: defaults and meanings from their specs (fedsl.algorithms)
+    mu: float = Field(_HP["mu"].default, ge=0, description=f"μ, {_HP['mu'].meaning}")
+    momentum: float = Field(_HP["momentum"].default, ge=0, lt=1, description=f"β, {_HP['momentum'].meaning}")
+    beta1: float = Field(_HP["beta1"].default, ge=0, lt=1, description=f"β1, {_HP['beta1'].meaning}")
+    beta2: float = Field(_HP["beta2"].default, ge=0, lt=1, description=f"β2, {_HP['beta2'].meaning}")
+    tau: float = Field(_HP["tau"].default, gt=0, description=f"τ, {_HP['tau'].meaning}")
+    alpha: float = Field(_HP["alpha"].default, gt=0, description=f"α, {_HP['alpha'].meaning}")
 
 
 class ServerConfig(_Strict):
@@ -302,13 +304,15 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"data.classes_per_client = {d.classes_per_client}: expected at most the {len(d.chars)} classes of data.chars")
         sl = self.server.learning
-        if (a.name in ("fsl", "fsl_p", "ds") or sl in ("incremental", "parallel")) and not d.has_server_data:
+        sp = SPECS[a.name]
+        if (sp.needs_server_data or sl in ("incremental", "parallel")) and not d.has_server_data:
             raise ValueError(f"algorithm.name = {a.name!r} with server.learning = {sl!r} needs server data: "
                              "expected data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
-        if sl == "parallel" and a.name not in ("fedavg", "fsl_p", "fedprox", "fedavgm", "fedadam"):
-            raise ValueError(f"server.learning = 'parallel' (FSL-p) composes with fedavg, fedprox, fedavgm, fedadam; "
+        if sl == "parallel" and not sp.parallel_ok:
+            ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok and s.server_learning == "off")
+            raise ValueError(f"server.learning = 'parallel' (FSL-p) composes with {ok}; "
                              f"not algorithm.name = {a.name!r}")
-        if (a.name == "fsl" and sl in ("off", "parallel")) or (a.name == "fsl_p" and sl in ("off", "incremental")):
+        if sp.server_learning != "off" and sl not in ("auto", sp.server_learning):
             raise ValueError(f"server.learning = {sl!r} contradicts algorithm.name = {a.name!r}: expected 'auto'")
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "

@@ -17,7 +17,7 @@ import torch
 
 from fedsl import metrics
 from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
-                              make_algorithm)
+                              make_algorithm, spec)
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
 from fedsl.diagnostics import measure
@@ -80,22 +80,18 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     note("E_c", "client epochs", a.local_epochs, a.local_epochs if a.local_epochs != defaults.LOCAL_EPOCHS else None)
     k = a.local_steps or a.local_epochs * math.ceil((n / N) / a.batch_size)
     note("K", "client steps per round (mean client)", k, a.local_steps, "derived: E_c·⌈n_i/B⌉")
-    if a.name == "feddyn":
-        eta_g = 1.0  # FedDyn's server rule has no step size
-    elif a.name in defaults.GLOBAL_LR:
-        eta_g = note("η_g", "server step size", a.global_lr or defaults.GLOBAL_LR[a.name], a.global_lr,
-                     f"default for {a.name}")
-    else:
-        eta_g = note("η_g", "server step size", a.global_lr or defaults.global_lr(S), a.global_lr, "paper default √S")
-    rule_hp = {"fedprox": {"mu": a.mu}, "fedavgm": {"momentum": a.momentum}, "feddyn": {"alpha": a.alpha},
-               "fedadam": {"beta1": a.beta1, "beta2": a.beta2, "tau": a.tau}}.get(a.name, {})
-    symbols = {"mu": "μ", "momentum": "β", "alpha": "α", "beta1": "β1", "beta2": "β2", "tau": "τ"}
-    for key, value in rule_hp.items():
-        note(symbols[key], f"{a.name} {key}", value, True)
+    sp = spec(a.name)
+    eta_g = None  # rules without a server step size (FedDyn)
+    if sp.global_lr is not None:
+        eta_g = note("η_g", "server step size", a.global_lr or sp.default_global_lr(S), a.global_lr,
+                     "paper default √S" if sp.global_lr == "sqrt_s" else f"default for {a.name}")
+    rule_hp = {h.key: getattr(a, h.key) for h in sp.hyperparams}
+    for h in sp.hyperparams:
+        note(h.symbol, h.meaning, rule_hp[h.key], True)
     local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps)
 
     server = None
-    mode = {"fsl": "incremental", "fsl_p": "parallel"}.get(a.name, "off") if s.learning == "auto" else s.learning
+    mode = sp.server_learning if s.learning == "auto" else s.learning
     if mode != "off":
         b0 = s.batch_size or a.batch_size
         if b0 > n0:
@@ -118,7 +114,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
             note("γ_t", "γ schedule", s.gamma_schedule, True)
         server = ServerLearning(s.gamma, eta0, b0, e_s, s.steps, mode=mode, weight=s.weight, schedule=schedule,
                                 log_angle=s.log_angle)
-    if a.name == "ds":
+    if sp.shares_server_data:
         note("n0", "shared samples |D0|", n0, True)
     try:
         algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, **rule_hp)

@@ -76,9 +76,6 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
 )
 
 
-# Server-state entries a rule's clients need for their correction (SCAFFOLD: c - c_i).
-# A rule may say so itself with a ``client_state`` attribute.
-CLIENT_STATE = {"scaffold": ("c",)}
 # A rule's client-side hyper-parameters the train message carries (rule attribute, config key): FedProx's μ
 # under Flower's own key for it, FedDyn's α.
 RULE_CONFIG = (("mu", "proximal-mu"), ("alpha", "alpha"))
@@ -133,7 +130,8 @@ class FedslStrategy(Checkpointing, FedAvg):
             state = RunState(x, self._server_part(rule.init_state(x, 0)), gamma)
         self.state = RunState(state.x, self._server_part(state.algo), state.gamma)
         self.tables = [k for k in rule.init_state(self.state.x, 0) if k.endswith("_i")]
-        self.client_state = tuple(getattr(rule, "client_state", CLIENT_STATE.get(rule.name, ())))
+        # server state the clients need for their correction (SCAFFOLD: c, for c - c_i)
+        self.client_state = self.alg.spec.sends if self.alg.spec else ()
         self.assigned: dict[int, int] = dict(setup.options.node_partitions)  # node-partitions (empty: first claim)
         for node, pid in self.assigned.items():
             if not 0 <= pid < setup.num_clients:

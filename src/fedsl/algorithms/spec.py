@@ -1,0 +1,69 @@
+"""One spec per algorithm: what config validation, defaults, stacking and Flower need to know.
+
+Each algorithm file ends with its ``SPEC`` (or several: ``fedavg.py`` holds FedAvg, FSL,
+FSL-p and DS, which share FedAvg's rule); ``fedsl.algorithms.SPECS`` collects them. A new
+algorithm is one file with a rule and a spec, plus its name in ``algorithms/__init__.py``'s
+list of modules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+
+@dataclass(frozen=True)
+class HyperParam:
+    """A rule's own hyper-parameter: its config key (``algorithm.KEY``), default, paper symbol."""
+
+    key: str
+    default: float
+    symbol: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything outside the rule's arithmetic that depends on the algorithm.
+
+    Attributes:
+        name: ``algorithm.name``.
+        make_rule: the server rule from η_g and the hyper-parameters (keyword arguments).
+        hyperparams: the rule's own hyper-parameters (config keys, defaults, symbols).
+        global_lr: the default η_g: "sqrt_s" (the paper's √S), a number, or None when the
+            rule has no server step size (FedDyn).
+        server_learning: "incremental" (FSL: Algorithm 1's server step after aggregation),
+            "parallel" (FSL-p: the server as one more client), or "off" unless
+            ``server.learning`` turns it on.
+        needs_server_data: D0 is required (FSL, FSL-p, DS).
+        shares_server_data: DS: clients train on D_i ∪ D0.
+        parallel_ok: FSL-p's server "client" may join this rule's mean of updates.
+        sends: server state the clients need for their correction, sent with the model in a
+            deployment (Flower): SCAFFOLD's c (for c - c_i).
+        local_keys: hyper-parameters that enter the clients' steps (stacked runs must share
+            them: one vmapped step takes one value).
+        comm_factor: parameters moved per client and direction, in units of d (SCAFFOLD: 2).
+    """
+
+    name: str
+    make_rule: Callable[..., Any]
+    hyperparams: tuple[HyperParam, ...] = ()
+    global_lr: Literal["sqrt_s"] | float | None = "sqrt_s"
+    server_learning: Literal["off", "incremental", "parallel"] = "off"
+    needs_server_data: bool = False
+    shares_server_data: bool = False
+    parallel_ok: bool = False
+    sends: tuple[str, ...] = ()
+    local_keys: tuple[str, ...] = ()
+    comm_factor: int = 1
+    summary: str = field(default="", compare=False)
+
+    def default_global_lr(self, clients_per_round: int) -> float | None:
+        """η_g when the config leaves it unset."""
+        if self.global_lr == "sqrt_s":
+            return math.sqrt(clients_per_round)
+        return self.global_lr
+
+    def defaults(self) -> dict[str, float]:
+        return {h.key: h.default for h in self.hyperparams}

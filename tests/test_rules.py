@@ -1,0 +1,164 @@
+"""Server rules as pure functions (hand-computed updates, invariants), and the spec registry.
+
+No Simulator here: each rule's ``update`` is called on small tensors whose result is known.
+"""
+
+import math
+
+import pytest
+import torch
+
+from fedsl.algorithms import ALGORITHMS, SPECS, RoundContext, make_algorithm, make_rule, spec
+from fedsl.algorithms.base import LocalTraining
+from fedsl.algorithms.fednova import normalised_update
+
+
+def P(*v):  # a one-parameter "model" with a vector weight
+    return {"w": torch.tensor(v, dtype=torch.float64)}
+
+
+def stacked(*rows):
+    return {"w": torch.tensor(rows, dtype=torch.float64)}
+
+
+def ctx(steps, lr=0.1, n=4):
+    return RoundContext(lr, torch.tensor(steps), n)
+
+
+IDS = torch.tensor([0, 2])
+HALF = torch.tensor([0.5, 0.5], dtype=torch.float64)
+
+
+def test_fedavg_is_x_plus_eta_g_times_the_mean_update():
+    rule = make_rule("fedavg", 2.0)
+    new, state = rule.update(P(1.0, 0.0), stacked([2.0, 1.0], [0.0, 3.0]), HALF, IDS, {}, ctx([5, 5]))
+    # Δ = (1, 1) and (-1, 3): mean (0, 2); x + 2·mean = (1, 4)
+    assert new["w"].tolist() == [1.0, 4.0] and state == {}
+
+
+def test_scaffold_option_ii_by_hand():
+    rule = make_rule("scaffold", 1.0)
+    x = P(1.0)
+    st = rule.init_state(x, 4)
+    st["c"]["w"] += 0.5
+    st["c_i"]["w"][2] = 0.25
+    finals = stacked([0.0], [0.5])  # Δ = -1, -0.5
+    new, out = rule.update(x, finals, HALF, IDS, st, ctx([2, 4], lr=0.5))
+    # c_i⁺ = c_i - c - Δ/(K_i η_l): client 0: 0 - 0.5 + 1/1 = 0.5; client 2: 0.25 - 0.5 + 0.5/2 = 0
+    assert out["c_i"]["w"].flatten().tolist() == [0.5, 0.0]
+    # c ← c + (1/N) Σ (c_i⁺ - c_i) = 0.5 + (0.5 + (-0.25)) / 4
+    assert out["c"]["w"].item() == pytest.approx(0.5625, abs=1e-15)
+    assert new["w"].item() == pytest.approx(1.0 - 0.75, abs=1e-15)
+
+
+def test_feddyn_h_is_the_mean_of_all_clients_grad_l_over_rounds():
+    """h = (1/N) Σ_{i∈[N]} ∇L_i after every round (Acar et al.), tables written as the engine does."""
+    g = torch.Generator().manual_seed(0)
+    n = 5
+    rule = make_rule("feddyn", None, alpha=0.1)
+    x = P(0.0, 0.0, 0.0)
+    st = rule.init_state(x, n)
+    for _ in range(6):
+        ids = torch.randperm(n, generator=g)[:2]
+        finals = {"w": x["w"] + torch.randn(2, 3, generator=g, dtype=torch.float64)}
+        x, out = rule.update(x, finals, HALF, ids, st, ctx([3, 3], n=n))
+        st["h"] = out["h"]
+        st["grad_i"]["w"][ids] = out["grad_i"]["w"]
+        assert torch.allclose(st["h"]["w"], st["grad_i"]["w"].mean(0), atol=1e-14)
+        assert torch.allclose(x["w"], finals["w"].mean(0) - st["h"]["w"] / 0.1, atol=1e-14)
+
+
+def test_fedavgm_and_fedadam_one_step_by_hand():
+    x, finals = P(1.0), stacked([2.0], [4.0])  # mean Δ = 2
+    m = make_rule("fedavgm", 1.0, momentum=0.5)
+    st = m.init_state(x, 4)
+    st["v"]["w"] += 1.0
+    new, out = m.update(x, finals, HALF, IDS, st, ctx([1, 1]))
+    assert out["v"]["w"].item() == 2.5 and new["w"].item() == 3.5  # v = 0.5·1 + 2; x + v
+    a = make_rule("fedadam", 0.1, beta1=0.9, beta2=0.99, tau=1e-3)
+    new, out = a.update(x, finals, HALF, IDS, a.init_state(x, 4), ctx([1, 1]))
+    m1, v1 = 0.1 * 2.0, 0.01 * 4.0
+    assert new["w"].item() == pytest.approx(1.0 + 0.1 * m1 / (math.sqrt(v1) + 1e-3), abs=1e-15)
+
+
+def test_fednova_equals_fedavg_when_steps_are_equal_and_normalises_otherwise():
+    x, finals = P(0.0, 1.0), stacked([1.0, 1.0], [3.0, -1.0])
+    avg, _ = make_rule("fedavg", 1.0).update(x, finals, HALF, IDS, {}, ctx([4, 4]))
+    nova, _ = make_rule("fednova", 1.0).update(x, finals, HALF, IDS, {}, ctx([4, 4]))
+    assert torch.allclose(avg["w"], nova["w"], atol=1e-15)
+    # τ = (1, 3): τ_eff = 2; Σ p_i Δ_i/τ_i = 0.5·(1, 0) + 0.5·(3, -2)/3 = (1, -1/3); x + 2·that
+    nova, _ = make_rule("fednova", 1.0).update(x, finals, HALF, IDS, {}, ctx([1, 3]))
+    assert torch.allclose(nova["w"], torch.tensor([2.0, 1.0 - 2 / 3], dtype=torch.float64), atol=1e-15)
+
+
+def _local_gd(x: float, c: float, steps: int, lr: float) -> float:
+    """``steps`` of gradient descent on f(y) = ½(y - c)² from x."""
+    for _ in range(steps):
+        x -= lr * (x - c)
+    return x
+
+
+def test_fednova_removes_fedavgs_objective_inconsistency():
+    """Wang et al. 2020 (Fig. 1, Theorem 1): two quadratic clients, minima 0 and 10, taking 1 and 10
+    local steps. FedAvg converges to the minimum of Σ τ_i f_i, 100/11 ≈ 9.09 (pulled to the busier
+    client), whatever the step size; FedNova to the minimum of Σ f_i, 5, up to O(η_l·τ)."""
+    centres, steps, lr = (0.0, 10.0), (1, 10), 0.01
+    ends = {}
+    for name in ("fedavg", "fednova"):
+        rule, x = make_rule(name, 1.0), P(0.0)
+        for _ in range(3000):
+            finals = stacked(*[[_local_gd(x["w"].item(), c, k, lr)] for c, k in zip(centres, steps)])
+            x, _ = rule.update(x, finals, HALF, IDS, {}, ctx(list(steps), lr=lr))
+        ends[name] = x["w"].item()
+    assert abs(ends["fednova"] - 5.0) < 0.15
+    assert abs(ends["fedavg"] - 100 / 11) < 0.05
+
+
+def test_normalised_update_in_float32_keeps_the_dtype():
+    x = {"w": torch.zeros(3)}
+    out = normalised_update(x, {"w": torch.ones(2, 3)}, torch.tensor([0.5, 0.5], dtype=torch.float64),
+                            torch.tensor([2, 2]), 1.0)
+    assert out["w"].dtype == torch.float32 and out["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+# ----------------------------------------------------------------------------- the spec registry
+
+def test_every_algorithm_has_one_spec_and_config_reads_it():
+    from fedsl.experiments.config import ALGORITHM_NAMES, AlgorithmConfig
+    assert ALGORITHM_NAMES == ALGORITHMS == tuple(SPECS)
+    for name, sp in SPECS.items():
+        assert sp.name == name
+        for h in sp.hyperparams:  # every rule hyper-parameter is a config key with the spec's default
+            assert AlgorithmConfig.model_fields[h.key].default == h.default
+        for k in sp.local_keys:
+            assert k in sp.defaults()
+    assert {n for n, s in SPECS.items() if s.needs_server_data} == {"fsl", "fsl_p", "ds"}
+    assert SPECS["scaffold"].sends == ("c",) and SPECS["scaffold"].comm_factor == 2
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_make_algorithm_attaches_the_spec_and_defaults(name):
+    from fedsl.algorithms import ServerLearning
+    server = ServerLearning(1.0, 0.1, 4, 1) if SPECS[name].server_learning != "off" else None
+    alg = make_algorithm(name, LocalTraining(0.1, 4), SPECS[name].default_global_lr(9), server)
+    assert alg.spec is SPECS[name]
+    for h in SPECS[name].hyperparams:
+        assert getattr(alg.rule, h.key) == h.default
+    assert getattr(alg.rule, "global_lr", None) == SPECS[name].default_global_lr(9)
+
+
+def test_unknown_algorithm_names_the_known_ones():
+    with pytest.raises(ValueError, match="expected one of .*fednova"):
+        spec("fedfoo")
+
+
+def test_fednova_runs_end_to_end_from_a_config(tmp_path):
+    from conftest import TINY
+    from fedsl.experiments import config as C
+    from fedsl.experiments.runner import run
+    p = tmp_path / "c.toml"
+    p.write_text(TINY.format(rounds=3, alg="fednova", dtype="float64", executor="sequential"))
+    lines = []
+    s = run(C.load(p), tmp_path / "r", log=lines.append, progress=False)
+    assert s["status"] == "completed"
+    assert s["hyperparameters"]["η_g"] == {"value": 1.0, "source": "default for fednova"}
