@@ -44,5 +44,5 @@ class FedDyn:
 
 
 SPEC = Spec("feddyn", FedDyn,
-            (HyperParam("alpha", 0.01, "α", "FedDyn regularisation (paper: 0.01)"),), global_lr=None,
+            (HyperParam("alpha", 0.01, "α", "FedDyn regularisation (paper: 0.01)", gt=0),), global_lr=None,
             local_keys=("alpha",), summary="FedDyn: dynamic regularisation, h = mean ∇L_i")

@@ -77,10 +77,10 @@ class FedAdam:
 # η_g of these baselines is not the paper's √S: FedAvgM (Hsu et al. 2019) steps with η_g = 1 on a
 # momentum buffer; FedAdam (Reddi et al. 2021) tunes η_g around 0.1.
 SPECS = (
-    Spec("fedavgm", FedAvgM, (HyperParam("momentum", 0.9, "β", "FedAvgM server momentum"),), global_lr=1.0,
+    Spec("fedavgm", FedAvgM, (HyperParam("momentum", 0.9, "β", "FedAvgM server momentum", ge=0, lt=1),), global_lr=1.0,
          parallel_ok=True, summary="FedAvgM: server momentum on the mean update"),
-    Spec("fedadam", FedAdam, (HyperParam("beta1", 0.9, "β1", "FedAdam first-moment decay"),
-                              HyperParam("beta2", 0.99, "β2", "FedAdam second-moment decay"),
-                              HyperParam("tau", 1e-3, "τ", "FedAdam adaptivity")),
+    Spec("fedadam", FedAdam, (HyperParam("beta1", 0.9, "β1", "FedAdam first-moment decay", ge=0, lt=1),
+                              HyperParam("beta2", 0.99, "β2", "FedAdam second-moment decay", ge=0, lt=1),
+                              HyperParam("tau", 1e-3, "τ", "FedAdam adaptivity", gt=0)),
          global_lr=0.1, parallel_ok=True, summary="FedAdam: Adam on the mean update"),
 )

@@ -28,5 +28,5 @@ class FedProx(FedAvg):
         return Correction(prox=self.mu)
 
 
-SPEC = Spec("fedprox", FedProx, (HyperParam("mu", 0.01, "μ", "FedProx proximal weight"),), parallel_ok=True,
+SPEC = Spec("fedprox", FedProx, (HyperParam("mu", 0.01, "μ", "FedProx proximal weight", ge=0),), parallel_ok=True,
             local_keys=("mu",), summary="FedProx: FedAvg with μ(y - x_t) added to local gradients")

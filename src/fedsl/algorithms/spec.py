@@ -15,12 +15,16 @@ from typing import Any, Callable, Literal
 
 @dataclass(frozen=True)
 class HyperParam:
-    """A rule's own hyper-parameter: its config key (``algorithm.KEY``), default, paper symbol."""
+    """A rule's own hyper-parameter: its config key (``algorithm.KEY``), default, paper symbol,
+    and the bounds config validation applies (``ge``/``gt`` below, ``lt`` above; None = none)."""
 
     key: str
     default: float
     symbol: str
     meaning: str
+    ge: float | None = None
+    gt: float | None = None
+    lt: float | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsl.algorithms import ALGORITHMS, SPECS, defaults
 
@@ -180,13 +180,14 @@ class AlgorithmConfig(_Strict):
                                                                           "local_epochs; at most 10^6)")
     global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
     weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
-    # the rules' own hyper-parameters: defaults and meanings from their specs (fedsl.algorithms)
-    mu: float = Field(_HP["mu"].default, ge=0, description=f"μ, {_HP['mu'].meaning}")
-    momentum: float = Field(_HP["momentum"].default, ge=0, lt=1, description=f"β, {_HP['momentum'].meaning}")
-    beta1: float = Field(_HP["beta1"].default, ge=0, lt=1, description=f"β1, {_HP['beta1'].meaning}")
-    beta2: float = Field(_HP["beta2"].default, ge=0, lt=1, description=f"β2, {_HP['beta2'].meaning}")
-    tau: float = Field(_HP["tau"].default, gt=0, description=f"τ, {_HP['tau'].meaning}")
-    alpha: float = Field(_HP["alpha"].default, gt=0, description=f"α, {_HP['alpha'].meaning}")
+
+
+# The rules' own hyper-parameters (μ, β, α, ...) are fields of [algorithm] made from their specs
+# (fedsl.algorithms): default, bounds and meaning are written once, in the algorithm's module.
+AlgorithmConfig = create_model(
+    "AlgorithmConfig", __base__=AlgorithmConfig,
+    **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, description=f"{h.symbol}, {h.meaning}"))
+       for h in _HP.values()})
 
 
 class ServerConfig(_Strict):
