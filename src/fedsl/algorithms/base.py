@@ -65,6 +65,12 @@ class ServerRule(Protocol):
                ctx: RoundContext) -> tuple[Params, State]: ...
 
 
+def is_client_table(key: str) -> bool:
+    """Whether state entry ``key`` is a per-client table ([N, ...], one row per client): by the
+    convention of this module's docstring, its name ends in ``_i`` (SCAFFOLD's c_i, FedDyn's grad_i)."""
+    return key.endswith("_i")
+
+
 def deltas(x: Params, finals: Params) -> Params:
     """Δ_i = x_i - x, stacked."""
     return {n: finals[n] - p for n, p in x.items()}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from fedsl.algorithms.base import Algorithm, Correction, RoundContext, State
+from fedsl.algorithms.base import Algorithm, Correction, RoundContext, State, is_client_table
 from fedsl.algorithms.fedavg import client_weights
 from fedsl.algorithms.server_learning import Pretraining
 from fedsl.core import rng
@@ -196,8 +196,8 @@ class Simulator:
             weights = torch.cat([(1.0 - w0) * weights, torch.tensor([w0], dtype=weights.dtype, device=self.device)])
         ctx = RoundContext(alg.local.lr, torch.tensor(work.plan.steps, device=self.device), self.fed.num_clients)
         new, out = alg.rule.update(params, stacked, weights, work.ids_t, state.algo, ctx)
-        rows = {k: v for k, v in out.items() if k.endswith("_i")}  # sampled clients' new rows of [N, ...] tables
-        algo = {**state.algo, **{k: v for k, v in out.items() if not k.endswith("_i")}}
+        rows = {k: v for k, v in out.items() if is_client_table(k)}  # sampled clients' new rows of [N, ...] tables
+        algo = {**state.algo, **{k: v for k, v in out.items() if not is_client_table(k)}}
         cos = self._angle(params, stacked, weights) if on and sl.measures_angle else None
         return Aggregate(new, algo, rows, gamma, cos, server_steps, on and sl.mode == "incremental")
 

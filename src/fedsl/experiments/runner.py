@@ -18,6 +18,7 @@ import torch
 from fedsl import metrics
 from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
                               make_algorithm, spec)
+from fedsl.algorithms.base import is_client_table
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
 from fedsl.diagnostics import measure
@@ -402,7 +403,7 @@ class RunSession:
                 return False
         if done == cfg.rounds and not cfg.checkpoint_every:
             self.rd.save_checkpoint(done, RunState(state.x, {k: v for k, v in state.algo.items()
-                                                             if not k.endswith("_i")}, state.gamma), self.wall())
+                                                             if not is_client_table(k)}, state.gamma), self.wall())
         elif done == cfg.rounds or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
             self.rd.save_checkpoint(done, state, self.wall())
         self.bar.update(done, acc, (done - self.start) / max(time.perf_counter() - self.t_start, 1e-9))

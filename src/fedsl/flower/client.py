@@ -25,7 +25,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsl.algorithms.base import LocalTraining, RoundContext, State
+from fedsl.algorithms.base import LocalTraining, RoundContext, State, is_client_table
 from fedsl.core import rng
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate
@@ -90,11 +90,11 @@ def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state
     correction = rule.correction(params, state, ids)
     stacked = sim.executor.local_sgd(params, plan, sim.fed.x, sim.fed.y, loc.lr, correction)
     new_rows: State = {}
-    if any(k.endswith("_i") for k in state):
+    if any(is_client_table(k) for k in state):
         ctx = RoundContext(loc.lr, torch.tensor(plan.steps, device=sim.device), sim.fed.num_clients)
         weights = torch.ones(1, dtype=torch.float64, device=sim.device)
         _, out = rule.update(params, stacked, weights, ids, state, ctx)
-        new_rows = {k: {n: v[0] for n, v in out[k].items()} for k in out if k.endswith("_i")}
+        new_rows = {k: {n: v[0] for n, v in out[k].items()} for k in out if is_client_table(k)}
     return {n: v[0] for n, v in stacked.items()}, plan.steps[0], new_rows
 
 

@@ -57,7 +57,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from fedsl.algorithms.base import State, zeros_like
+from fedsl.algorithms.base import State, is_client_table, zeros_like
 from fedsl.core import rng
 from fedsl.engine.simulator import ClientWork, RunState
 from fedsl.experiments.config import ConfigError
@@ -129,7 +129,7 @@ class FedslStrategy(Checkpointing, FedAvg):
             gamma = sl.gamma if sl is not None and sl.gamma_schedule.kind == "adaptive" else None
             state = RunState(x, self._server_part(rule.init_state(x, 0)), gamma)
         self.state = RunState(state.x, self._server_part(state.algo), state.gamma)
-        self.tables = [k for k in rule.init_state(self.state.x, 0) if k.endswith("_i")]
+        self.tables = [k for k in rule.init_state(self.state.x, 0) if is_client_table(k)]
         # server state the clients need for their correction (SCAFFOLD: c, for c - c_i)
         self.client_state = self.alg.spec.sends if self.alg.spec else ()
         self.assigned: dict[int, int] = dict(setup.options.node_partitions)  # node-partitions (empty: first claim)
@@ -152,7 +152,7 @@ class FedslStrategy(Checkpointing, FedAvg):
 
     @staticmethod
     def _server_part(algo: State) -> State:
-        return {k: v for k, v in algo.items() if not k.endswith("_i")}
+        return {k: v for k, v in algo.items() if not is_client_table(k)}
 
     def summary(self) -> None:
         cfg = self.setup.cfg
