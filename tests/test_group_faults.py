@@ -234,3 +234,29 @@ def test_data_warnings_print_as_one_line(tmp_path, capsys):
     lines = [x for x in err.splitlines() if "'c'" in x]
     assert lines and all(x.startswith("warning: ") for x in lines), err
     assert "warnings.warn" not in err and "DataWarning" not in err
+
+
+def test_a_folder_in_use_is_refused_by_a_second_process(tmp_path, capsys):
+    """Two `fedsl resume` (or run) processes on one folder would write the same files; the second
+    stops with one line, and the lock dies with its process (no stale lock after kill -9)."""
+    from fedsl.cli import main
+    from fedsl.experiments.results import folder_lock
+    out = tmp_path / "out"
+    assert main(["run", str(write_config(tmp_path, "sweep", rounds=2)), "--out", str(out), "--quiet"]) == 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from fedsl.experiments.results import "
+                               "folder_lock\nwith folder_lock(sys.argv[1]):\n print('held', flush=True); "
+                               "time.sleep(60)", str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert main(["resume", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "in use by another fedsl process" in err and "\n" not in err
+        assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+    finally:
+        holder.kill()
+        holder.wait()
+    with folder_lock(out):  # the killed holder's lock is gone
+        pass
+    assert main(["resume", str(out), "--quiet"]) == 0

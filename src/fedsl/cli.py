@@ -36,6 +36,7 @@ def _clean_errors(fn):
 
         from fedsl.data.errors import DataError, DataWarning
         from fedsl.experiments.config import ConfigError
+        from fedsl.experiments.results import FolderInUse
         shown = warnings.showwarning
 
         def one_line(message, category, filename, lineno, file=None, line=None):
@@ -47,7 +48,7 @@ def _clean_errors(fn):
             with warnings.catch_warnings():
                 warnings.showwarning = one_line
                 return fn(*args, **kwargs)
-        except (UserError, ConfigError, DataError) as e:
+        except (UserError, ConfigError, DataError, FolderInUse) as e:
             # one line, whatever the message quotes back (newlines in keys, ':emoji:' codes)
             msg = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(e))
             err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)
@@ -133,7 +134,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     from fedsl.experiments.interrupts import terminate_as_interrupt
     from fedsl.report.tables import write_comparison
     log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
-    with terminate_as_interrupt():
+    from fedsl.experiments.results import folder_lock
+    with folder_lock(out), terminate_as_interrupt():
         run_group(cfg, out, log=log, progress=None if not quiet else False, built=built)
     write_comparison(out)
     _print_tables(out, f"{cfg.name}  ({out})")
@@ -157,7 +159,8 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
     runs = group_runs(path)
     if group_cfg is None and not any(rd.is_run() for rd in runs.values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
-    with terminate_as_interrupt():
+    from fedsl.experiments.results import folder_lock
+    with folder_lock(path), terminate_as_interrupt():
         if group_cfg is not None:  # the group's own config: unstarted runs start, the others continue
             run_group(group_cfg, path, resume=True, log=log, progress=progress)
         else:

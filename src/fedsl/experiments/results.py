@@ -12,11 +12,12 @@ function of seed and round).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -40,6 +41,35 @@ def atomic_write(path: Path, write) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class FolderInUse(RuntimeError):
+    """Another process holds a results folder's lock."""
+
+
+@contextlib.contextmanager
+def folder_lock(path: str | Path) -> Iterator[None]:
+    """Hold ``path/.lock`` while the block runs: a second ``fedsl run``/``resume`` on the same folder
+    stops with ``FolderInUse`` instead of writing the same files. The operating system drops the
+    lock when the process ends, also on kill -9, so no stale lock outlives a crash. Where ``fcntl``
+    does not exist (Windows), nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderInUse(f"{str(path)!r} is in use by another fedsl process: wait for it to end (or stop it), "
+                              "then run `fedsl resume` on it") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class RunDir:
