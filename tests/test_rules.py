@@ -162,3 +162,72 @@ def test_fednova_runs_end_to_end_from_a_config(tmp_path):
     s = run(C.load(p), tmp_path / "r", log=lines.append, progress=False)
     assert s["status"] == "completed"
     assert s["hyperparameters"]["η_g"] == {"value": 1.0, "source": "default for fednova"}
+
+
+# ----------------------------------------------------------------------------- a client optimiser
+
+def test_heavy_ball_clients_move_by_eta_times_a_i_on_a_constant_gradient():
+    """With a constant gradient g, τ heavy-ball steps move a client by -η_l·a_i·g: FedNova's a_i."""
+    from fedsl.algorithms.fednova import HeavyBall, step_norm
+    opt, g, lr = HeavyBall(0.6), {"w": torch.tensor([2.0], dtype=torch.float64)}, 0.1
+    for tau in (1, 3, 7):
+        p, s = P(0.0), opt.init(P(0.0))
+        for _ in range(tau):
+            p, s = opt.step(p, g, s, lr)
+        a = step_norm(torch.tensor([tau]), 0.6).item()
+        assert p["w"].item() == pytest.approx(-lr * a * 2.0, abs=1e-14)
+    assert step_norm(torch.tensor([4]), 0.0).item() == 4.0
+
+
+def _fednova_run(executor_cls, rho, dtype=torch.float64, stacked_with=None):
+    from conftest import random_federation
+    from fedsl.engine.functional import FunctionalModel
+    from fedsl.engine.simulator import Simulator
+    from fedsl.models import build_model
+    fed = random_federation([9, 31, 17, 24, 12, 30, 16, 20], n0=14, dtype=dtype)
+    fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).to(dtype))
+    alg = make_algorithm("fednova", LocalTraining(0.1, 8), 1.0, None, rho=rho)
+    sim = Simulator(fm, fed, alg, executor_cls(fm), clients_per_round=5, seed=11)
+    st = sim.initial_state()
+    for t in range(3):
+        st, info = sim.round(st, t)
+    return st.x, info
+
+
+def test_fednova_momentum_clients_vectorised_equal_sequential_float64():
+    """The ClientOptimizer's state is carried through vmapped steps and padded steps leave it alone."""
+    from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
+    a, info = _fednova_run(SequentialExecutor, 0.7)
+    b, _ = _fednova_run(VectorisedExecutor, 0.7)
+    assert len(set(info.client_steps)) > 1  # padded steps were exercised
+    assert all(torch.allclose(a[n], b[n], rtol=0, atol=1e-10) for n in a)
+    c, _ = _fednova_run(SequentialExecutor, 0.0)  # momentum changes the result
+    assert not all(torch.allclose(a[n], c[n]) for n in a)
+
+
+def test_fednova_momentum_runs_stacked_as_one_by_one():
+    from conftest import random_federation
+    from fedsl.engine.executors import VectorisedExecutor
+    from fedsl.engine.functional import FunctionalModel
+    from fedsl.engine.simulator import Simulator
+    from fedsl.engine.stacked import StackedSimulator
+    from fedsl.models import build_model
+    fed = random_federation([9, 31, 17, 24, 12, 30], n0=14, dtype=torch.float64)
+
+    def sim(seed, rho=0.5):
+        fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=seed).to(torch.float64))
+        alg = make_algorithm("fednova", LocalTraining(0.1, 8), 1.0, None, rho=rho)
+        return Simulator(fm, fed, alg, VectorisedExecutor(fm), clients_per_round=3, seed=seed)
+
+    sims = [sim(1), sim(2)]
+    st = StackedSimulator(sims)
+    states = st.initial_states()
+    singles = [s.initial_state() for s in (sim(1), sim(2))]
+    one = [sim(1), sim(2)]
+    for t in range(2):
+        states, _ = st.round(states, t)
+        singles = [o.round(s, t)[0] for o, s in zip(one, singles)]
+    for a, b in zip(states, singles):
+        assert all(torch.allclose(a.x[n], b.x[n], rtol=0, atol=1e-10) for n in a.x)
+    with pytest.raises(ValueError, match="local step \\(rho\\) differs"):
+        StackedSimulator([sim(1, 0.5), sim(2, 0.9)])

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedsl.algorithms.base import Algorithm, Correction, LocalTraining, RoundContext, ServerRule, State
+from fedsl.algorithms.base import (Algorithm, ClientOptimizer, Correction, LocalTraining, RoundContext, ServerRule,
+                                  State)
 from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.feddyn import FedDyn
 from fedsl.algorithms.fedopt import FedAdam, FedAvgM
@@ -68,10 +69,12 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
     if server is not None and server.mode == "parallel" and not sp.parallel_ok:
         ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok)
         raise ValueError(f"parallel server learning (FSL-p) composes with {ok}, not {name!r}")
+    own = {**sp.defaults(), **{k: v for k, v in hp.items() if k in sp.defaults()}}
+    client = sp.make_client(**own) if sp.make_client is not None else None
     return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=sp.shares_server_data,
-                     spec=sp)
+                     spec=sp, client_optimizer=client)
 
 
-__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "Correction", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx",
+__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientOptimizer", "Correction", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx",
            "GammaSchedule", "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule"]

@@ -54,6 +54,21 @@ class RoundContext:
     num_clients: int  # N
 
 
+class ClientOptimizer(Protocol):
+    """A client's local optimiser other than plain SGD (heavy-ball momentum, local Adam, ...).
+
+    Pure functions over explicit per-client state, which the engine vmaps over clients (and
+    stacked runs): ``init`` gives the state at the start of a round from the client's starting
+    parameters (shape-agnostic: it may receive them stacked); ``step`` takes the (corrected)
+    gradient g of one batch and returns the new parameters and state. A padded step (a
+    batch of zero weight) is made a no-op by the engine.
+    """
+
+    def init(self, params: Params) -> Params: ...
+
+    def step(self, params: Params, g: Params, state: Params, lr) -> tuple[Params, Params]: ...
+
+
 class ServerRule(Protocol):
     name: str
 
@@ -117,6 +132,8 @@ class Algorithm:
         server_learning: SL on D0 after (incremental) or beside (parallel) aggregation.
         share_server_data: DS, clients train on D_i ∪ D0.
         spec: what outside the arithmetic depends on the algorithm (stacking, Flower, defaults).
+        client_optimizer: the clients' local optimiser when it is not plain SGD (the
+            correction, if any, is added to the gradient it receives).
     """
 
     name: str
@@ -126,6 +143,7 @@ class Algorithm:
     server_learning: ServerLearning | None = None
     share_server_data: bool = False
     spec: Spec | None = None  # the algorithm's spec (fedsl.algorithms.spec); set by make_algorithm
+    client_optimizer: ClientOptimizer | None = None  # None: LocalSGD, the paper's client
 
     @property
     def global_lr(self) -> float | None:

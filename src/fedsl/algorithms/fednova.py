@@ -1,12 +1,16 @@
 """FedNova (Wang et al. 2020, "Tackling the objective inconsistency problem in heterogeneous
-federated optimization"): normalised averaging.
+federated optimization"): normalised averaging, with optional local momentum ρ.
 
 Clients that take different numbers of local steps τ_i pull FedAvg toward the minimiser of
-Σ p_i τ_i f_i instead of Σ p_i f_i. FedNova divides each update by its client's steps and
-rescales by the effective number of steps (plain local SGD: a_i = τ_i):
-    x ← x + η_g · τ_eff · Σ_i p_i Δ_i / τ_i,    τ_eff = Σ_i p_i τ_i.
-With equal τ_i this is FedAvg exactly. τ_i are the steps each client really took (a client
-with fewer samples takes fewer steps at the same local epochs), which the engine reports.
+Σ p_i τ_i f_i instead of Σ p_i f_i. FedNova divides each update by the norm a_i of its
+client's accumulated step coefficients and rescales by τ_eff = Σ_i p_i τ_i:
+    x ← x + η_g · τ_eff · Σ_i p_i Δ_i / a_i,
+    a_i = τ_i (local SGD);  a_i = [τ_i - ρ(1 - ρ^τ_i)/(1 - ρ)] / (1 - ρ) (heavy-ball momentum ρ).
+With equal τ_i and ρ = 0 this is FedAvg exactly. τ_i are the steps each client really took
+(a client with fewer samples takes fewer steps at the same local epochs).
+
+The momentum clients are a ``ClientOptimizer`` (the engine vmaps its pure ``init``/``step``),
+something a gradient ``Correction`` cannot express.
 """
 
 from __future__ import annotations
@@ -16,25 +20,53 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean
-from fedsl.algorithms.spec import Spec
+from fedsl.algorithms.spec import HyperParam, Spec
 from fedsl.core.types import Params
 
 
+def step_norm(steps: torch.Tensor, rho: float = 0.0) -> torch.Tensor:
+    """a_i: τ_i for local SGD; [τ_i - ρ(1 - ρ^τ_i)/(1 - ρ)]/(1 - ρ) with heavy-ball momentum ρ."""
+    tau = steps.to(torch.float64)
+    if rho == 0:
+        return tau
+    return (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+
+
 def normalised_update(x: Params, finals: Params, weights: torch.Tensor, steps: torch.Tensor,
-                      global_lr: float) -> Params:
-    """x + η_g · τ_eff · Σ_i p_i Δ_i / τ_i (``weights`` = p_i, ``steps`` = τ_i)."""
-    tau = steps.to(weights.device, torch.float64)
+                      global_lr: float, rho: float = 0.0) -> Params:
+    """x + η_g · τ_eff · Σ_i p_i Δ_i / a_i (``weights`` = p_i, ``steps`` = τ_i, ``rho`` = ρ)."""
     p = weights.to(torch.float64)
-    tau_eff = float((p * tau).sum())
-    mean = weighted_mean(deltas(x, finals), p / tau)  # Σ p_i Δ_i / τ_i
+    steps = steps.to(p.device)
+    tau_eff = float((p * steps.to(torch.float64)).sum())
+    mean = weighted_mean(deltas(x, finals), p / step_norm(steps, rho))  # Σ p_i Δ_i / a_i
     return {n: v + global_lr * tau_eff * mean[n] for n, v in x.items()}
 
 
 @dataclass(frozen=True)
+class HeavyBall:
+    """Local SGD with heavy-ball momentum: v ← ρ v + g; y ← y - η_l v (v = 0 at each round's start)."""
+
+    rho: float
+
+    def init(self, params: Params) -> Params:
+        return {n: torch.zeros_like(p) for n, p in params.items()}
+
+    def step(self, params: Params, g: Params, state: Params, lr) -> tuple[Params, Params]:
+        v = {n: self.rho * state[n] + g[n] for n in params}
+        return {n: p - lr * v[n] for n, p in params.items()}, v
+
+
+def make_client(rho: float = 0.0) -> HeavyBall | None:
+    """FedNova's clients: plain LocalSGD at ρ = 0 (the engine's own step), heavy-ball otherwise."""
+    return HeavyBall(rho) if rho > 0 else None
+
+
+@dataclass(frozen=True)
 class FedNova:
-    """Attributes: global_lr: η_g (FedNova's paper: 1)."""
+    """Attributes: global_lr: η_g (FedNova's paper: 1); rho: ρ, the clients' local momentum."""
 
     global_lr: float = 1.0
+    rho: float = 0.0
     name: str = field(default="fednova", init=False)
 
     def init_state(self, x: Params, num_clients: int) -> State:
@@ -45,8 +77,9 @@ class FedNova:
 
     def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
                ctx: RoundContext) -> tuple[Params, State]:
-        return normalised_update(x, finals, weights, ctx.steps, self.global_lr), state
+        return normalised_update(x, finals, weights, ctx.steps, self.global_lr, self.rho), state
 
 
-SPEC = Spec("fednova", FedNova, global_lr=1.0, parallel_ok=False,
-            summary="FedNova: updates normalised by each client's local steps τ_i")
+SPEC = Spec("fednova", FedNova, (HyperParam("rho", 0.0, "ρ", "FedNova clients' local momentum", ge=0, lt=1),),
+            global_lr=1.0, local_keys=("rho",), make_client=make_client,
+            summary="FedNova: updates normalised by each client's local steps (and momentum)")

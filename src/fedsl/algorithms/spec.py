@@ -48,6 +48,8 @@ class Spec:
         local_keys: hyper-parameters that enter the clients' steps (stacked runs must share
             them: one vmapped step takes one value).
         comm_factor: parameters moved per client and direction, in units of d (SCAFFOLD: 2).
+        make_client: the clients' local optimiser (``base.ClientOptimizer``) from the
+            hyper-parameters, or None for LocalSGD (it may also return None).
     """
 
     name: str
@@ -61,6 +63,7 @@ class Spec:
     sends: tuple[str, ...] = ()
     local_keys: tuple[str, ...] = ()
     comm_factor: int = 1
+    make_client: Callable[..., Any] | None = None  # the clients' ClientOptimizer from the hyper-parameters
     summary: str = field(default="", compare=False)
 
     def default_global_lr(self, clients_per_round: int) -> float | None:

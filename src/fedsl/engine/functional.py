@@ -75,6 +75,20 @@ class FunctionalModel:
             out[n] = p - (lr * active) * d
         return out
 
+    def optimizer_step(self, params: Params, state: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                       key: torch.Tensor, lr: torch.Tensor | float, anchor: Params, prox: float,
+                       linear: Params | None, optimizer) -> tuple[Params, Params]:
+        """One step of a client optimiser (``algorithms.ClientOptimizer``) on the corrected gradient
+        g + prox·(y - anchor) + linear. A zero-weight batch (padding) leaves params and state as they are."""
+        g = grad(self.loss)(params, x, y, w, key)
+        if prox or linear is not None:
+            g = {n: g[n] + (prox * (p - anchor[n]) if prox else 0) + (linear[n] if linear is not None else 0)
+                 for n, p in params.items()}
+        new_p, new_s = optimizer.step(params, g, state, lr)
+        live = w.sum() > 0
+        return ({n: torch.where(live, new_p[n], p) for n, p in params.items()},
+                {n: torch.where(live, new_s[n], s) for n, s in state.items()})
+
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)
 

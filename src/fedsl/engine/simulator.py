@@ -158,7 +158,7 @@ class Simulator:
         """x_{t+1} (and the algorithm's state) from x_t: one round of the algorithm."""
         work = self.begin_round(state, t)
         stacked = self.executor.local_sgd(work.params, work.plan, self.fed.x, self.fed.y, self.alg.local.lr,
-                                          work.correction)
+                                          work.correction, self.alg.client_optimizer)
         agg = self.aggregate(state, t, work, stacked)
         new, server_steps = agg.new, agg.server_steps
         if agg.incremental:

@@ -90,6 +90,8 @@ class StackedSimulator:
         local = {k for alg in (a.alg, b.alg) if alg.spec for k in alg.spec.local_keys}
         if any(getattr(a.alg.rule, k, None) != getattr(b.alg.rule, k, None) for k in sorted(local)):
             return f"a hyper-parameter of the local step ({', '.join(sorted(local))}) differs; one vmapped step takes one"
+        if a.alg.client_optimizer != b.alg.client_optimizer:
+            return "the clients' local optimisers differ; one vmapped step takes one"
         if a.alg.share_server_data != b.alg.share_server_data:
             return "one shares the server data with clients (DS) and the other does not"
         return ""
@@ -111,7 +113,8 @@ class StackedSimulator:
         plan = concat_plans([w.plan for w in works], self.offsets)
         starts = [w.params for w, s in zip(works, sizes) for _ in range(s)]
         lrs = [sim.alg.local.lr for sim, s in zip(self.sims, sizes) for _ in range(s)]
-        finals = self.executor.local_sgd_many(starts, plan, self.x, self.y, lrs, self._correction(works))
+        finals = self.executor.local_sgd_many(starts, plan, self.x, self.y, lrs, self._correction(works),
+                                              self.sims[0].alg.client_optimizer)
         aggs, at = [], 0
         for sim, st, w, s in zip(self.sims, states, works, sizes):
             aggs.append(sim.aggregate(st, t, w, {n: v[at:at + s] for n, v in finals.items()}))

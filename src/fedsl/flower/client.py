@@ -88,7 +88,7 @@ def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state
     plan = make_plan([sim.client_data[cid]], [cid], loc.batch_size, loc.epochs, loc.steps, sim.seed, t,
                      rng.CLIENT_BATCHES).to(sim.device, sim.dtype)
     correction = rule.correction(params, state, ids)
-    stacked = sim.executor.local_sgd(params, plan, sim.fed.x, sim.fed.y, loc.lr, correction)
+    stacked = sim.executor.local_sgd(params, plan, sim.fed.x, sim.fed.y, loc.lr, correction, alg.client_optimizer)
     new_rows: State = {}
     if any(is_client_table(k) for k in state):
         ctx = RoundContext(loc.lr, torch.tensor(plan.steps, device=sim.device), sim.fed.num_clients)
