@@ -437,3 +437,42 @@ def test_users_own_run_config_keys_pass_and_near_misses_are_refused():
         with pytest.raises(ConfigError) as err:
             parse_run_config({**BASE, key: 1})
         assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_client_takes_the_local_step_hyper_parameters_from_the_message():
+    """proximal-mu (Flower's FedProx key), alpha and rho: the spec's local keys, set by the strategy."""
+    from conftest import random_federation
+    from fedsl.algorithms import LocalTraining, make_algorithm
+    from fedsl.algorithms.fednova import HeavyBall
+    from fedsl.engine.executors import SequentialExecutor
+    from fedsl.engine.functional import FunctionalModel
+    from fedsl.engine.simulator import Simulator
+    from fedsl.flower.client import client_update, message_algorithm
+    from fedsl.models import build_model
+    fed = random_federation([12, 20, 16], n0=8, dtype=torch.float64)
+    fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).to(torch.float64))
+    local = LocalTraining(0.1, 8)
+    sim = Simulator(fm, fed, make_algorithm("fedprox", local, 1.0, None, mu=0.5), SequentialExecutor(fm), 2, seed=1)
+    x = sim.initial_state().x
+    own, _, _ = client_update(sim, x, 0, 1)
+    zero, _, _ = client_update(sim, x, 0, 1, alg=message_algorithm(sim.alg, {"proximal-mu": 0.0}))
+    plain, _, _ = client_update(sim, x, 0, 1, alg=make_algorithm("fedavg", local, 1.0, None))
+    assert all(torch.equal(zero[n], plain[n]) for n in x)  # μ = 0 from the message: FedAvg's client exactly
+    assert not all(torch.equal(own[n], plain[n]) for n in x)
+    assert message_algorithm(sim.alg, {"proximal-mu": 0.5}) is sim.alg  # unchanged: the same object
+    nova = make_algorithm("fednova", local, 1.0, None)
+    assert message_algorithm(nova, {"rho": 0.5}).client_optimizer == HeavyBall(0.5)
+    assert message_algorithm(nova, {"rho": 0.5}).rule.rho == 0.5
+    with pytest.raises(ValueError, match=r"^train message config proximal-mu = -1: expected a number >= 0$"):
+        message_algorithm(sim.alg, {"proximal-mu": -1})
+
+
+def test_num_server_rounds_stands_for_rounds():
+    """Flower's templates name T num-server-rounds: it sets rounds when the run config has none."""
+    without = {k: v for k, v in BASE.items() if k != "rounds"}
+    cfg, _ = parse_run_config({**without, "num-server-rounds": 7})
+    assert cfg.rounds == 7
+    cfg, _ = parse_run_config({**BASE, "num-server-rounds": 3})  # equal to rounds: fine
+    assert cfg.rounds == 3
+    with pytest.raises(ConfigError, match=r"^run config num-server-rounds = 5 and rounds = 3: expected one"):
+        parse_run_config({**BASE, "num-server-rounds": 5})

@@ -25,14 +25,14 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsl.algorithms.base import LocalTraining, RoundContext, State, is_client_table
+from fedsl.algorithms.base import Algorithm, LocalTraining, RoundContext, State, is_client_table
 from fedsl.core import rng
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate
 from fedsl.engine.plan import make_plan
 from fedsl.engine.simulator import Simulator
 from fedsl.flower.config import load_setup
-from fedsl.flower.records import from_record, state_from_record, to_record
+from fedsl.flower.records import from_record, local_keys, state_from_record, to_record
 
 STATE_PREFIX = "fedsl."  # context.state keys of the per-client rows, e.g. "fedsl.c_i"
 
@@ -60,7 +60,8 @@ def partition_id(node_config: Mapping[str, Any], num_clients: int) -> int:
 
 
 def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state: State | None = None,
-                  rows: State | None = None, local: LocalTraining | None = None) -> tuple[Params, int, State]:
+                  rows: State | None = None, local: LocalTraining | None = None,
+                  alg: Algorithm | None = None) -> tuple[Params, int, State]:
     """Client ``cid``'s update of round ``t``: K_i LocalSGD steps with η_l from x_t.
 
     Args:
@@ -72,10 +73,12 @@ def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state
         rows: this client's rows of the rule's per-client tables (name ending in ``_i``,
             tensors without the client dimension); missing rows start as the rule's initial ones.
         local: η_l, B, E and K to train with (default: the algorithm's, ``sim.alg.local``).
+        alg: the algorithm (default ``sim.alg``; ``message_algorithm`` gives one with the message's
+            local-step hyper-parameters).
     Returns:
         (x_i, K_i, new rows of this client's tables).
     """
-    alg = sim.alg
+    alg = alg or sim.alg
     loc, rule = local or alg.local, alg.rule
     params = sim.layout(params)
     state = rule.init_state(params, 1)  # shapes and initial values; tables have one row: this client's
@@ -144,6 +147,29 @@ def message_local(local: LocalTraining, config: Mapping[str, Any]) -> LocalTrain
                    steps=local.steps if steps is None else steps)
 
 
+def message_algorithm(alg: Algorithm, config: Mapping[str, Any]) -> Algorithm:
+    """``alg`` with the local-step hyper-parameters the message carries (``proximal-mu``, ``alpha``,
+    ``rho``: the spec's ``local_keys``), so a strategy can set them; the rule and the clients'
+    optimiser are rebuilt from the spec.
+
+    Raises:
+        ValueError: a key present with a bad value, in one line.
+    """
+    given = {}
+    for attr, key in local_keys(alg.spec).items():
+        if key in config:
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"train message config {key} = {value!r}: expected a number >= 0")
+            given[attr] = float(value)
+    if not given or all(getattr(alg.rule, k, None) == v for k, v in given.items()):
+        return alg
+    hp = {h.key: getattr(alg.rule, h.key) for h in alg.spec.hyperparams} | given
+    rule = replace(alg.rule, **given)
+    client = alg.spec.make_client(**hp) if alg.spec.make_client is not None else alg.client_optimizer
+    return replace(alg, rule=rule, client_optimizer=client)
+
+
 def _partition(msg: Message, context: Context, num_clients: int) -> int:
     pid = partition_id(context.node_config, num_clients)
     config = msg.content.config_records.get("config") or {}
@@ -197,13 +223,14 @@ def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
             raise ValueError(f"train message algorithm = {config['algorithm']!r}: this ClientApp's run config has "
                              f"algorithm.name = {setup.algorithm.name!r}")
         local = message_local(sim.alg.local, config)
+        alg = message_algorithm(sim.alg, config)
         if setup.options.client_delay:
             time.sleep(setup.options.client_delay)
         params = _arrays(msg, sim)
         server_state = {}
         if "server-state" in msg.content.array_records:
             server_state = state_from_record(msg.content.array_records["server-state"], sim.device, sim.dtype)
-        final, steps, rows = client_update(sim, params, t, pid, server_state, _load_rows(context), local)
+        final, steps, rows = client_update(sim, params, t, pid, server_state, _load_rows(context), local, alg)
         for key, row in rows.items():
             context.state[STATE_PREFIX + key] = to_record(row)
         _, loss = _on(sim, final, sim.client_data[pid])

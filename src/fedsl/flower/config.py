@@ -8,8 +8,9 @@ A base config may come from a fedsl TOML file (``config-file``) or a bundled pre
 (``preset``), and ``variant`` picks one of its ``[variants.X]``; the run-config keys
 override it.
 
-Keys that are neither (their first dotted part is no fedsl key, e.g. a user's own ``data-dir`` or
-Flower's ``num-server-rounds``) are left to the user's code: fedsl ignores them, except a near miss
+Flower's ``num-server-rounds`` (its app templates' name for T) sets ``rounds`` when the run config
+does not. Keys that are neither (their first dotted part is no fedsl key, e.g. a user's own
+``data-dir``) are left to the user's code: fedsl ignores them, except a near miss
 of one of its keys (``rouds``, ``eval-every``), refused as a likely typo. A ClientApp needs little of
 the config (``CLIENT_DEFAULTS``): ``data.*`` (the federation it holds a partition of), ``seed``,
 ``model.*``, ``dtype``; η_l, B, E, K come from the train message when it carries them.
@@ -62,7 +63,8 @@ def client_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``CLIENT_DEFAULTS`` a ClientApp adds to ``run_config`` (none when a base config is named)."""
     if run_config.get("preset") or run_config.get("config-file"):
         return {}
-    return {k: v for k, v in CLIENT_DEFAULTS.items() if k not in run_config}
+    given = set(run_config) | ({"rounds"} if "num-server-rounds" in run_config else set())
+    return {k: v for k, v in CLIENT_DEFAULTS.items() if k not in given}
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,13 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
             users.append(key)
             continue
         set_dotted(data, key, value)
+    if "num-server-rounds" in flat:  # Flower's templates name T so: it stands for rounds unless rounds is given
+        n = flat["num-server-rounds"]
+        if "rounds" not in flat:
+            data["rounds"] = n
+        elif flat["rounds"] != n:
+            raise ConfigError(f"run config num-server-rounds = {n!r} and rounds = {flat['rounds']!r}: expected one "
+                              "of them, or equal values")
     for key in ("seeds", "sweep"):
         if data.get(key):
             raise ConfigError(f"{key} = {data[key]!r}: a Flower run is one run; set seed = ... instead")

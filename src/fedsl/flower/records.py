@@ -11,6 +11,15 @@ from fedsl.core.types import Params
 
 SEP = "/"  # state entry / parameter name, e.g. "c/conv1.weight"
 
+# Flower's own config key for a hyper-parameter, where it has one (FedProx's μ); others go by their name.
+FLOWER_KEYS = {"mu": "proximal-mu"}
+
+
+def local_keys(spec) -> dict[str, str]:
+    """The hyper-parameters of an algorithm's local step that a train message carries:
+    rule attribute -> config key (the spec's ``local_keys``: FedProx's μ, FedDyn's α, FedNova's ρ)."""
+    return {k: FLOWER_KEYS.get(k, k) for k in (spec.local_keys if spec is not None else ())}
+
 
 def to_record(params: Params) -> ArrayRecord:
     """A model (or any named tensors) as an ArrayRecord."""

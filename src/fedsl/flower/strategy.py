@@ -64,7 +64,7 @@ from fedsl.experiments.config import ConfigError
 from fedsl.experiments.results import atomic_write
 from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
 from fedsl.flower.config import FlowerSetup
-from fedsl.flower.records import from_record, state_to_record, to_record
+from fedsl.flower.records import from_record, local_keys, state_to_record, to_record
 from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_METRICS re-exported
     TRAIN_METRICS,
     BadReply,
@@ -74,11 +74,6 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
     lacks_query_handler,
     train_loss,
 )
-
-
-# A rule's client-side hyper-parameters the train message carries (rule attribute, config key): FedProx's μ
-# under Flower's own key for it, FedDyn's α.
-RULE_CONFIG = (("mu", "proximal-mu"), ("alpha", "alpha"))
 
 
 @dataclass(frozen=True)
@@ -287,7 +282,7 @@ class FedslStrategy(Checkpointing, FedAvg):
                                "lr": float(loc.lr), "local-epochs": int(loc.epochs), "batch-size": int(loc.batch_size)}
         if loc.steps is not None:
             out["local-steps"] = int(loc.steps)
-        for attr, key in RULE_CONFIG:
+        for attr, key in local_keys(self.alg.spec).items():
             value = getattr(rule, attr, None)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[key] = float(value)
