@@ -62,14 +62,19 @@ class RoundInfo:
 
 @dataclass
 class ClientWork:
-    """A round's client phase: x_t (in the engine's layout), who trains, on which batches."""
+    """A round's client phase: x_t (in the engine's layout), who trains, on which batches.
+
+    The server update reads ``params``, ``ids``, ``sizes`` and ``steps`` only; a deployment's
+    server (Flower), which plans no batches, fills those from the clients' replies.
+    """
 
     params: Params
     ids: np.ndarray
     ids_t: torch.Tensor
     sizes: list[int]  # n_i of the sampled clients (D_i ∪ D0 for DS)
-    plan: BatchPlan
-    correction: Correction | None
+    steps: tuple[int, ...]  # K_i, the local steps each client takes (reported back in a deployment)
+    plan: BatchPlan | None = None  # the batches (the simulator's own client phase)
+    correction: Correction | None = None
 
 
 @dataclass
@@ -178,7 +183,7 @@ class Simulator:
         plan = make_plan(data, ids.tolist(), loc.batch_size, loc.epochs, loc.steps, self.seed, t,
                          rng.CLIENT_BATCHES).to(self.device, self.dtype)
         correction = self.alg.rule.correction(params, state.algo, ids_t)
-        return ClientWork(params, ids, ids_t, [len(d) for d in data], plan, correction)
+        return ClientWork(params, ids, ids_t, [len(d) for d in data], plan.steps, plan, correction)
 
     def aggregate(self, state: RunState, t: int, work: "ClientWork", stacked: Params) -> "Aggregate":
         """The rule's update from the clients' final models (FSL-p's server joins as one more client)."""
@@ -194,7 +199,7 @@ class Simulator:
             w0 = sl.parallel_weight(self.fed.n0, work.sizes)
             stacked = {n: torch.cat([stacked[n], x0[n].unsqueeze(0)]) for n in stacked}
             weights = torch.cat([(1.0 - w0) * weights, torch.tensor([w0], dtype=weights.dtype, device=self.device)])
-        ctx = RoundContext(alg.local.lr, torch.tensor(work.plan.steps, device=self.device), self.fed.num_clients)
+        ctx = RoundContext(alg.local.lr, torch.tensor(work.steps, device=self.device), self.fed.num_clients)
         new, out = alg.rule.update(params, stacked, weights, work.ids_t, state.algo, ctx)
         rows = {k: v for k, v in out.items() if is_client_table(k)}  # sampled clients' new rows of [N, ...] tables
         algo = {**state.algo, **{k: v for k, v in out.items() if not is_client_table(k)}}
@@ -209,7 +214,7 @@ class Simulator:
         if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive":
             next_gamma = sl.gamma_schedule.adapt(agg.gamma, agg.cos)
         comm = 2 * self.S * self.num_params * (self.alg.spec.comm_factor if self.alg.spec else 1)
-        info = RoundInfo(work.ids, work.plan.steps, server_steps, agg.gamma, agg.cos, comm)
+        info = RoundInfo(work.ids, work.steps, server_steps, agg.gamma, agg.cos, comm)
         # last, so that an interruption inside the round leaves the tables as the checkpoint expects
         algo = agg.algo
         for key, new_rows in agg.rows.items():

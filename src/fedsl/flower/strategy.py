@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -74,13 +73,6 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
     lacks_query_handler,
     train_loss,
 )
-
-
-@dataclass(frozen=True)
-class _Steps:
-    """The part of a batch plan the server update reads: K_i of each client that replied."""
-
-    steps: tuple[int, ...]
 
 
 def _flat(text: str | None) -> str:
@@ -387,7 +379,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         state = RunState(params, {**self.state.algo, **{k: zeros_like(params, (len(ids),)) for k in self.tables}},
                          self.state.gamma)
         work = ClientWork(params, np.asarray(ids), rows, [finals[i][1] for i in ids],
-                          _Steps(tuple(finals[i][2] for i in ids)), None)
+                          tuple(finals[i][2] for i in ids))
         agg = sim.aggregate(state, t, work, stacked)  # x̄ = rule update (FedAvg: x + η_g·mean Δ_i); FSL-p joins here
         new, server_steps = agg.new, agg.server_steps
         if agg.incremental and _finite(new):
