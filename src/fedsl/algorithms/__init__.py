@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from fedsl.algorithms import fedavg, feddyn, fednova, fedopt, fedprox, scaffold
 from fedsl.algorithms.base import (Algorithm, ClientOptimizer, Correction, LocalTraining, RoundContext, ServerRule,
                                   State)
 from fedsl.algorithms.fedavg import FedAvg
@@ -25,8 +26,6 @@ from fedsl.algorithms.fedprox import FedProx
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.algorithms.scaffold import Scaffold
 from fedsl.algorithms.server_learning import Pretraining, ServerLearning
-
-from fedsl.algorithms import fedavg, feddyn, fednova, fedopt, fedprox, scaffold
 from fedsl.algorithms.spec import HyperParam, Spec
 
 # Every algorithm's spec, by name; a new algorithm adds its module here.
@@ -46,8 +45,13 @@ def make_rule(name: str, global_lr: float | None, **hp) -> ServerRule:
     """The server rule of algorithm ``name`` (fsl, fsl_p and ds use FedAvg's); ``hp`` its own
     hyper-parameters (missing ones take the spec's defaults)."""
     sp = spec(name)
-    own = {**sp.defaults(), **{k: v for k, v in hp.items() if k in sp.defaults()}}
+    own = _own(sp, hp)
     return sp.make_rule(global_lr, **own) if sp.global_lr is not None else sp.make_rule(**own)
+
+
+def _own(sp: Spec, hp: dict) -> dict:
+    """The spec's hyper-parameters: the given values, the spec's defaults for the rest."""
+    return {**sp.defaults(), **{k: v for k, v in hp.items() if k in sp.defaults()}}
 
 
 def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: ServerLearning | None,
@@ -58,7 +62,8 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
       as parallel SL (FSL-p). Both require ``server``.
     - ds: FedAvg with clients training on D_i ∪ D0 (Zhao et al. 2018).
     - any other rule: ``server``, when given, runs after its server update (e.g. SCAFFOLD + SL).
-    ``hp`` holds the rules' own hyper-parameters (mu, momentum, beta1, beta2, tau, alpha).
+    ``hp`` holds the rules' own hyper-parameters (their specs' ``hyperparams``: mu, momentum, beta1,
+    beta2, tau, alpha, rho); an algorithm whose spec has ``make_client`` gets its clients' optimiser.
     """
     sp = spec(name)
     rule = make_rule(name, global_lr, **hp)
@@ -69,12 +74,11 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
     if server is not None and server.mode == "parallel" and not sp.parallel_ok:
         ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok)
         raise ValueError(f"parallel server learning (FSL-p) composes with {ok}, not {name!r}")
-    own = {**sp.defaults(), **{k: v for k, v in hp.items() if k in sp.defaults()}}
-    client = sp.make_client(**own) if sp.make_client is not None else None
+    client = sp.make_client(**_own(sp, hp)) if sp.make_client is not None else None
     return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=sp.shares_server_data,
                      spec=sp, client_optimizer=client)
 
 
-__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientOptimizer", "Correction", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx",
-           "GammaSchedule", "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
+__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientOptimizer", "Correction",
+           "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule", "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule"]

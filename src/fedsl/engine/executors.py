@@ -135,7 +135,6 @@ class VectorisedExecutor:
             stacked = step(stacked, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
         return stacked
 
-
     def _with_optimizer(self, stacked: Params, anchors: Params, anchor_dim, plan: BatchPlan, x: torch.Tensor,
                         y: torch.Tensor, lr, lr_dim, correction, optimizer) -> Params:
         """The clients' steps with a ``ClientOptimizer``: its state is stacked over clients and
