@@ -242,17 +242,18 @@ class Simulator:
 
     def server_sgd(self, params: Params, t: int, gamma: float) -> tuple[Params, int]:
         """LocalSGD(params, γ_t·η0, K0, D0) for round t; returns the model and K0."""
-        sl = self.alg.server_learning
-        assert sl is not None
-        plan = self.server_plan(t)
-        x = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, gamma * sl.lr))
+        plan, lr = self.server_step(t, gamma)
+        x = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, lr))
         return x, plan.steps[0]
 
-    def server_plan(self, t: int) -> BatchPlan:
-        """The server's K0 batches of D0 in round t."""
+    def server_step(self, t: int, gamma: float) -> tuple[BatchPlan, float]:
+        """Algorithm 1, line 10 of round t: the server's K0 batches of D0 and its step size γ_t·η0
+        (``server_sgd`` runs them; ``StackedSimulator`` runs those of many runs in one call)."""
         sl = self.alg.server_learning
-        return make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
+        assert sl is not None
+        plan = make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
                          rng.SERVER_BATCHES).to(self.device, self.dtype)
+        return plan, gamma * sl.lr
 
     def layout(self, params: Params) -> Params:
         """The memory layout of the fast path (values unchanged): channels-last on CPU."""

@@ -123,11 +123,10 @@ class StackedSimulator:
         server_steps = [a.server_steps for a in aggs]
         sl_runs = [r for r, a in enumerate(aggs) if a.incremental]
         if sl_runs:  # Algorithm 1, line 10, for every run with server learning on, in one call
-            plans = [self.sims[r].server_plan(t) for r in sl_runs]
+            plans, sl_lrs = zip(*(self.sims[r].server_step(t, aggs[r].gamma) for r in sl_runs))
             sl_starts = [aggs[r].new for r in sl_runs]
-            sl_lrs = [aggs[r].gamma * self.sims[r].alg.server_learning.lr for r in sl_runs]
             out = self.executor.local_sgd_many(sl_starts, concat_plans(plans, [self.offsets[r] for r in sl_runs]),
-                                               self.x, self.y, sl_lrs)
+                                               self.x, self.y, list(sl_lrs))
             for j, r in enumerate(sl_runs):
                 news[r] = {n: v[j] for n, v in out.items()}
                 server_steps[r] = plans[j].steps[0]
