@@ -231,3 +231,20 @@ def test_fednova_momentum_runs_stacked_as_one_by_one():
         assert all(torch.allclose(a.x[n], b.x[n], rtol=0, atol=1e-10) for n in a.x)
     with pytest.raises(ValueError, match="local step \\(rho\\) differs"):
         StackedSimulator([sim(1, 0.5), sim(2, 0.9)])
+
+
+@pytest.mark.parametrize("name,hp", [("scaffold", {}), ("feddyn", {"alpha": 0.3})])
+def test_client_rows_are_the_rows_update_writes(name, hp):
+    """A deployed client computes its own new table row with ``client_rows``; the server's ``update``
+    writes the same rows for the clients it sampled (bit for bit)."""
+    g = torch.Generator().manual_seed(1)
+    rule = make_rule(name, 1.0 if name == "scaffold" else None, **hp)
+    x = {"w": torch.randn(3, generator=g, dtype=torch.float64)}
+    st = rule.init_state(x, 4)
+    for k, v in st.items():
+        st[k] = {"w": torch.randn(v["w"].shape, generator=g, dtype=torch.float64)}
+    finals = {"w": x["w"] + torch.randn(2, 3, generator=g, dtype=torch.float64)}
+    _, out = rule.update(x, finals, HALF, IDS, st, ctx([2, 5]))
+    rows = rule.client_rows(x, finals, IDS, st, ctx([2, 5]))
+    assert rows.keys() == {k for k in out if k.endswith("_i")}
+    assert all(torch.equal(rows[k]["w"], out[k]["w"]) for k in rows)

@@ -15,7 +15,9 @@ and ``update`` (new global model and state from the clients' final models).
 Per-client tables are the state entries whose name ends in ``_i`` ([N, ...]). ``update``
 returns only the sampled clients' new rows for them ([S, ...]); the engine writes those
 rows into the tables at the end of the round. Copying an N×d table every round would
-cost more than the round (N = 1000 CIFAR clients: 2 GB).
+cost more than the round (N = 1000 CIFAR clients: 2 GB). A rule with tables also has
+``client_rows`` (the new rows alone, from what each client holds), which a deployed client
+calls to keep its own row (Flower) and ``update`` uses for the sampled ones.
 """
 
 from __future__ import annotations

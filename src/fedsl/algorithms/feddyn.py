@@ -31,12 +31,19 @@ class FedDyn:
     def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
         return Correction(prox=self.alpha, linear={n: -state["grad_i"][n][ids] for n in x})
 
+    def client_rows(self, x: Params, finals: Params, ids: torch.Tensor, state: State,
+                    ctx: RoundContext) -> State:
+        """The clients' new rows ∇L_i⁺ = ∇L_i - α(θ_i - θ^{t-1}): a client computes its own (Flower),
+        the server those it sampled."""
+        d = deltas(x, finals)
+        return {"grad_i": {n: state["grad_i"][n][ids] - self.alpha * d[n] for n in x}}
+
     def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
                ctx: RoundContext) -> tuple[Params, State]:
         d = deltas(x, finals)
-        grad_i, h, new = {}, {}, {}
+        grad_i = self.client_rows(x, finals, ids, state, ctx)["grad_i"]
+        h, new = {}, {}
         for n in x:
-            grad_i[n] = state["grad_i"][n][ids] - self.alpha * d[n]
             h[n] = state["h"][n] - self.alpha * d[n].sum(0) / ctx.num_clients
             new[n] = finals[n].mean(0) - h[n] / self.alpha
         # "grad_i" holds the sampled clients' new rows only (see base.ServerRule)

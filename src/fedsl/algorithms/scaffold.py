@@ -32,16 +32,23 @@ class Scaffold:
     def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
         return Correction(linear={n: state["c"][n] - state["c_i"][n][ids] for n in x})
 
+    def client_rows(self, x: Params, finals: Params, ids: torch.Tensor, state: State,
+                    ctx: RoundContext) -> State:
+        """The clients' new rows c_i⁺ = c_i - c + (x - y_i)/(K_i η_l), from what each holds (its c_i,
+        the c it received, its x_i): a client computes its own (Flower), the server those it sampled."""
+        d = deltas(x, finals)
+        scale = 1.0 / (ctx.steps.to(next(iter(x.values())).dtype) * ctx.local_lr)  # 1/(K_i η_l)
+        c_i = {}
+        for n in x:
+            s = scale.reshape(-1, *([1] * x[n].dim()))
+            c_i[n] = state["c_i"][n][ids] - state["c"][n] - s * d[n]
+        return {"c_i": c_i}
+
     def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
                ctx: RoundContext) -> tuple[Params, State]:
         d = deltas(x, finals)
-        scale = 1.0 / (ctx.steps.to(next(iter(x.values())).dtype) * ctx.local_lr)  # 1/(K_i η_l)
-        c, c_i = {}, {}
-        for n in x:
-            s = scale.reshape(-1, *([1] * x[n].dim()))
-            old = state["c_i"][n][ids]
-            c_i[n] = old - state["c"][n] - s * d[n]
-            c[n] = state["c"][n] + (c_i[n] - old).sum(0) / ctx.num_clients
+        c_i = self.client_rows(x, finals, ids, state, ctx)["c_i"]
+        c = {n: state["c"][n] + (c_i[n] - state["c_i"][n][ids]).sum(0) / ctx.num_clients for n in x}
         mean = weighted_mean(d, weights)
         # "c_i" holds the sampled clients' new rows only (see base.ServerRule)
         return {n: p + self.global_lr * mean[n] for n, p in x.items()}, {"c": c, "c_i": c_i}

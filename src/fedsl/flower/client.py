@@ -93,11 +93,10 @@ def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state
     correction = rule.correction(params, state, ids)
     stacked = sim.executor.local_sgd(params, plan, sim.fed.x, sim.fed.y, loc.lr, correction, alg.client_optimizer)
     new_rows: State = {}
-    if any(is_client_table(k) for k in state):
+    if any(is_client_table(k) for k in state):  # the rule's client_rows: this client's own new rows
         ctx = RoundContext(loc.lr, torch.tensor(plan.steps, device=sim.device), sim.fed.num_clients)
-        weights = torch.ones(1, dtype=torch.float64, device=sim.device)
-        _, out = rule.update(params, stacked, weights, ids, state, ctx)
-        new_rows = {k: {n: v[0] for n, v in out[k].items()} for k in out if is_client_table(k)}
+        out = rule.client_rows(params, stacked, ids, state, ctx)
+        new_rows = {k: {n: v[0] for n, v in out[k].items()} for k in out}
     return {n: v[0] for n, v in stacked.items()}, plan.steps[0], new_rows
 
 
