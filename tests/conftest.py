@@ -66,6 +66,20 @@ def run_rounds(sim, rounds, st=None):
     return st, infos
 
 
+@pytest.fixture
+def flower_task_identity():
+    """Flower's message API outside its runtime needs a task identity (in-process strategy tests)."""
+    from flwr.supercore.task_identity import TaskIdentity
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+    yield
+    TaskIdentity._run_id = TaskIdentity._node_id = TaskIdentity._task_id = None
+
+
+def max_diff(a: dict, b: dict) -> float:
+    """The largest |a - b| over two models' parameters (in float64, on the CPU)."""
+    return max((a[n].double().cpu() - b[n].double().cpu()).abs().max().item() for n in a)
+
+
 # A run that finishes in seconds: 6 clients of font-rendered characters, a small CNN.
 TINY = """
 name = "tiny"

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 pytest.importorskip("flwr")
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
-from conftest import run_rounds
+from conftest import max_diff, run_rounds
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.config import flatten_dict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.runner import prepare
@@ -70,13 +70,6 @@ class LoopGrid:
         return replies
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-    yield
-    TaskIdentity._run_id = TaskIdentity._node_id = TaskIdentity._task_id = None
-
-
 def run_flower(run_config: dict, partitions: dict[int, object] | None = None, fail=frozenset()):
     setup = load_setup(run_config)
     grid = LoopGrid(run_config, partitions or {100 + i: i for i in range(setup.num_clients)}, fail)
@@ -88,10 +81,6 @@ def run_flower(run_config: dict, partitions: dict[int, object] | None = None, fa
 def run_simulator(run_config: dict):
     cfg, _ = parse_run_config(run_config)
     return run_rounds(prepare(cfg).sim, cfg.rounds)
-
-
-def max_diff(a: dict, b: dict) -> float:
-    return max((a[n].double().cpu() - b[n].double().cpu()).abs().max().item() for n in a)
 
 
 # ----------------------------------------------------------------------------- parity with the simulator

@@ -157,13 +157,26 @@ class Deployment:
         return subprocess.run([str(BIN / "flwr"), *args], env=self.env(self.cli_home), cwd=self.cli_home,
                               capture_output=True, text=True, timeout=timeout, check=False)
 
-    def run_app(self, run_config: dict[str, object], timeout: float = 240.0,
-                extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-        """`flwr run examples/flower-app test --run-config ... --stream` (returns when the run ends)."""
+    @staticmethod
+    def _run_args(run_config: dict[str, object], extra: tuple[str, ...] = ()) -> list[str]:
         args = ["run", str(APP), "test", "--stream", *extra]
         for key, value in run_config.items():
             args += ["--run-config", f"{key}={_toml(value)}"]
-        return self.flwr(*args, timeout=timeout)
+        return args
+
+    def run_app(self, run_config: dict[str, object], timeout: float = 240.0,
+                extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        """`flwr run examples/flower-app test --run-config ... --stream` (returns when the run ends)."""
+        return self.flwr(*self._run_args(run_config, extra), timeout=timeout)
+
+    def start_app(self, run_config: dict[str, object]) -> subprocess.Popen:
+        """``run_app`` in the background (process "flwr-run", logged to flwr-run.log), for tests that
+        act while the run goes on; stopped with the deployment."""
+        with open(self.root / "flwr-run.log", "wb") as log:
+            run = subprocess.Popen([str(BIN / "flwr"), *self._run_args(run_config)], env=self.env(self.cli_home),
+                                   cwd=self.cli_home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs["flwr-run"], self.logs["flwr-run"] = run, self.root / "flwr-run.log"
+        return run
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill a process and everything it started (its process group): a crashed machine."""
@@ -337,13 +350,7 @@ def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     assert intruder.wait(timeout=60) != 0, _logs(dep)  # refused: it cannot activate, and exits
     assert "Failed to activate SuperNode" in dep.tail("intruder")
 
-    args = ["run", str(APP), "test", "--stream"]
-    for key, value in run_config.items():
-        args += ["--run-config", f"{key}={_toml(value)}"]
-    with open(dep.root / "flwr-run.log", "wb") as log:
-        run = subprocess.Popen([str(BIN / "flwr"), *args], env=dep.env(dep.cli_home), cwd=dep.cli_home, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    dep.procs["flwr-run"], dep.logs["flwr-run"] = run, dep.root / "flwr-run.log"
+    run = dep.start_app(run_config)
 
     def trains(name: str) -> int:
         return len(re.findall(r"Receiving: train message", dep.tail(name, 10**7)))
@@ -403,13 +410,7 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     dep.start_superlink()
     for i in range(3):
         dep.start_node(f"node{i}", i)
-    args = ["run", str(APP), "test", "--stream"]
-    for key, value in run_config.items():
-        args += ["--run-config", f"{key}={_toml(value)}"]
-    with open(dep.root / "flwr-run.log", "wb") as log:
-        run = subprocess.Popen([str(BIN / "flwr"), *args], env=dep.env(dep.cli_home), cwd=dep.cli_home, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    dep.procs["flwr-run"], dep.logs["flwr-run"] = run, dep.root / "flwr-run.log"
+    dep.start_app(run_config)
 
     def checkpoint_round() -> int:
         try:

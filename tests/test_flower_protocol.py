@@ -27,11 +27,11 @@ import pytest
 import torch
 
 pytest.importorskip("flwr")
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
-from conftest import run_rounds
+from conftest import max_diff, run_rounds
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, FedAvgM
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.runner import prepare
@@ -199,13 +199,6 @@ class Grid:
         return [self._replies.pop(i) for i in list(ids) if i in self._replies]
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-    yield
-    TaskIdentity._run_id = TaskIdentity._node_id = TaskIdentity._task_id = None
-
-
 def fedsl_nodes(n: int) -> dict[int, tuple[object, dict]]:
     app = make_client_app(APP)
     return {100 + i: (app, {"partition-id": i}) for i in range(n)}
@@ -225,10 +218,6 @@ def run_fedsl(run_config: dict, nodes: dict, **grid_kw) -> tuple[FedslStrategy, 
     strategy = FedslStrategy(setup)
     strategy.start(grid, to_record(strategy.state.x), num_rounds=setup.cfg.rounds, timeout=5.0)
     return strategy, grid
-
-
-def max_diff(a: dict, b: dict) -> float:
-    return max((a[n].double().cpu() - b[n].double().cpu()).abs().max().item() for n in a)
 
 
 def trains(grid: Grid) -> list[Message]:

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 pytest.importorskip("flwr")
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
-from conftest import run_rounds
+from conftest import max_diff, run_rounds
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.runner import prepare
@@ -103,23 +103,12 @@ class Nodes:
         return [self._replies.pop(i) for i in list(ids) if i in self._replies]
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-    yield
-    TaskIdentity._run_id = TaskIdentity._node_id = TaskIdentity._task_id = None
-
-
 def run_flower(run_config: dict, partitions: dict[int, int] | None = None, **grid_kw) -> tuple[FedslStrategy, Nodes]:
     setup = load_setup(run_config)
     grid = Nodes(run_config, partitions or HONEST, **grid_kw)
     strategy = FedslStrategy(setup)
     strategy.start(grid, to_record(strategy.state.x), num_rounds=setup.cfg.rounds, timeout=5.0)
     return strategy, grid
-
-
-def max_diff(a: dict, b: dict) -> float:
-    return max((a[n].double().cpu() - b[n].double().cpu()).abs().max().item() for n in a)
 
 
 def finite(params: dict) -> bool:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean
+from fedsl.algorithms.base import RoundContext, State, deltas, weighted_mean
+from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.spec import HyperParam, Spec
 from fedsl.core.types import Params
 
@@ -62,18 +63,15 @@ def make_client(rho: float = 0.0) -> HeavyBall | None:
 
 
 @dataclass(frozen=True)
-class FedNova:
-    """Attributes: global_lr: η_g (FedNova's paper: 1); rho: ρ, the clients' local momentum."""
+class FedNova(FedAvg):
+    """FedAvg's stateless rule with normalised averaging.
+
+    Attributes: global_lr: η_g (FedNova's paper: 1); rho: ρ, the clients' local momentum.
+    """
 
     global_lr: float = 1.0
     rho: float = 0.0
     name: str = field(default="fednova", init=False)
-
-    def init_state(self, x: Params, num_clients: int) -> State:
-        return {}
-
-    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
-        return Correction()
 
     def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
                ctx: RoundContext) -> tuple[Params, State]:
