@@ -59,6 +59,52 @@ def _clean_errors(fn):
     return wrapper
 
 
+PARALLEL_HELP = ("run the sweep's runs side by side in N processes on this machine, one torch thread each "
+                 "(0 = one per core; default: one after another)")
+RAY_HELP = ("run the sweep's runs as tasks on a Ray cluster: HOST:PORT of its head (`ray start --head`), 'auto', or "
+            "'local' (Ray on this machine); the --out folder must be on a filesystem all nodes share; "
+            "needs the [ray] extra")
+RAY_RESOURCES_HELP = "resources of each run's Ray task, e.g. 'cpus=2,gpus=0.5,memory=4GB' (default: cpus=threads or 1)"
+
+
+def _backend(parallel: Optional[int], ray: Optional[str], ray_resources: Optional[str], quiet: bool):
+    """The backend of --parallel / --ray (None: runs one after another in this process). Ray is
+    imported only with --ray."""
+    if parallel is not None and ray is not None:
+        raise UserError(f"--parallel {parallel} and --ray {ray!r}: expected one of them (Ray runs the tasks "
+                        "side by side itself)")
+    if ray_resources is not None and ray is None:
+        raise UserError(f"--ray-resources {ray_resources!r}: expected together with --ray ADDRESS")
+    if ray is not None:
+        from fedsl.experiments.ray_backend import RayBackend, parse_resources
+        backend = RayBackend(ray.strip(), parse_resources(ray_resources), quiet=quiet)
+        backend.check()  # Ray installed, the address answers: before any check or run
+        return backend
+    if parallel is None or parallel == 1:
+        return None
+    if not 0 <= parallel <= 1024:
+        raise UserError(f"--parallel {parallel}: expected a number of processes from 0 (one per core) to 1024")
+    from fedsl.experiments.parallel import LocalPool, default_workers
+    return LocalPool(parallel or default_workers(), quiet=quiet)
+
+
+def _connected(backend):
+    """Join the Ray cluster first (a bad address: one line, before any run starts); leave it after."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def cm():
+        if backend is None or not hasattr(backend, "connect"):
+            yield
+            return
+        backend.connect()
+        try:
+            yield
+        finally:
+            backend.close()
+    return cm()
+
+
 def _print_tables(path: Path, title: str) -> None:
     """Per-run table, and per-variant means ± std when a variant ran with several seeds."""
     from fedsl.report.tables import RUN_COLUMNS, VARIANT_COLUMNS, fmt, run_rows, variant_rows
@@ -101,8 +147,13 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         variants: Optional[str] = typer.Option(None, "--variants", help="run only these variants, e.g. "
                                                                        "--variants FSL,SCAFFOLD"),
         yes: bool = typer.Option(False, "--yes", "-y", help=f"run a sweep of more than {BIG_SWEEP} runs"),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
+        parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP, show_default=False),
+        ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP, show_default=False),
+        ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP,
+                                                    show_default=False)) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
+    backend = _backend(parallel, ray, ray_resources, quiet)
     cfg = _load_config(config, preset, set_, data_dir, quick)
     if variants is not None:
         names = [v.strip() for v in variants.split(",") if v.strip()]
@@ -135,8 +186,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     from fedsl.report.tables import write_comparison
     log = (lambda s: None) if quiet else (lambda s: console.print(s, markup=False, highlight=False))
     from fedsl.experiments.results import folder_lock
-    with folder_lock(out), terminate_as_interrupt():
-        run_group(cfg, out, log=log, progress=None if not quiet else False, built=built)
+    with folder_lock(out), terminate_as_interrupt(), _connected(backend):
+        run_group(cfg, out, log=log, progress=None if not quiet else False, built=built, backend=backend)
     write_comparison(out)
     _print_tables(out, f"{cfg.name}  ({out})")
     if len(cfg.variants) > 1 or len(cfg.seeds) > 1:
@@ -146,8 +197,13 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
 @app.command()
 @_clean_errors
 def resume(path: Path = typer.Argument(..., help="a run or group folder"),
-           quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+           quiet: bool = typer.Option(False, "--quiet", "-q"),
+           parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP, show_default=False),
+           ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP, show_default=False),
+           ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP,
+                                                       show_default=False)) -> None:
     """Continue an interrupted run (or group of runs) from its last checkpoint."""
+    backend = _backend(parallel, ray, ray_resources, quiet)
     from fedsl.experiments import config as C
     from fedsl.experiments.compare import group_config, group_runs, is_group, run_group
     from fedsl.experiments.interrupts import terminate_as_interrupt
@@ -160,9 +216,9 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
     if group_cfg is None and not any(rd.is_run() for rd in runs.values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
     from fedsl.experiments.results import folder_lock
-    with folder_lock(path), terminate_as_interrupt():
+    with folder_lock(path), terminate_as_interrupt(), _connected(backend if group_cfg is not None else None):
         if group_cfg is not None:  # the group's own config: unstarted runs start, the others continue
-            run_group(group_cfg, path, resume=True, log=log, progress=progress)
+            run_group(group_cfg, path, resume=True, log=log, progress=progress, backend=backend)
         else:
             for name, rd in runs.items():
                 if rd.read_summary().get("status") in ("completed", "diverged"):

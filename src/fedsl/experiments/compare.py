@@ -22,10 +22,15 @@ def is_group(path: str | Path) -> bool:
 
 
 def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=print, progress=None,
-              built: dict[str, runner.Built] | None = None) -> list[dict]:
+              built: dict[str, runner.Built] | None = None, backend=None) -> list[dict]:
     """Run every (variant, seed) of ``cfg``; a config without variants is a group of one.
 
     ``built``: run name -> what ``runner.check_all`` built of it (taken over, not built again).
+    ``backend``: None runs the pending runs here, one after another (or stacked); otherwise an
+    object whose ``run_units(out, units, resume=, log=)`` runs the units (lists of run names
+    that advance together, with their configs) side by side and returns run -> summary
+    (``fedsl.experiments.parallel.LocalPool``, ``fedsl.experiments.ray_backend.RayBackend``).
+    Either way every run writes the same files into ``out/RUN/``.
     """
     out = Path(out)
     built = dict(built or {})
@@ -50,29 +55,51 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
             summaries[rname] = rd.read_summary()
         else:
             pending[rname] = rcfg
-    for names in stack_groups(pending, out, resume):
-        if len(names) > 1:
-            try:
-                outs = [out / n for n in names]
-                for n, s in zip(names, runner.run_stacked([pending[n] for n in names], outs, resume=resume,
-                                                          log=log, progress=progress,
-                                                          built=[built.pop(n, None) for n in names])):
-                    summaries[n] = s
-                continue
-            except Exception as e:  # noqa: BLE001 — recorded per run below; the sweep goes on
-                log(f"stacked runs {', '.join(names)}: failed ({type(e).__name__}: {e}); running them one by one")
-        for rname in names:
-            rd = RunDir(out / rname)
-            if rd.read_summary().get("status") in FINISHED:  # finished inside a stack before it failed
-                summaries[rname] = rd.read_summary()
-                continue
-            try:
-                summaries[rname] = runner.run(pending[rname], rd.path, resume=resume and rd.is_run(), log=log,
-                                              progress=progress, built=built.pop(rname, None))
-            except Exception as e:  # noqa: BLE001 — one failed run must not stop a sweep; it is recorded
-                log(f"{rname}: failed ({type(e).__name__}: {e}); the group goes on")
-                summaries[rname] = rd.read_summary()
+    units = [(names, [pending[n] for n in names]) for names in stack_groups(pending, out, resume)]
+    if backend is None:
+        for names, cfgs in units:
+            summaries.update(run_unit(out, names, cfgs, resume=resume, log=log, progress=progress,
+                                      built=[built.pop(n, None) for n in names]))
+    else:  # side by side (fedsl.experiments.parallel), into the same run folders
+        summaries.update(backend.run_units(out, units, resume=resume, log=log))
     return [summaries[r] for r in runs]
+
+
+def run_unit(out: Path, names: list[str], cfgs: list[RunConfig], *, resume: bool, log=print, progress=None,
+             built: list | None = None) -> dict[str, dict]:
+    """Run one unit of a group (one run, or runs advanced together as a stack) into ``out/NAME``;
+    returns run -> summary. A failed stack falls back to one run at a time; a failed run is
+    recorded in its summary and does not raise. Runs already finished (a unit retried after its
+    worker was lost) are skipped; interrupted ones continue from their checkpoints."""
+    summaries: dict[str, dict] = {}
+    built = built or [None] * len(names)
+    pending = [i for i, n in enumerate(names) if RunDir(out / n).read_summary().get("status") not in FINISHED]
+    for i, n in enumerate(names):
+        if i not in pending:
+            summaries[n] = RunDir(out / n).read_summary()
+    if len(pending) > 1:
+        try:
+            outs = [out / names[i] for i in pending]
+            for i, s in zip(pending, runner.run_stacked([cfgs[i] for i in pending], outs, resume=resume,
+                                                         log=log, progress=progress,
+                                                         built=[built[i] for i in pending])):
+                summaries[names[i]] = s
+            return summaries
+        except Exception as e:  # noqa: BLE001 — recorded per run below; the sweep goes on
+            log(f"stacked runs {', '.join(names[i] for i in pending)}: failed ({type(e).__name__}: {e}); "
+                "running them one by one")
+    for i in pending:
+        rname, rd = names[i], RunDir(out / names[i])
+        if rd.read_summary().get("status") in FINISHED:  # finished inside a stack before it failed
+            summaries[rname] = rd.read_summary()
+            continue
+        try:
+            summaries[rname] = runner.run(cfgs[i], rd.path, resume=resume and rd.is_run(), log=log,
+                                          progress=progress, built=built[i])
+        except Exception as e:  # noqa: BLE001 — one failed run must not stop a sweep; it is recorded
+            log(f"{rname}: failed ({type(e).__name__}: {e}); the group goes on")
+            summaries[rname] = rd.read_summary()
+    return summaries
 
 
 MODEL_PARAMS = {"cifar_cnn": 545_098, "emnist_cnn": 1_409_197}  # d of the paper's models (tests check)

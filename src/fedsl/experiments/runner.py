@@ -26,6 +26,7 @@ from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import RoundInfo, RunState, Simulator
 from fedsl.engine.stacked import StackedSimulator, same_tensor
+from fedsl.experiments import threads
 from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.results import RunDir
 from fedsl.models import build_model
@@ -208,10 +209,9 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     """
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
-    if cfg.threads:
-        # process-wide: with other work on the cores, spinning OpenMP threads wait on each
-        # other (measured: 2 threads 10x slower than 1 on a loaded 2-core machine)
-        torch.set_num_threads(cfg.threads)
+    # process-wide: with other work on the cores, spinning OpenMP threads wait on each other
+    # (measured: 2 threads 10x slower than 1 on a loaded 2-core machine); 0 = a safe automatic number
+    threads.apply(cfg.threads)
     if device.type == "cuda":
         # cuDNN's fastest convolution backward accumulates with atomics: results then agree
         # to rounding only, run to run; deterministic algorithms make them bit-identical.
@@ -321,6 +321,7 @@ class RunSession:
         self.summary.update({
             "name": cfg.name, "algorithm": prep.algorithm.name, "dataset": cfg.data.dataset, "seed": cfg.seed,
             "rounds": cfg.rounds, "device": str(prep.device), "executor": sim.executor.name,
+            "threads": torch.get_num_threads(),
             "server_data": {"size": fed.n0, "class_histogram": fed.server_histogram()},
             "test_data": {"size": len(fed.y_test),
                           "class_histogram": torch.bincount(fed.y_test.cpu(), minlength=fed.num_classes).tolist()},

@@ -1,0 +1,123 @@
+"""A sweep's runs side by side on this machine: ``fedsl run --parallel N`` (and ``fedsl resume``).
+
+Design (measured in ``benchmarks/bench_parallel.py``, results in ``benchmarks/RESULTS.md``):
+a pool of N worker processes (``spawn``, so no torch or OpenMP state is inherited), each
+running one unit of the group at a time (one run, or a stack of runs on a GPU) with
+``cores / N`` torch threads (``FEDSL_CONCURRENT_RUNS``, see ``fedsl.experiments.threads``).
+Workers write into the group folder themselves, exactly the files a serial run writes; the
+driver (the ``fedsl`` process) shows the sweep's progress and collects the summaries. A
+process pool starts in ~2 s and needs nothing beyond the standard library; a local Ray
+(``--ray local``) does the same with Ray's scheduler.
+
+With one thread per run, results are bit-identical to a serial run with ``threads = 1``.
+Ctrl-C or SIGTERM: every worker checkpoints its run (status ``interrupted``) and
+``fedsl resume`` continues the group, in parallel or not.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Callable
+
+from fedsl.experiments.threads import CONCURRENT_ENV, usable_cores
+
+Log = Callable[[str], None]
+
+
+def default_workers() -> int:
+    """One worker per core this process may use."""
+    return usable_cores()
+
+
+def _init_worker(workers: int, quiet: bool) -> None:
+    os.environ[CONCURRENT_ENV] = str(workers)
+    # Ctrl-C reaches every process of the terminal's group: the driver alone decides, and
+    # sends the workers SIGTERM (their runs then checkpoint, see ``_work``)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    global _QUIET
+    _QUIET = quiet
+
+
+_QUIET = False
+
+
+def _work(out: str, names: list[str], cfgs: list[dict], resume: bool) -> dict[str, dict]:
+    """In a worker: run one unit into ``out`` (SIGTERM: the runs checkpoint as interrupted)."""
+    from fedsl.experiments.compare import run_unit
+    from fedsl.experiments.config import validate
+    from fedsl.experiments.interrupts import terminate_as_interrupt
+
+    def log(s: str) -> None:
+        if not _QUIET:
+            print(s, flush=True)
+
+    with terminate_as_interrupt():
+        return run_unit(Path(out), names, [validate(c) for c in cfgs], resume=True, log=log, progress=False)
+
+
+def describe(summary: dict) -> str:
+    acc = summary.get("final_accuracy")
+    return f"{summary.get('status', 'no summary')}" + (f", final accuracy {acc:.4f}" if isinstance(acc, float) else "")
+
+
+class LocalPool:
+    """Run a group's units in ``workers`` processes on this machine."""
+
+    def __init__(self, workers: int, quiet: bool = False) -> None:
+        self.workers = max(1, workers)
+        self.quiet = quiet
+
+    def __repr__(self) -> str:
+        return f"LocalPool({self.workers})"
+
+    def run_units(self, out: Path, units: list[tuple[list[str], list]], *, resume: bool, log: Log = print
+                  ) -> dict[str, dict]:
+        """Run ``units`` ((run names, their configs) each) side by side; run name -> summary.
+
+        ``resume`` is implied per run (a run folder with a config continues from its checkpoint).
+        """
+        if not units:
+            return {}
+        from fedsl.experiments.results import RunDir
+        total = sum(len(n) for n, _ in units)
+        n_workers = min(self.workers, len(units))
+        log(f"running {total} run{'s' if total != 1 else ''} in {n_workers} worker processes "
+            f"({max(1, usable_cores() // self.workers)} torch thread{'s' if usable_cores() // self.workers > 1 else ''} each)")
+        summaries: dict[str, dict] = {}
+        pool = ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_worker, initargs=(self.workers, self.quiet))
+        t0 = time.monotonic()
+        try:
+            futures = {pool.submit(_work, str(out), names, [c.model_dump() for c in cfgs], resume): names
+                       for names, cfgs in units}
+            left = set(futures)
+            while left:
+                done, left = wait(left, return_when=FIRST_COMPLETED)
+                for f in done:
+                    names = futures[f]
+                    try:
+                        got = f.result()
+                    except Exception as e:  # noqa: BLE001 — a worker died (kill -9, out of memory): recorded
+                        log(f"{', '.join(names)}: worker failed ({type(e).__name__}: {e}); "
+                            "`fedsl resume` continues from the last checkpoint")
+                        got = {n: RunDir(out / n).read_summary() for n in names}
+                    summaries.update(got)
+                    for n in names:
+                        log(f"[{len(summaries)}/{total} runs, {time.monotonic() - t0:.0f} s] {n}: "
+                            f"{describe(got.get(n, {}))}")
+        except BaseException:
+            # Ctrl-C / SIGTERM of the driver: the workers checkpoint their runs and stop
+            for p in list(getattr(pool, "_processes", {}).values()):
+                try:
+                    os.kill(p.pid, signal.SIGTERM)
+                except (ProcessLookupError, AttributeError):
+                    pass
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return summaries
