@@ -31,6 +31,7 @@ import re
 import secrets
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -128,6 +129,9 @@ class RayBackend:
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
         kwargs = dict(logging_level="ERROR", log_to_driver=not self.quiet, configure_logging=True,
                       runtime_env={"env_vars": env} if env else None)
+        # Ray's notice that a future version will leave CUDA_VISIBLE_DEVICES alone for tasks without
+        # GPUs: today's behaviour (such tasks see no GPU) is the one fedsl wants
+        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
         try:
             if self.address == "local":
                 ray.init(include_dashboard=False, **kwargs)

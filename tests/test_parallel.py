@@ -1,0 +1,103 @@
+"""A sweep's runs side by side on one machine (`fedsl run --parallel N`) and the automatic thread count."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsl.experiments import config as C
+from fedsl.experiments import threads
+from fedsl.experiments.compare import run_group
+
+from conftest import TINY
+from test_group_faults import assert_same_group
+
+SWEEP = '\n[sweep]\n"server.gamma" = [0.5, 1.0, 1.5]\n'
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def sweep_config(tmp_path: Path, rounds: int) -> Path:
+    p = tmp_path / "sweep.toml"
+    p.write_text("threads = 1\n" + TINY.format(rounds=rounds, alg="fsl", dtype="float32", executor="sequential")
+                 + SWEEP)
+    return p
+
+
+def fedsl(*args):
+    return subprocess.run([sys.executable, "-m", "fedsl.cli", *args], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+
+
+@pytest.mark.slow
+def test_parallel_sweep_interrupted_and_resumed_equals_serial_and_never_imports_ray(tmp_path):
+    cfg_file = sweep_config(tmp_path, rounds=20)
+    out = tmp_path / "par"
+    # the driver is SIGTERMed mid-sweep: its workers checkpoint their runs, `fedsl resume --parallel` finishes them
+    code = ("import sys; from fedsl.cli import main; rc = main(sys.argv[1:]); "
+            "assert 'ray' not in sys.modules, 'ray was imported'; sys.exit(rc)")
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", str(cfg_file), "--out", str(out), "--parallel", "2"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        busy = [m.parent for m in out.glob("*/metrics.csv") if len(m.read_text().splitlines()) >= 6
+                and not (m.parent / "summary.json").exists()]
+        if len(busy) == 2:  # two runs side by side, in the middle
+            break
+        time.sleep(0.02)
+    assert len(busy) == 2, "two runs should be in progress side by side"
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stdout[-3000:]
+    assert all('"status": "interrupted"' in (d / "summary.json").read_text() for d in busy), stdout[-3000:]
+    done = sum('"status": "completed"' in s.read_text() for s in out.glob("*/summary.json"))
+
+    r = subprocess.run([sys.executable, "-c", code, "resume", str(out), "--parallel", "2"], env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"running {3 - done} runs in 2 worker processes (1 torch thread each)" in r.stdout
+    serial = tmp_path / "serial"
+    run_group(C.load(cfg_file), serial, log=lambda s: None, progress=False)
+    assert_same_group(out, serial)
+    status = fedsl("sweep", "status", str(out))
+    assert status.returncode == 0 and "3 completed" in status.stdout, status.stdout + status.stderr
+
+
+def test_bad_parallel_options_are_one_line(tmp_path):
+    cfg_file = sweep_config(tmp_path, rounds=1)
+    for args, expected in ((["--parallel", "-1"], "--parallel -1: expected a number of processes"),
+                           (["--parallel", "2", "--ray", "auto"], "expected one of them"),
+                           (["--ray-resources", "cpus=1"], "expected together with --ray")):
+        r = fedsl("run", str(cfg_file), "--out", str(tmp_path / "x"), *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and expected in r.stderr, (args, r.stderr)
+
+
+def test_automatic_threads_rule():
+    rule = threads.choose_threads
+    assert rule(current=2, cores=2) == 2  # an idle 2-core machine: torch's default
+    assert rule(current=8, cores=2) == 2  # never more than the cores this process may use (affinity)
+    assert rule(current=2, cores=2, omp=1) == 1  # OMP_NUM_THREADS (a scheduler, Ray) is obeyed
+    assert rule(current=2, cores=2, concurrent=2) == 1  # two runs side by side: one core each
+    assert rule(current=16, cores=16, concurrent=3) == 5
+    assert rule(current=2, cores=2, concurrent=8) == 1  # at least one
+    assert rule(current=2, cores=2, load=1.2) == 1  # another process keeps a core busy
+    assert rule(current=4, cores=4, load=16.0) == 1  # a crowded machine: one thread, no spinning
+    assert rule(current=2, cores=2, load=0.3) == 2
+    assert rule(current=1, cores=8) == 1  # a caller's torch.set_num_threads(1) is never raised
+
+
+def test_automatic_threads_never_raise_the_callers_setting(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setattr(threads, "_chosen", None)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert threads.apply(0) == 1 and torch.get_num_threads() == 1
+        assert threads.apply(2) == 2 and torch.get_num_threads() == 2  # threads = N is N
+        assert threads.apply(0) == 1  # chosen once per process (here: 1, the setting at the first call)
+    finally:
+        torch.set_num_threads(before)
