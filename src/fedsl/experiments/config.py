@@ -260,8 +260,13 @@ class RunConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
     executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")
-    threads: int = Field(0, ge=0, le=1024, description="torch intra-op threads of the process (0 = torch's default). On a "
-                                              "busy 2-core machine 1 thread ran CIFAR rounds 10x faster than 2")
+    threads: int = Field(0, ge=0, le=1024, description="torch intra-op threads of the process. 0 = safe automatic: the "
+                                              "smallest of torch's current setting, the cores this process may use "
+                                              "(affinity), OMP_NUM_THREADS if set, the cores / runs side by side "
+                                              "(--parallel), and the cores the load average leaves free; chosen once "
+                                              "per process. On a busy 2-core machine 1 thread ran CIFAR rounds 10x "
+                                              "faster than 2. Results depend on it in the last bits: set N for "
+                                              "bit-identical reruns across machines and loads")
     deterministic: bool = Field(False, description="CUDA: deterministic cuDNN convolutions, so that a resumed run "
                                                    "equals an uninterrupted one bit for bit (slower); CPU runs always are")
     stack: int | Literal["auto"] = Field(

@@ -168,8 +168,9 @@ class RayBackend:
         remote = ray.remote(_task)
         total = sum(len(n) for n, _ in units)
         res = ray.cluster_resources()
+        alive = len([n for n in ray.nodes() if n.get("Alive")])
         log(f"running {total} run{'s' if total != 1 else ''} as {len(units)} Ray task{'s' if len(units) != 1 else ''} "
-            f"on {len([n for n in ray.nodes() if n.get('Alive')])} nodes ({res.get('CPU', 0):g} CPUs, "
+            f"on {alive} node{'s' if alive != 1 else ''} ({res.get('CPU', 0):g} CPUs, "
             f"{res.get('GPU', 0):g} GPUs)")
         summaries: dict[str, dict] = {}
         refs = {}
