@@ -56,6 +56,24 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def clone_state(st):
+    """A deep copy of a RunState: ``Simulator.round`` writes the sampled rows of the clients' tables in place."""
+    from fedsl.algorithms.base import RunState
+
+    def copy(group):
+        return {k: {n: p.clone() for n, p in v.items()} for k, v in group.items()}
+
+    return RunState({n: p.clone() for n, p in st.x.items()}, copy(st.algo), st.gamma, copy(st.clients))
+
+
+def flat_state(st) -> dict:
+    """Every tensor of a RunState by a flat name: x.NAME, KEY.NAME (server state), clients.KEY.NAME."""
+    out = {f"x.{n}": p for n, p in st.x.items()}
+    out.update({f"{k}.{n}": p for k, v in st.algo.items() for n, p in v.items()})
+    out.update({f"clients.{k}.{n}": p for k, v in st.clients.items() for n, p in v.items()})
+    return out
+
+
 def run_rounds(sim, rounds, st=None):
     """``rounds`` rounds of ``sim`` from ``st`` (default: its initial state); returns (state, infos)."""
     st = sim.initial_state() if st is None else st

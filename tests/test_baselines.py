@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import random_federation, run_rounds
+from conftest import clone_state, flat_state, random_federation, run_rounds
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
@@ -44,19 +44,13 @@ def _sim(name, fed, *, executor=SequentialExecutor, model="mlp", local=LocalTrai
     return Simulator(fm, fed, alg, executor(fm), S, seed=seed)
 
 
-def _clone(st: RunState) -> RunState:
-    """A deep copy: ``Simulator.round`` writes the sampled rows of per-client tables in place."""
-    return RunState({n: p.clone() for n, p in st.x.items()},
-                    {k: {n: p.clone() for n, p in v.items()} for k, v in st.algo.items()}, st.gamma)
+_clone = clone_state
 
 
 _run = run_rounds
 
 
-def _flat(st: RunState) -> dict:
-    out = {f"x.{n}": p for n, p in st.x.items()}
-    out.update({f"{k}.{n}": p for k, v in st.algo.items() for n, p in v.items()})
-    return out
+_flat = flat_state
 
 
 def _equal(a: RunState, b: RunState) -> bool:
@@ -101,7 +95,7 @@ def _local(sim, x, plan, j, prox=0.0, linear=None):
 def _scaffold_by_hand(sim, before: RunState, t):
     """Round t of SCAFFOLD (option II) from ``before``: (ids, K_i, x̄, c, sampled c_i⁺)."""
     ids, plan = _plan(sim, t)
-    x, c, c_i = before.x, before.algo["c"], before.algo["c_i"]
+    x, c, c_i = before.x, before.algo["c"], before.clients["c_i"]
     eta_l, N = sim.alg.local.lr, sim.fed.num_clients
     ys = [_local(sim, x, plan, j, linear={n: c[n] - c_i[n][i] for n in x}) for j, i in enumerate(ids)]
     new_ci = [{n: c_i[n][i] - c[n] + (x[n] - y[n]) / (plan.steps[j] * eta_l) for n in x}
@@ -114,7 +108,7 @@ def _scaffold_by_hand(sim, before: RunState, t):
 def _feddyn_by_hand(sim, before: RunState, t):
     """Round t of FedDyn from ``before``: (ids, θ_i, θ^t, h, sampled ∇L_i⁺)."""
     ids, plan = _plan(sim, t)
-    x, h, gi = before.x, before.algo["h"], before.algo["grad_i"]
+    x, h, gi = before.x, before.algo["h"], before.clients["grad_i"]
     alpha, N = sim.alg.rule.alpha, sim.fed.num_clients
     thetas = [_local(sim, x, plan, j, prox=alpha, linear={n: -gi[n][i] for n in x}) for j, i in enumerate(ids)]
     new_gi = [{n: gi[n][i] - alpha * (th[n] - x[n]) for n in x} for i, th in zip(ids, thetas)]
@@ -260,7 +254,7 @@ def test_scaffold_full_participation_one_full_batch_step_is_gradient_descent(exe
         _close(st.x, w)
         _close(st.algo["c"], g)  # c = ∇F(x_t) ...
         for i in range(4):  # ... and c_i = ∇f_i(x_t)
-            _close({n: st.algo["c_i"][n][i] for n in w}, g_i[i])
+            _close({n: st.clients["c_i"][n][i] for n in w}, g_i[i])
 
 
 def test_scaffold_option_ii_control_variates_by_hand():
@@ -276,9 +270,9 @@ def test_scaffold_option_ii_control_variates_by_hand():
         _close(st.x, x_bar)
         _close(st.algo["c"], c)
         for i, row in zip(ids, c_i):
-            _close({n: st.algo["c_i"][n][i] for n in row}, row)
+            _close({n: st.clients["c_i"][n][i] for n in row}, row)
         for i in sorted(set(range(fed.num_clients)) - set(ids.tolist())):
-            assert all(torch.equal(st.algo["c_i"][n][i], before.algo["c_i"][n][i]) for n in st.x)
+            assert all(torch.equal(st.clients["c_i"][n][i], before.clients["c_i"][n][i]) for n in st.x)
     assert len(set(steps)) > 1  # uneven K_i
     assert all(st.algo["c"][n].abs().max() > 0 for n in st.x)
 
@@ -300,10 +294,10 @@ def test_feddyn_server_state_identity_and_update_by_hand():
         _close(st.x, theta)
         _close(st.algo["h"], h)
         for i, row in zip(ids, grad_i):
-            _close({n: st.algo["grad_i"][n][i] for n in row}, row)
+            _close({n: st.clients["grad_i"][n][i] for n in row}, row)
         for i in sorted(set(range(N)) - set(ids.tolist())):
-            assert all(torch.equal(st.algo["grad_i"][n][i], before.algo["grad_i"][n][i]) for n in st.x)
-        _close(st.algo["h"], {n: st.algo["grad_i"][n].sum(0) / N for n in st.x})
+            assert all(torch.equal(st.clients["grad_i"][n][i], before.clients["grad_i"][n][i]) for n in st.x)
+        _close(st.algo["h"], {n: st.clients["grad_i"][n].sum(0) / N for n in st.x})
     assert all(st.algo["h"][n].abs().max() > 1e-4 for n in st.x)
 
 
@@ -352,18 +346,18 @@ def test_next_round_clients_receive_the_post_sl_model(name):
         hand = by_hand(with_sl, before, t)  # clients start from, and are corrected against, before.x
         st, info = with_sl.round(st, t)
         assert info.server_steps == 2
-        x_sl, _ = with_sl.server_sgd(bar.x, t, 0.9)
+        x_sl, _ = with_sl.server_sgd(bar.x, t, 0.9 * 0.2)  # γ·η0
         assert all(torch.equal(st.x[n], x_sl[n]) for n in st.x)  # x_{t+1} = SL(x̄_t)
         assert _equal(RunState({}, st.algo), RunState({}, bar.algo))  # SL leaves the rule's state alone
         _close(bar.x, hand[2])
         if name == "scaffold":
             _close(st.algo["c"], hand[3])
             for i, row in zip(hand[0], hand[4]):
-                _close({n: st.algo["c_i"][n][i] for n in row}, row)
+                _close({n: st.clients["c_i"][n][i] for n in row}, row)
         else:
             _close(st.algo["h"], hand[3])
             for i, row in zip(hand[0], hand[4]):
-                _close({n: st.algo["grad_i"][n][i] for n in row}, row)
+                _close({n: st.clients["grad_i"][n][i] for n in row}, row)
         assert not all(torch.equal(st.x[n], bar.x[n]) for n in st.x)  # SL did move the model
 
 
@@ -408,11 +402,30 @@ def test_stateful_rules_resume_bit_identically(tmp_path, alg, server):
     b = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)
     assert a["round"] == b["round"] == 7 and a["gamma"] == b["gamma"]
     assert _nested_equal(a["params"], b["params"])
-    assert set(a["algo"]) == ({"c", "c_i"} if alg == "scaffold" else {"h", "grad_i"})
-    assert _nested_equal(a["algo"], b["algo"])
+    assert set(a["algo"]) == ({"c"} if alg == "scaffold" else {"h"})
+    assert set(a["clients"]) == ({"c_i"} if alg == "scaffold" else {"grad_i"})
+    assert _nested_equal(a["algo"], b["algo"]) and _nested_equal(a["clients"], b["clients"])
     if alg == "scaffold":
         assert all(r["gamma"] is not None and r["cos_theta"] is not None for r in full[1:])  # row 0 is x_0
         assert len({r["gamma"] for r in full}) > 1  # the adaptive γ moved: its state was resumed too
+
+
+def test_checkpoints_with_the_tables_in_algo_still_resume_bit_identically(tmp_path):
+    """Checkpoints written before the clients' states had their own entry kept SCAFFOLD's c_i in
+    ``algo``: resuming one moves it to ``RunState.clients`` and continues as if never stopped."""
+    cfg = _cfg("feddyn", model="mlp")
+    quiet = {"log": lambda s: None, "progress": False}
+    run(cfg, tmp_path / "full", **quiet)
+    run(cfg, tmp_path / "part", stop_after=3, **quiet)
+    path = tmp_path / "part" / "checkpoint.pt"
+    blob = torch.load(path, weights_only=True)
+    assert max(v.abs().max() for v in blob["clients"]["grad_i"].values()) > 0  # the tables hold real rows
+    blob["algo"].update(blob.pop("clients"))  # the old format
+    torch.save(blob, path)
+    run(cfg, tmp_path / "part", resume=True, **quiet)
+    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)
+    b = torch.load(path, weights_only=True)
+    assert _nested_equal(a["params"], b["params"]) and _nested_equal(a["clients"], b["clients"])
 
 
 # ---------------------------------------------------------------- 5. config errors

@@ -115,7 +115,10 @@ def test_flower_peer_runs_fedavg_rounds(one_thread):
     peer = FlowerPeer(w, make_data(w), torch.device("cpu"))
     assert peer.available, peer.why_not
     peer.setup()
-    times = peer.run(2)
+    try:
+        times = peer.run(2)
+    finally:
+        peer.close()  # the loggers' levels back, for the tests after this one
     assert len(times) == 2 and all(t > 0 for t in times)
     assert peer.extra["startup_s"] > 0 and peer.extra["actor_peak_mb"] > 0
     assert not FlowerPeer(replace(w, seeds=2), make_data(w), torch.device("cpu")).available

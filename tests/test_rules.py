@@ -1,6 +1,7 @@
 """Server rules as pure functions (hand-computed updates, invariants), and the spec registry.
 
-No Simulator here: each rule's ``update`` is called on small tensors whose result is known.
+No Simulator here: each algorithm's client half (``client_update``, ``client_final``) and server half
+(``server_update``) are called on small tensors whose result is known.
 """
 
 import math
@@ -8,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fedsl.algorithms import ALGORITHMS, SPECS, RoundContext, make_algorithm, make_rule, spec
+from fedsl.algorithms import ALGORITHMS, SPECS, RoundContext, client_update, make_algorithm, make_rule, spec
 from fedsl.algorithms.base import LocalTraining
 from fedsl.algorithms.fednova import normalised_update
 
@@ -25,69 +26,109 @@ def ctx(steps, lr=0.1, n=4):
     return RoundContext(lr, torch.tensor(steps), n)
 
 
-IDS = torch.tensor([0, 2])
 HALF = torch.tensor([0.5, 0.5], dtype=torch.float64)
+
+
+def rows(*v):  # one client's state row {"w": ...}
+    return {"w": torch.tensor(v, dtype=torch.float64)}
+
+
+def quadratic_grad(centre: float):
+    """The gradient of f(y) = ½‖y - centre‖² (what the engine would hand a client step)."""
+    return lambda y, batch: {"w": y["w"] - centre}
 
 
 def test_fedavg_is_x_plus_eta_g_times_the_mean_update():
     rule = make_rule("fedavg", 2.0)
-    new, state = rule.update(P(1.0, 0.0), stacked([2.0, 1.0], [0.0, 3.0]), HALF, IDS, {}, ctx([5, 5]))
+    new, state = rule.server_update(P(1.0, 0.0), {}, stacked([2.0, 1.0], [0.0, 3.0]), HALF, ctx([5, 5]))
     # Δ = (1, 1) and (-1, 3): mean (0, 2); x + 2·mean = (1, 4)
     assert new["w"].tolist() == [1.0, 4.0] and state == {}
 
 
+def test_local_sgd_client_is_k_gradient_steps():
+    """FedAvg's client (Algorithm 1, lines 4-6): y ← y - η_l (y - c) three times from x; no state."""
+    rule = make_rule("fedavg", 1.0)
+    y, state, m = client_update(rule, P(4.0), {}, {}, range(3), quadratic_grad(1.0), 0.5)
+    assert y["w"].item() == 1.0 + 3.0 * 0.5 ** 3 and state == {} and m == {"steps": 3}
+
+
+def test_fedprox_client_steps_on_g_plus_mu_times_y_minus_x():
+    rule = make_rule("fedprox", 1.0, mu=0.5)
+    y, _, _ = client_update(rule, P(2.0), {}, {}, range(2), quadratic_grad(0.0), 0.1)
+    # g + μ(y - x) = y + 0.5(y - 2): step 1 from 2: 2 - 0.1·2 = 1.8; step 2: 1.8 - 0.1·(1.8 - 0.1) = 1.63
+    assert y["w"].item() == pytest.approx(1.63, abs=1e-15)
+
+
 def test_scaffold_option_ii_by_hand():
+    """Clients compute their own c_i⁺ (``client_final``); the server derives c_i⁺ - c_i from x_i and K_i alone."""
     rule = make_rule("scaffold", 1.0)
-    x = P(1.0)
-    st = rule.init_state(x, 4)
-    st["c"]["w"] += 0.5
-    st["c_i"]["w"][2] = 0.25
-    finals = stacked([0.0], [0.5])  # Δ = -1, -0.5
-    new, out = rule.update(x, finals, HALF, IDS, st, ctx([2, 4], lr=0.5))
+    x, sent = P(1.0), {"c": P(0.5)}
+    c_rows = [{"c_i": rows(0.0)}, {"c_i": rows(0.25)}]  # clients 0 and 2
+    finals, new_rows = [P(0.0), P(0.5)], []  # Δ = -1, -0.5
+    for y, row, k in zip(finals, c_rows, (2, 4)):
+        _, r = rule.client_final(x, row, sent, {"y": y}, k, 0.5)
+        new_rows.append(r["c_i"]["w"].item())
     # c_i⁺ = c_i - c - Δ/(K_i η_l): client 0: 0 - 0.5 + 1/1 = 0.5; client 2: 0.25 - 0.5 + 0.5/2 = 0
-    assert out["c_i"]["w"].flatten().tolist() == [0.5, 0.0]
+    assert new_rows == [0.5, 0.0]
+    new, out = rule.server_update(x, sent, stacked([0.0], [0.5]), HALF, ctx([2, 4], lr=0.5))
     # c ← c + (1/N) Σ (c_i⁺ - c_i) = 0.5 + (0.5 + (-0.25)) / 4
     assert out["c"]["w"].item() == pytest.approx(0.5625, abs=1e-15)
     assert new["w"].item() == pytest.approx(1.0 - 0.75, abs=1e-15)
 
 
+def test_scaffold_client_steps_are_corrected_by_c_minus_c_i():
+    rule = make_rule("scaffold", 1.0)
+    y, row, _ = client_update(rule, P(1.0), {"c_i": rows(0.25)}, {"c": P(1.0)}, range(1), quadratic_grad(0.0), 0.1)
+    assert y["w"].item() == pytest.approx(1.0 - 0.1 * (1.0 + 0.75), abs=1e-15)
+    assert row["c_i"]["w"].item() == pytest.approx(0.25 - 1.0 + 0.175 / 0.1, abs=1e-14)
+
+
 def test_feddyn_h_is_the_mean_of_all_clients_grad_l_over_rounds():
-    """h = (1/N) Σ_{i∈[N]} ∇L_i after every round (Acar et al.), tables written as the engine does."""
+    """h = (1/N) Σ_{i∈[N]} ∇L_i after every round (Acar et al.): the server's h from the models alone,
+    the clients' ∇L_i from their own ``client_final``."""
     g = torch.Generator().manual_seed(0)
     n = 5
     rule = make_rule("feddyn", None, alpha=0.1)
     x = P(0.0, 0.0, 0.0)
-    st = rule.init_state(x, n)
+    st = rule.init_server_state(x)
+    tables = [rule.init_client_state(x) for _ in range(n)]
     for _ in range(6):
-        ids = torch.randperm(n, generator=g)[:2]
+        ids = torch.randperm(n, generator=g)[:2].tolist()
         finals = {"w": x["w"] + torch.randn(2, 3, generator=g, dtype=torch.float64)}
-        x, out = rule.update(x, finals, HALF, ids, st, ctx([3, 3], n=n))
-        st["h"] = out["h"]
-        st["grad_i"]["w"][ids] = out["grad_i"]["w"]
-        assert torch.allclose(st["h"]["w"], st["grad_i"]["w"].mean(0), atol=1e-14)
+        for j, i in enumerate(ids):
+            _, tables[i] = rule.client_final(x, tables[i], {}, {"y": {"w": finals["w"][j]}}, 3, 0.1)
+        x, st = rule.server_update(x, st, finals, HALF, ctx([3, 3], n=n))
+        assert torch.allclose(st["h"]["w"], torch.stack([t["grad_i"]["w"] for t in tables]).mean(0), atol=1e-14)
         assert torch.allclose(x["w"], finals["w"].mean(0) - st["h"]["w"] / 0.1, atol=1e-14)
+
+
+def test_feddyn_client_steps_on_g_minus_grad_l_plus_alpha_times_y_minus_x():
+    rule = make_rule("feddyn", None, alpha=0.5)
+    y, row, _ = client_update(rule, P(2.0), {"grad_i": rows(1.0)}, {}, range(1), quadratic_grad(0.0), 0.1)
+    assert y["w"].item() == pytest.approx(2.0 - 0.1 * (2.0 - 1.0), abs=1e-15)  # first step: y = x
+    assert row["grad_i"]["w"].item() == pytest.approx(1.0 - 0.5 * (1.9 - 2.0), abs=1e-15)
 
 
 def test_fedavgm_and_fedadam_one_step_by_hand():
     x, finals = P(1.0), stacked([2.0], [4.0])  # mean Δ = 2
     m = make_rule("fedavgm", 1.0, momentum=0.5)
-    st = m.init_state(x, 4)
+    st = m.init_server_state(x)
     st["v"]["w"] += 1.0
-    new, out = m.update(x, finals, HALF, IDS, st, ctx([1, 1]))
+    new, out = m.server_update(x, st, finals, HALF, ctx([1, 1]))
     assert out["v"]["w"].item() == 2.5 and new["w"].item() == 3.5  # v = 0.5·1 + 2; x + v
     a = make_rule("fedadam", 0.1, beta1=0.9, beta2=0.99, tau=1e-3)
-    new, out = a.update(x, finals, HALF, IDS, a.init_state(x, 4), ctx([1, 1]))
+    new, out = a.server_update(x, a.init_server_state(x), finals, HALF, ctx([1, 1]))
     m1, v1 = 0.1 * 2.0, 0.01 * 4.0
     assert new["w"].item() == pytest.approx(1.0 + 0.1 * m1 / (math.sqrt(v1) + 1e-3), abs=1e-15)
 
 
 def test_fednova_equals_fedavg_when_steps_are_equal_and_normalises_otherwise():
     x, finals = P(0.0, 1.0), stacked([1.0, 1.0], [3.0, -1.0])
-    avg, _ = make_rule("fedavg", 1.0).update(x, finals, HALF, IDS, {}, ctx([4, 4]))
-    nova, _ = make_rule("fednova", 1.0).update(x, finals, HALF, IDS, {}, ctx([4, 4]))
+    avg, _ = make_rule("fedavg", 1.0).server_update(x, {}, finals, HALF, ctx([4, 4]))
+    nova, _ = make_rule("fednova", 1.0).server_update(x, {}, finals, HALF, ctx([4, 4]))
     assert torch.allclose(avg["w"], nova["w"], atol=1e-15)
     # τ = (1, 3): τ_eff = 2; Σ p_i Δ_i/τ_i = 0.5·(1, 0) + 0.5·(3, -2)/3 = (1, -1/3); x + 2·that
-    nova, _ = make_rule("fednova", 1.0).update(x, finals, HALF, IDS, {}, ctx([1, 3]))
+    nova, _ = make_rule("fednova", 1.0).server_update(x, {}, finals, HALF, ctx([1, 3]))
     assert torch.allclose(nova["w"], torch.tensor([2.0, 1.0 - 2 / 3], dtype=torch.float64), atol=1e-15)
 
 
@@ -108,7 +149,7 @@ def test_fednova_removes_fedavgs_objective_inconsistency():
         rule, x = make_rule(name, 1.0), P(0.0)
         for _ in range(3000):
             finals = stacked(*[[_local_gd(x["w"].item(), c, k, lr)] for c, k in zip(centres, steps)])
-            x, _ = rule.update(x, finals, HALF, IDS, {}, ctx(list(steps), lr=lr))
+            x, _ = rule.server_update(x, {}, finals, HALF, ctx(list(steps), lr=lr))
         ends[name] = x["w"].item()
     assert abs(ends["fednova"] - 5.0) < 0.15
     assert abs(ends["fedavg"] - 100 / 11) < 0.05
@@ -164,19 +205,24 @@ def test_fednova_runs_end_to_end_from_a_config(tmp_path):
     assert s["hyperparameters"]["η_g"] == {"value": 1.0, "source": "default for fednova"}
 
 
-# ----------------------------------------------------------------------------- a client optimiser
+# ----------------------------------------------------------------------------- a client with its own optimiser
 
 def test_heavy_ball_clients_move_by_eta_times_a_i_on_a_constant_gradient():
     """With a constant gradient g, τ heavy-ball steps move a client by -η_l·a_i·g: FedNova's a_i."""
-    from fedsl.algorithms.fednova import HeavyBall, step_norm
-    opt, g, lr = HeavyBall(0.6), {"w": torch.tensor([2.0], dtype=torch.float64)}, 0.1
+    from fedsl.algorithms.fednova import step_norm
+    rule, lr = make_rule("fednova", 1.0, rho=0.6), 0.1
     for tau in (1, 3, 7):
-        p, s = P(0.0), opt.init(P(0.0))
-        for _ in range(tau):
-            p, s = opt.step(p, g, s, lr)
+        y, _, m = client_update(rule, P(0.0), {}, {}, range(tau), lambda y, b: {"w": torch.tensor([2.0])}, lr)
         a = step_norm(torch.tensor([tau]), 0.6).item()
-        assert p["w"].item() == pytest.approx(-lr * a * 2.0, abs=1e-14)
+        assert m["steps"] == tau and y["w"].item() == pytest.approx(-lr * a * 2.0, abs=1e-14)
     assert step_norm(torch.tensor([4]), 0.0).item() == 4.0
+
+
+def test_fednova_without_momentum_is_local_sgd_bit_for_bit():
+    nova, avg = make_rule("fednova", 1.0, rho=0.0), make_rule("fedavg", 1.0)
+    a, _, _ = client_update(nova, P(4.0, -1.0), {}, {}, range(5), quadratic_grad(0.3), 0.37)
+    b, _, _ = client_update(avg, P(4.0, -1.0), {}, {}, range(5), quadratic_grad(0.3), 0.37)
+    assert torch.equal(a["w"], b["w"])
 
 
 def _fednova_run(executor_cls, rho, dtype=torch.float64, stacked_with=None):
@@ -195,7 +241,7 @@ def _fednova_run(executor_cls, rho, dtype=torch.float64, stacked_with=None):
 
 
 def test_fednova_momentum_clients_vectorised_equal_sequential_float64():
-    """The ClientOptimizer's state is carried through vmapped steps and padded steps leave it alone."""
+    """The clients' momentum buffer is carried through vmapped steps and padded steps leave it alone."""
     from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
     a, info = _fednova_run(SequentialExecutor, 0.7)
     b, _ = _fednova_run(VectorisedExecutor, 0.7)
@@ -233,18 +279,17 @@ def test_fednova_momentum_runs_stacked_as_one_by_one():
         StackedSimulator([sim(1, 0.5), sim(2, 0.9)])
 
 
-@pytest.mark.parametrize("name,hp", [("scaffold", {}), ("feddyn", {"alpha": 0.3})])
-def test_client_rows_are_the_rows_update_writes(name, hp):
-    """A deployed client computes its own new table row with ``client_rows``; the server's ``update``
-    writes the same rows for the clients it sampled (bit for bit)."""
+def test_scaffold_server_derives_the_clients_control_variate_changes():
+    """The server's c moves by (1/N) Σ (c_i⁺ - c_i) with c_i⁺ as the clients compute it (to rounding:
+    the server forms -c + (x - y_i)/(K_i η_l) without c_i)."""
     g = torch.Generator().manual_seed(1)
-    rule = make_rule(name, 1.0 if name == "scaffold" else None, **hp)
-    x = {"w": torch.randn(3, generator=g, dtype=torch.float64)}
-    st = rule.init_state(x, 4)
-    for k, v in st.items():
-        st[k] = {"w": torch.randn(v["w"].shape, generator=g, dtype=torch.float64)}
+    rule = make_rule("scaffold", 1.0)
+    x, sent = {"w": torch.randn(3, generator=g, dtype=torch.float64)}, {"c": {"w": torch.randn(3, generator=g,
+                                                                                        dtype=torch.float64)}}
+    old = [{"c_i": {"w": torch.randn(3, generator=g, dtype=torch.float64)}} for _ in range(2)]
     finals = {"w": x["w"] + torch.randn(2, 3, generator=g, dtype=torch.float64)}
-    _, out = rule.update(x, finals, HALF, IDS, st, ctx([2, 5]))
-    rows = rule.client_rows(x, finals, IDS, st, ctx([2, 5]))
-    assert rows.keys() == {k for k in out if k.endswith("_i")}
-    assert all(torch.equal(rows[k]["w"], out[k]["w"]) for k in rows)
+    steps = (2, 5)
+    new = [rule.client_final(x, old[j], sent, {"y": {"w": finals["w"][j]}}, steps[j], 0.1)[1] for j in range(2)]
+    _, out = rule.server_update(x, sent, finals, HALF, ctx(list(steps)))
+    expected = sent["c"]["w"] + sum(n["c_i"]["w"] - o["c_i"]["w"] for n, o in zip(new, old)) / 4
+    assert torch.allclose(out["c"]["w"], expected, rtol=0, atol=1e-14)

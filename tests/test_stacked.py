@@ -9,7 +9,7 @@ same order), to float64 rounding with the vectorised one (R·S clients in one vm
 import pytest
 import torch
 
-from conftest import random_federation, run_rounds, tiny_config
+from conftest import clone_state, flat_state, random_federation, run_rounds, tiny_config
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
@@ -36,15 +36,10 @@ def _sim(name, fed, executor, *, lr=0.1, batch=8, gamma=0.8, mode="incremental",
     return Simulator(fm, fed, alg, executor(fm), 4, seed=seed)
 
 
-def _clone(st: RunState) -> RunState:
-    return RunState({n: p.clone() for n, p in st.x.items()},
-                    {k: {n: p.clone() for n, p in v.items()} for k, v in st.algo.items()}, st.gamma)
+_clone = clone_state
 
 
-def _flat(st: RunState) -> dict:
-    out = {f"x.{n}": p for n, p in st.x.items()}
-    out.update({f"{k}.{n}": p for k, v in st.algo.items() for n, p in v.items()})
-    return out
+_flat = flat_state
 
 
 def _compare(make_sims, rounds=3, exact=True):
@@ -263,11 +258,11 @@ def test_checkpoint_every_zero_keeps_only_the_final_model(tmp_path):
     cfg = C.validate(data)
     run(cfg, tmp_path / "a", log=lambda m: None, progress=False, stop_after=3)
     ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
-    assert ckpt["round"] == 3 and set(ckpt["algo"]) == {"c", "c_i"}  # interrupted: resumable, tables kept
+    assert ckpt["round"] == 3 and set(ckpt["algo"]) == {"c"} and set(ckpt["clients"]) == {"c_i"}  # resumable
     run(cfg, tmp_path / "a", resume=True, log=lambda m: None, progress=False)
     ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
-    assert ckpt["round"] == 5 and set(ckpt["algo"]) == {"c"}
+    assert ckpt["round"] == 5 and set(ckpt["algo"]) == {"c"} and ckpt["clients"] == {}
     full = run(C.validate({**data, "checkpoint_every": 1}), tmp_path / "b", log=lambda m: None, progress=False)
     ref = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
-    assert full["status"] == "completed" and set(ref["algo"]) == {"c", "c_i"}
+    assert full["status"] == "completed" and set(ref["algo"]) == {"c"} and set(ref["clients"]) == {"c_i"}
     assert all(torch.equal(ref["params"][n], ckpt["params"][n]) for n in ref["params"])

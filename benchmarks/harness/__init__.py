@@ -121,7 +121,8 @@ def state_footprint(num_clients: int = 1000, model: str = "cifar_cnn", device: s
         before = machine.current_rss_mb() if dev.type == "cpu" else torch.cuda.memory_allocated(dev) / 2 ** 20
         mem.reset()
         st = sim.initial_state()
-        state_bytes = sum(v.numel() * v.element_size() for group in st.algo.values() for v in group.values())
+        state_bytes = sum(v.numel() * v.element_size() for part in (st.algo, st.clients)
+                          for group in part.values() for v in group.values())
         rss = machine.current_rss_mb() if dev.type == "cpu" else torch.cuda.memory_allocated(dev) / 2 ** 20
         for t in range(rounds):
             st, _ = sim.round(st, t)

@@ -100,15 +100,16 @@ class FlowerPeer(Peer):
             self.why_not = "Flower's centralised evaluation is the plain loop's evaluate"
 
     def setup(self) -> None:
-        for name in ("flwr", "ray"):
+        # quiet while timed; ``close`` gives the loggers back their levels (a test run goes on after)
+        self._levels = {name: logging.getLogger(name).level for name in ("flwr", "ray")}
+        for name in self._levels:
             logging.getLogger(name).setLevel(logging.WARNING)
-        try:
-            from flwr.common.logger import FLOWER_LOGGER
-            FLOWER_LOGGER.setLevel(logging.WARNING)
-        except Exception:
-            pass
         self.settings = (f"flwr {self.version}, Ray, {self.actors} actors x {self.cpus} CPU, "
                          f"{self.cpus} torch thread(s) per actor, server eval batch 500")
+
+    def close(self) -> None:
+        for name, level in getattr(self, "_levels", {}).items():
+            logging.getLogger(name).setLevel(level)
 
     def run(self, rounds: int) -> list[float]:
         from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord

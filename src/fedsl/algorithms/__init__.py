@@ -1,4 +1,4 @@
-"""Algorithms as pure update rules (see ``base``).
+"""Algorithms, each owning its round: a client half and a server half (see ``base``).
 
 - ``fedavg``: clients' LocalSGD, x̄ = x + η_g·mean Δ_i.
 - ``fsl``: FedAvg + K0 server SGD steps on D0 with step γ·η0 (Algorithm 1).
@@ -8,8 +8,9 @@
   any of them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
 
 Each module ends with its ``Spec`` (``spec.py``); ``SPECS`` below is the registry that config
-validation, defaults, stacking and Flower read. A new algorithm is one module (a rule and a
-spec) and its entry in ``SPECS``.
+validation, defaults, stacking and Flower read. Server learning (Algorithm 1, line 10), FSL-p
+and the γ schedules compose after any rule's server half in ``server_learning``. A new
+algorithm is one module (its two halves and a spec) and its entry in ``SPECS``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fedsl.algorithms import fedavg, feddyn, fednova, fedopt, fedprox, scaffold
-from fedsl.algorithms.base import (Algorithm, ClientOptimizer, Correction, LocalTraining, RoundContext, ServerRule,
-                                  State)
+from fedsl.algorithms.base import (Algorithm, ClientResults, LocalSGD, LocalTraining, RoundContext, RunState,
+                                  ServerRule, State, client_update)
 from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.feddyn import FedDyn
 from fedsl.algorithms.fedopt import FedAdam, FedAvgM
@@ -63,7 +64,7 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
     - ds: FedAvg with clients training on D_i ∪ D0 (Zhao et al. 2018).
     - any other rule: ``server``, when given, runs after its server update (e.g. SCAFFOLD + SL).
     ``hp`` holds the rules' own hyper-parameters (their specs' ``hyperparams``: mu, momentum, beta1,
-    beta2, tau, alpha, rho); an algorithm whose spec has ``make_client`` gets its clients' optimiser.
+    beta2, tau, alpha, rho).
     """
     sp = spec(name)
     rule = make_rule(name, global_lr, **hp)
@@ -74,11 +75,10 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
     if server is not None and server.mode == "parallel" and not sp.parallel_ok:
         ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok)
         raise ValueError(f"parallel server learning (FSL-p) composes with {ok}, not {name!r}")
-    client = sp.make_client(**_own(sp, hp)) if sp.make_client is not None else None
     return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=sp.shares_server_data,
-                     spec=sp, client_optimizer=client)
+                     spec=sp)
 
 
-__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientOptimizer", "Correction",
-           "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule", "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
+__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientResults", "LocalSGD",
+           "RunState", "client_update", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule", "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule"]

@@ -1,50 +1,66 @@
-"""An algorithm as data: the clients' LocalSGD, a server rule, and optional server learning.
+"""An algorithm owns its round: a client half and a server half, pure functions over explicit state.
 
-The engine runs one round as: sample S clients -> LocalSGD on each, with the rule's
-gradient correction (``Correction``) -> the rule's ``update`` (aggregation and server
-state) -> server learning on D0 (if any). Variants of the paper are compositions:
-FSL = FedAvg + incremental server learning; FSL-p = FedAvg + the server as one more
-client; DS = FedAvg on D_i ∪ D0; and server learning composes with SCAFFOLD, FedDyn,
-FedProx, FedAvgM and FedAdam alike.
+One round of any algorithm here (FedJAX's ``fed_avg.py`` shape; the paper's Algorithm 1):
 
-A server rule is a small frozen dataclass with three pure methods, in the spirit of
-FedJAX's init/apply: ``init_state`` (server and per-client state, client state stacked
-for all N clients), ``correction`` (what the sampled clients add to each local gradient)
-and ``update`` (new global model and state from the clients' final models).
+    client i ∈ S:  (x_i, client_state_i⁺) = client_update(x_t, client_state_i, sent, batches of D_i)
+    server:        x̄, server_state⁺       = rule.server_update(x_t, server_state, {x_i}, weights, ctx)
+                   x_{t+1}                 = K0 SGD steps on D0 from x̄ (server_learning.py, line 10)
 
-Per-client tables are the state entries whose name ends in ``_i`` ([N, ...]). ``update``
-returns only the sampled clients' new rows for them ([S, ...]); the engine writes those
-rows into the tables at the end of the round. Copying an N×d table every round would
-cost more than the round (N = 1000 CIFAR clients: 2 GB). A rule with tables also has
-``client_rows`` (the new rows alone, from what each client holds), which a deployed client
-calls to keep its own row (Flower) and ``update`` uses for the sampled ones.
+The client half is three pure functions so that an engine can run it for one client (a loop, as
+``client_update`` below does; a Flower ClientApp) or for many at once (``torch.func.vmap`` over
+stacked clients and runs, padded steps masked):
+
+- ``client_init(x, client_state, sent) -> (carry, aux)``: the local model y (``carry["y"]``) and
+  optimiser buffers that change every step, and what stays fixed over the round (``aux``: a
+  control-variate correction, a proximal anchor).
+- ``client_step(carry, aux, g, lr) -> carry``: one local step, given the gradient g of the batch
+  loss at ``carry["y"]`` (computed by the engine from the model) and η_l.
+- ``client_final(x, client_state, sent, carry, steps, lr) -> (x_i, client_state⁺)``: the model sent
+  back and the client's new state (SCAFFOLD's c_i⁺, FedDyn's ∇L_i⁺), after ``steps`` = K_i steps.
+
+The server half is ``server_update``; it reads the clients' models, never their state (each client
+keeps its own: a row of an [N, ...] table in the simulator, ``context.state`` on a Flower node).
+``sent`` is the part of the server state the clients read (the spec's ``sends``: SCAFFOLD's c).
+
+``LocalSGD`` is the paper's client (plain SGD, no state); rules inherit it and override what
+differs. Variants of the paper are compositions: FSL = FedAvg + incremental server learning;
+FSL-p = FedAvg + the server as one more client; DS = FedAvg on D_i ∪ D0; server learning composes
+with SCAFFOLD, FedDyn, FedProx, FedAvgM, FedAdam and FedNova alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from fedsl.algorithms.server_learning import ServerLearning
 from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params, State
 
+if TYPE_CHECKING:  # server_learning imports this module
+    from fedsl.algorithms.server_learning import ServerLearning
+
+Carry = dict[str, Params]  # what a client's local steps change: {"y": local model, ...optimiser buffers}
+
 
 @dataclass
-class Correction:
-    """Added to every local gradient g of a sampled client: g + prox·(y - x_t) + linear_i.
+class RunState:
+    """What carries from one round to the next (and is checkpointed).
 
-    FedProx: prox = μ. SCAFFOLD: linear_i = c - c_i. FedDyn: prox = α, linear_i = -∇L_i.
+    Attributes:
+        x: the global model x_t.
+        algo: the server rule's state (SCAFFOLD's c, FedDyn's h, momentum, ...).
+        gamma: the adaptive γ schedule's current γ_t (None for schedules that are functions of t).
+        clients: the clients' states as [N, ...] tables, one row per client (SCAFFOLD's c_i, FedDyn's
+            ∇L_i); empty for stateless clients and on a deployment's server (clients keep their own).
     """
 
-    prox: float = 0.0
-    linear: Params | None = None  # stacked over the sampled clients [S, ...]
-
-    @property
-    def active(self) -> bool:
-        return self.prox != 0.0 or self.linear is not None
+    x: Params
+    algo: State = field(default_factory=dict)
+    gamma: float | None = None
+    clients: State = field(default_factory=dict)
 
 
 @dataclass
@@ -52,40 +68,28 @@ class RoundContext:
     """What a server rule may need besides the models."""
 
     local_lr: float  # η_l
-    steps: torch.Tensor  # K_i, real local steps of each sampled client [S]
+    steps: torch.Tensor  # K_i, real local steps of each client whose model is aggregated [S]
     num_clients: int  # N
 
 
-class ClientOptimizer(Protocol):
-    """A client's local optimiser other than plain SGD (heavy-ball momentum, local Adam, ...).
+@dataclass
+class ClientResults:
+    """The clients' replies of one round, in client-id order (what a server update reads).
 
-    Pure functions over explicit per-client state, which the engine vmaps over clients (and
-    stacked runs): ``init`` gives the state at the start of a round from the client's starting
-    parameters (shape-agnostic: it may receive them stacked); ``step`` takes the (corrected)
-    gradient g of one batch and returns the new parameters and state. A padded step (a
-    batch of zero weight) is made a no-op by the engine.
+    Attributes:
+        params: the final models x_i, stacked [S, ...].
+        sizes: n_i, the clients' data sizes (D_i ∪ D0 for DS), for weighted means and FSL-p's w0.
+        steps: K_i, the local steps each client took.
     """
 
-    def init(self, params: Params) -> Params: ...
-
-    def step(self, params: Params, g: Params, state: Params, lr) -> tuple[Params, Params]: ...
-
-
-class ServerRule(Protocol):
-    name: str
-
-    def init_state(self, x: Params, num_clients: int) -> State: ...
-
-    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction: ...
-
-    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
-               ctx: RoundContext) -> tuple[Params, State]: ...
+    params: Params
+    sizes: list[int]
+    steps: tuple[int, ...]
 
 
-def is_client_table(key: str) -> bool:
-    """Whether state entry ``key`` is a per-client table ([N, ...], one row per client): by the
-    convention of this module's docstring, its name ends in ``_i`` (SCAFFOLD's c_i, FedDyn's grad_i)."""
-    return key.endswith("_i")
+def sgd(y: Params, g: Params, lr) -> Params:
+    """y - η·g."""
+    return {n: p - lr * g[n] for n, p in y.items()}
 
 
 def deltas(x: Params, finals: Params) -> Params:
@@ -103,6 +107,84 @@ def weighted_mean(stacked: Params, weights: torch.Tensor) -> Params:
 
 def zeros_like(x: Params, lead: tuple[int, ...] = ()) -> Params:
     return {n: torch.zeros(*lead, *p.shape, dtype=p.dtype, device=p.device) for n, p in x.items()}
+
+
+def client_weights(sizes: list[int], weighted: bool) -> torch.Tensor:
+    """w_i: 1/S each (Algorithm 1), or n_i / Σ n_j when ``weighted``."""
+    s = torch.tensor(sizes, dtype=torch.float64)
+    return s / s.sum() if weighted else torch.full_like(s, 1.0 / len(sizes))
+
+
+class LocalSGD:
+    """The paper's client (Algorithm 1, lines 4-6): K steps y ← y - η_l·g(y) from y = x_t; no state.
+
+    Server rules inherit it and override what differs (their own server state, a corrected
+    step, a client state); see the module docstring for the three client functions.
+    """
+
+    def init_server_state(self, x: Params) -> State:
+        """The server's state at round 0 (default: none)."""
+        return {}
+
+    def init_client_state(self, x: Params) -> State:
+        """One client's state at round 0 (default: none); the simulator keeps N of them."""
+        return {}
+
+    def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
+        return {"y": x}, {}
+
+    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
+        return {"y": sgd(carry["y"], g, lr)}
+
+    def client_final(self, x: Params, client: State, sent: State, carry: Carry, steps, lr) -> tuple[Params, State]:
+        return carry["y"], {}
+
+
+LOCAL_SGD = LocalSGD()  # the server's own SGD on D0 (line 10, pretraining) is this client's
+
+
+def client_update(client: LocalSGD, x: Params, state: State, sent: State, batches: Iterable[Any],
+                  grad: Callable[[Params, Any], Params], lr) -> tuple[Params, State, dict[str, int]]:
+    """One client's round: ``client_init``, a ``client_step`` per batch, ``client_final``.
+
+    Args:
+        client: the algorithm (its client half).
+        x: x_t, the model the server sent.
+        state: this client's state (its row of the tables; {} for stateless clients).
+        sent: the server state the clients read (SCAFFOLD's c).
+        batches: the client's batches of D_i, in order (K_i of them).
+        grad: the gradient of the model's loss on a batch, ``grad(y, batch)`` (the engine's).
+        lr: η_l.
+    Returns:
+        (x_i, the client's new state, metrics: ``steps`` = K_i).
+    """
+    carry, aux = client.client_init(x, state, sent)
+    steps = 0
+    for batch in batches:
+        carry = client.client_step(carry, aux, grad(carry["y"], batch), lr)
+        steps += 1
+    x_i, new_state = client.client_final(x, state, sent, carry, steps, lr)
+    return x_i, new_state, {"steps": steps}
+
+
+class ServerRule(Protocol):
+    """An algorithm's two halves (``LocalSGD`` gives the client half of the paper's client)."""
+
+    name: str
+
+    def init_server_state(self, x: Params) -> State: ...
+
+    def init_client_state(self, x: Params) -> State: ...
+
+    def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]: ...
+
+    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry: ...
+
+    def client_final(self, x: Params, client: State, sent: State, carry: Carry, steps, lr
+                     ) -> tuple[Params, State]: ...
+
+    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
+                      ctx: RoundContext) -> tuple[Params, State]: ...
 
 
 @dataclass(frozen=True)
@@ -128,14 +210,12 @@ class Algorithm:
 
     Attributes:
         name: e.g. "fedavg", "fsl", "scaffold", "feddyn+sl".
-        local: the clients' LocalSGD.
-        rule: the server rule (FedAvg, SCAFFOLD, FedDyn, FedProx, FedAvgM, FedAdam).
+        local: the clients' LocalSGD schedule (η_l, B, E, K).
+        rule: the algorithm's two halves (FedAvg, SCAFFOLD, FedDyn, FedProx, FedAvgM, FedAdam, FedNova).
         weighted: weight Δ_i by n_i instead of the plain mean of Algorithm 1.
         server_learning: SL on D0 after (incremental) or beside (parallel) aggregation.
         share_server_data: DS, clients train on D_i ∪ D0.
         spec: what outside the arithmetic depends on the algorithm (stacking, Flower, defaults).
-        client_optimizer: the clients' local optimiser when it is not plain SGD (the
-            correction, if any, is added to the gradient it receives).
     """
 
     name: str
@@ -145,7 +225,6 @@ class Algorithm:
     server_learning: ServerLearning | None = None
     share_server_data: bool = False
     spec: Spec | None = None  # the algorithm's spec (fedsl.algorithms.spec); set by make_algorithm
-    client_optimizer: ClientOptimizer | None = None  # None: LocalSGD, the paper's client
 
     @property
     def global_lr(self) -> float | None:

@@ -1,4 +1,4 @@
-"""FedAvg's server rule (McMahan et al. 2017; Algorithm 1, lines 8-9 of the FSL paper)."""
+"""FedAvg (McMahan et al. 2017; the FSL paper's Algorithm 1 without line 10): LocalSGD clients, x̄ = x + η_g·mean Δ_i."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean
+from fedsl.algorithms.base import LocalSGD, RoundContext, client_weights, deltas, weighted_mean
 from fedsl.algorithms.spec import Spec
-from fedsl.core.types import Params
+from fedsl.core.types import Params, State
+
+__all__ = ["FedAvg", "aggregate", "client_weights"]
 
 
 def aggregate(x: Params, client_params: Params, weights: torch.Tensor, global_lr: float) -> Params:
@@ -24,15 +26,9 @@ def aggregate(x: Params, client_params: Params, weights: torch.Tensor, global_lr
     return {n: p + global_lr * mean[n] for n, p in x.items()}
 
 
-def client_weights(sizes: list[int], weighted: bool) -> torch.Tensor:
-    """1/S each (Algorithm 1), or n_i / Σ n_j when ``weighted``."""
-    s = torch.tensor(sizes, dtype=torch.float64)
-    return s / s.sum() if weighted else torch.full_like(s, 1.0 / len(sizes))
-
-
 @dataclass(frozen=True)
-class FedAvg:
-    """x̄ = x + η_g · mean_i Δ_i. Stateless.
+class FedAvg(LocalSGD):
+    """Clients: LocalSGD (Algorithm 1, lines 4-6). Server: x̄ = x + η_g · mean_i Δ_i (lines 8-9). Stateless.
 
     Attributes:
         global_lr: η_g (paper: √S).
@@ -41,14 +37,8 @@ class FedAvg:
     global_lr: float
     name: str = field(default="fedavg", init=False)
 
-    def init_state(self, x: Params, num_clients: int) -> State:
-        return {}
-
-    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
-        return Correction()
-
-    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
-               ctx: RoundContext) -> tuple[Params, State]:
+    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
+                      ctx: RoundContext) -> tuple[Params, State]:
         return aggregate(x, finals, weights, self.global_lr), state
 
 

@@ -9,8 +9,8 @@ client's accumulated step coefficients and rescales by τ_eff = Σ_i p_i τ_i:
 With equal τ_i and ρ = 0 this is FedAvg exactly. τ_i are the steps each client really took
 (a client with fewer samples takes fewer steps at the same local epochs).
 
-The momentum clients are a ``ClientOptimizer`` (the engine vmaps its pure ``init``/``step``),
-something a gradient ``Correction`` cannot express.
+The momentum clients carry a buffer v through their steps (``client_step``), which a gradient
+correction alone cannot express; the whole algorithm is this file.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedsl.algorithms.base import RoundContext, State, deltas, weighted_mean
+from fedsl.algorithms.base import Carry, RoundContext, deltas, weighted_mean
 from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.spec import HyperParam, Spec
-from fedsl.core.types import Params
+from fedsl.core.types import Params, State
 
 
 def step_norm(steps: torch.Tensor, rho: float = 0.0) -> torch.Tensor:
@@ -44,27 +44,9 @@ def normalised_update(x: Params, finals: Params, weights: torch.Tensor, steps: t
 
 
 @dataclass(frozen=True)
-class HeavyBall:
-    """Local SGD with heavy-ball momentum: v ← ρ v + g; y ← y - η_l v (v = 0 at each round's start)."""
-
-    rho: float
-
-    def init(self, params: Params) -> Params:
-        return {n: torch.zeros_like(p) for n, p in params.items()}
-
-    def step(self, params: Params, g: Params, state: Params, lr) -> tuple[Params, Params]:
-        v = {n: self.rho * state[n] + g[n] for n in params}
-        return {n: p - lr * v[n] for n, p in params.items()}, v
-
-
-def make_client(rho: float = 0.0) -> HeavyBall | None:
-    """FedNova's clients: plain LocalSGD at ρ = 0 (the engine's own step), heavy-ball otherwise."""
-    return HeavyBall(rho) if rho > 0 else None
-
-
-@dataclass(frozen=True)
 class FedNova(FedAvg):
-    """FedAvg's stateless rule with normalised averaging.
+    """Clients: local SGD with heavy-ball momentum ρ (v ← ρ v + g; y ← y - η_l v, v = 0 at each round's
+    start; ρ = 0 is LocalSGD exactly). Server: normalised averaging (FedAvg's stateless rule otherwise).
 
     Attributes: global_lr: η_g (FedNova's paper: 1); rho: ρ, the clients' local momentum.
     """
@@ -73,11 +55,18 @@ class FedNova(FedAvg):
     rho: float = 0.0
     name: str = field(default="fednova", init=False)
 
-    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
-               ctx: RoundContext) -> tuple[Params, State]:
+    def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
+        return {"y": x, "v": {n: torch.zeros_like(p) for n, p in x.items()}}, {}
+
+    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
+        v = {n: self.rho * carry["v"][n] + g[n] for n in g}
+        return {"y": {n: p - lr * v[n] for n, p in carry["y"].items()}, "v": v}
+
+    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
+                      ctx: RoundContext) -> tuple[Params, State]:
         return normalised_update(x, finals, weights, ctx.steps, self.global_lr, self.rho), state
 
 
 SPEC = Spec("fednova", FedNova, (HyperParam("rho", 0.0, "ρ", "FedNova clients' local momentum", ge=0, lt=1),),
-            global_lr=1.0, local_keys=("rho",), make_client=make_client,
+            global_lr=1.0, local_keys=("rho",),
             summary="FedNova: updates normalised by each client's local steps (and momentum)")

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedsl.algorithms.base import Correction, RoundContext, State, deltas, weighted_mean, zeros_like
+from fedsl.algorithms.base import LocalSGD, RoundContext, deltas, weighted_mean, zeros_like
 from fedsl.algorithms.spec import HyperParam, Spec
-from fedsl.core.types import Params
+from fedsl.core.types import Params, State
 
 
 @dataclass(frozen=True)
-class FedAvgM:
+class FedAvgM(LocalSGD):
     """v ← β v + Δ_t; x ← x + η_g v.
 
     Attributes:
@@ -30,21 +30,18 @@ class FedAvgM:
     momentum: float = 0.9
     name: str = field(default="fedavgm", init=False)
 
-    def init_state(self, x: Params, num_clients: int) -> State:
+    def init_server_state(self, x: Params) -> State:
         return {"v": zeros_like(x)}
 
-    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
-        return Correction()
-
-    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
-               ctx: RoundContext) -> tuple[Params, State]:
+    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
+                      ctx: RoundContext) -> tuple[Params, State]:
         d = weighted_mean(deltas(x, finals), weights)
         v = {n: self.momentum * state["v"][n] + d[n] for n in x}
         return {n: p + self.global_lr * v[n] for n, p in x.items()}, {"v": v}
 
 
 @dataclass(frozen=True)
-class FedAdam:
+class FedAdam(LocalSGD):
     """m ← β1 m + (1-β1) Δ_t; v ← β2 v + (1-β2) Δ_t²; x ← x + η_g m / (√v + τ) (Reddi et al., no bias correction).
 
     Attributes:
@@ -59,14 +56,11 @@ class FedAdam:
     tau: float = 1e-3
     name: str = field(default="fedadam", init=False)
 
-    def init_state(self, x: Params, num_clients: int) -> State:
+    def init_server_state(self, x: Params) -> State:
         return {"m": zeros_like(x), "v": zeros_like(x)}
 
-    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
-        return Correction()
-
-    def update(self, x: Params, finals: Params, weights: torch.Tensor, ids: torch.Tensor, state: State,
-               ctx: RoundContext) -> tuple[Params, State]:
+    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
+                      ctx: RoundContext) -> tuple[Params, State]:
         d = weighted_mean(deltas(x, finals), weights)
         m = {n: self.beta1 * state["m"][n] + (1 - self.beta1) * d[n] for n in x}
         v = {n: self.beta2 * state["v"][n] + (1 - self.beta2) * d[n] ** 2 for n in x}

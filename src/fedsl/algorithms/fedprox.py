@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from fedsl.algorithms.base import Correction, State
+from fedsl.algorithms.base import Carry
 from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.spec import HyperParam, Spec
-from fedsl.core.types import Params
+from fedsl.core.types import Params, State
 
 
 @dataclass(frozen=True)
 class FedProx(FedAvg):
-    """FedAvg's server rule with the proximal term μ(y - x_t) added to every local gradient.
+    """FedAvg's server with clients stepping on g + μ(y - x_t).
 
     Attributes:
         global_lr: η_g.
@@ -24,8 +22,12 @@ class FedProx(FedAvg):
     mu: float = 0.01
     name: str = field(default="fedprox", init=False)
 
-    def correction(self, x: Params, state: State, ids: torch.Tensor) -> Correction:
-        return Correction(prox=self.mu)
+    def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
+        return {"y": x}, {"anchor": x}
+
+    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
+        y = carry["y"]
+        return {"y": {n: p - lr * (g[n] + self.mu * (p - aux["anchor"][n])) for n, p in y.items()}}
 
 
 SPEC = Spec("fedprox", FedProx, (HyperParam("mu", 0.01, "μ", "FedProx proximal weight", ge=0),), parallel_ok=True,

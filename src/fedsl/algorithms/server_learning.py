@@ -1,4 +1,7 @@
-"""Server learning on D0 (Algorithm 1, line 10), composable with any server rule.
+"""The server's round for any rule: its update, then server learning on D0 (Algorithm 1, lines 8-10).
+
+    x̄_t     = rule.server_update(x_t, {x_i})                       lines 8-9 (FedAvg: x + η_g·mean Δ_i)
+    x_{t+1} = LocalSGD(x̄_t, γ_t·η0, K0, D0)                        line 10 (FSL)
 
 Incremental (FSL): x_{t+1} = LocalSGD(x̄_t, γ·η0, K0, D0), i.e. K0 SGD steps on the
 server's data from the *aggregated* model. The weight γ on f0 enters only as a factor
@@ -13,10 +16,16 @@ are compared at the same γ, as in the paper's appendix figures.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
+from fedsl.algorithms.base import Algorithm, ClientResults, RoundContext, RunState, client_weights
 from fedsl.algorithms.gamma_schedule import GammaSchedule
+from fedsl.core.types import Params, State
 
 
 @dataclass(frozen=True)
@@ -73,3 +82,115 @@ class Pretraining:
     epochs: int
     lr: float
     batch_size: int
+
+
+@dataclass(frozen=True)
+class ServerSide:
+    """What the server has besides the clients' replies (the engine provides it).
+
+    Attributes:
+        num_clients: N.
+        n0: |D0|, the server's data size (FSL-p's default weight w0).
+        train: ``train(x, t, lr) -> (x', K0)``: LocalSGD on D0 with step ``lr`` over round t's
+            K0 batches (the engine's batch plan; the same batches whatever the runtime).
+        f0_grad: ∇f0(x), the full gradient of the server loss (the angle diagnostic).
+    """
+
+    num_clients: int
+    n0: int
+    train: Callable[[Params, int, float], tuple[Params, int]]
+    f0_grad: Callable[[Params], Params]
+
+
+@dataclass
+class Aggregated:
+    """A server round after the rule's update, before line 10."""
+
+    x_bar: Params  # x̄_t
+    algo: State  # the rule's new server state
+    gamma: float | None  # γ_t (None without server learning)
+    cos: float | None  # cos θ_t, when measured
+    server_steps: int  # K0 taken so far (FSL-p's server "client")
+    incremental: bool  # whether line 10 is still to run
+
+
+@dataclass(frozen=True)
+class ServerMetrics:
+    gamma: float | None  # γ_t used this round
+    cos_theta: float | None  # cos θ_t between -∇f0(x_t) and the clients' update
+    server_steps: int  # K0 taken (0 without server learning)
+
+
+def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t: int,
+              server: ServerSide) -> Aggregated:
+    """Lines 8-9 of round t: γ_t, FSL-p's server update beside the clients', cos θ_t, the rule's update.
+
+    ``results`` None: no client update reached the server this round; x̄ = x_t and the rule's state
+    stays (a deployment's round whose replies were all lost or unusable).
+    """
+    sl = alg.server_learning
+    on = sl is not None and sl.active
+    gamma = sl.gamma_schedule.value(t, state.gamma) if on else None
+    if results is None:
+        return Aggregated(state.x, state.algo, gamma, None, 0, on and sl.mode == "incremental")
+    x, finals = state.x, results.params
+    weights = client_weights(results.sizes, alg.weighted).to(next(iter(x.values())).device)
+    server_steps = 0
+    if on and sl.mode == "parallel":
+        # FSL-p: the server trains from x_t like one more client; its update joins the mean with weight w0
+        x0, server_steps = server.train(x, t, gamma * sl.lr)
+        w0 = sl.parallel_weight(server.n0, results.sizes)
+        finals = {n: torch.cat([finals[n], x0[n].unsqueeze(0)]) for n in finals}
+        weights = torch.cat([(1.0 - w0) * weights, torch.tensor([w0], dtype=weights.dtype, device=weights.device)])
+    cos = None
+    if on and sl.measures_angle:
+        s = len(results.sizes)  # the clients' rows (not FSL-p's server row)
+        cos = angle(x, {n: v[:s] for n, v in finals.items()}, weights[:s] / weights[:s].sum(), server.f0_grad(x))
+    steps = torch.tensor(results.steps, device=weights.device)
+    x_bar, algo = alg.rule.server_update(x, state.algo, finals, weights, RoundContext(alg.local.lr, steps,
+                                                                                       server.num_clients))
+    return Aggregated(x_bar, algo, gamma, cos, server_steps, on and sl.mode == "incremental")
+
+
+def line10_lr(alg: Algorithm, agg: Aggregated) -> float:
+    """Line 10's step size γ_t·η0."""
+    return agg.gamma * alg.server_learning.lr
+
+
+def finish(alg: Algorithm, state: RunState, agg: Aggregated, x_next: Params, server_steps: int
+           ) -> tuple[RunState, ServerMetrics]:
+    """The round's new state from x_{t+1} (after line 10, or x̄ without it) and γ's adaptation.
+
+    The clients' tables (``state.clients``) are the engine's to update, with the rows the clients
+    computed (``client_final``).
+    """
+    sl = alg.server_learning
+    gamma = state.gamma
+    if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive" and agg.cos is not None:
+        gamma = sl.gamma_schedule.adapt(agg.gamma, agg.cos)
+    return RunState(x_next, agg.algo, gamma, state.clients), ServerMetrics(agg.gamma, agg.cos, server_steps)
+
+
+def server_update(alg: Algorithm, state: RunState, results: ClientResults | None, t: int,
+                  server: ServerSide) -> tuple[RunState, ServerMetrics]:
+    """The server's round t: the rule's update (lines 8-9, FSL-p beside it), then server learning
+    on D0 from x̄ (line 10: K0 steps of γ_t·η0), then γ's adaptation."""
+    agg = aggregate(alg, state, results, t, server)
+    x_next, k0 = agg.x_bar, agg.server_steps
+    if agg.incremental:
+        x_next, k0 = server.train(agg.x_bar, t, line10_lr(alg, agg))  # Algorithm 1, line 10
+    return finish(alg, state, agg, x_next, k0)
+
+
+def angle(x: Params, finals: Params, weights: torch.Tensor, g0: Params) -> float:
+    """cos θ_t between -∇f0(x_t) (``g0`` = ∇f0(x_t)) and the clients' mean update Δ_t = Σ w_i (x_i - x_t).
+
+    Δ_t stands in for -∇F(x_t), which the server cannot compute: the paper's descent condition
+    needs ⟨∇F, ∇f0⟩ > 0. Both are taken at x_t, where the clients start; at x̄_t (after
+    aggregation) we measured the sign flipped on the quickstart data even though the true
+    cos(∇F, ∇f0) stayed near 0.9.
+    """
+    delta = {n: (weights.to(v.dtype).reshape(-1, *([1] * x[n].dim())) * (v - x[n])).sum(0) for n, v in finals.items()}
+    dot = sum(-(g0[n] * delta[n]).sum() for n in x)
+    norm = torch.sqrt(sum((g0[n] ** 2).sum() for n in x)) * torch.sqrt(sum((delta[n] ** 2).sum() for n in x))
+    return float(dot / norm) if norm > 0 else math.nan

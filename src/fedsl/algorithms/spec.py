@@ -2,8 +2,8 @@
 
 Each algorithm file ends with its ``SPEC`` (or several: ``fedavg.py`` holds FedAvg, FSL,
 FSL-p and DS, which share FedAvg's rule); ``fedsl.algorithms.SPECS`` collects them. A new
-algorithm is one file with a rule and a spec, plus its name in ``algorithms/__init__.py``'s
-list of modules.
+algorithm is one file with its two halves (``base``) and a spec, plus its module in
+``algorithms/__init__.py``'s registry.
 """
 
 from __future__ import annotations
@@ -43,13 +43,11 @@ class Spec:
         needs_server_data: D0 is required (FSL, FSL-p, DS).
         shares_server_data: DS: clients train on D_i ∪ D0.
         parallel_ok: FSL-p's server "client" may join this rule's mean of updates.
-        sends: server state the clients need for their correction, sent with the model in a
-            deployment (Flower): SCAFFOLD's c (for c - c_i).
+        sends: server state the clients read (``sent`` of the client functions), sent with the
+            model in a deployment (Flower): SCAFFOLD's c (for c - c_i).
         local_keys: hyper-parameters that enter the clients' steps (stacked runs must share
             them: one vmapped step takes one value).
         comm_factor: parameters moved per client and direction, in units of d (SCAFFOLD: 2).
-        make_client: the clients' local optimiser (``base.ClientOptimizer``) from the
-            hyper-parameters, or None for LocalSGD (it may also return None).
     """
 
     name: str
@@ -63,7 +61,6 @@ class Spec:
     sends: tuple[str, ...] = ()
     local_keys: tuple[str, ...] = ()
     comm_factor: int = 1
-    make_client: Callable[..., Any] | None = None  # the clients' ClientOptimizer from the hyper-parameters
     summary: str = field(default="", compare=False)
 
     def default_global_lr(self, clients_per_round: int) -> float | None:

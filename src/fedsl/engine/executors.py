@@ -1,44 +1,61 @@
-"""Executors: run LocalSGD for the S clients of a round, from one global model.
+"""Executors: run the client half of an algorithm for the planned clients of a round.
 
-Both call the same ``FunctionalModel.sgd_step``; they differ only in how clients are
-scheduled:
-- ``SequentialExecutor``: a plain loop over clients and their real steps (no padding).
-  On a small CPU this was as fast or faster than vmap (measured, see issue 2/6).
-- ``VectorisedExecutor``: the S clients step together, ``torch.func.vmap`` over stacked
-  parameters; padded steps have zero weight and are exact no-ops. What fills a GPU.
+Both run ``algorithms.base.client_update`` (``client_init``, a ``client_step`` per batch,
+``client_final``) with the model's gradient; they differ only in how clients are scheduled:
+- ``SequentialExecutor``: ``client_update`` itself, one client after another over its real
+  steps (no padding). On a small CPU this was as fast or faster than vmap (measured, issue 2/6).
+- ``VectorisedExecutor``: the clients step together, ``torch.func.vmap`` of the three client
+  functions over stacked clients; padded steps (zero-weight batches) are masked, exact no-ops.
+  What fills a GPU.
 They agree to float rounding (tests compare them in float64).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import torch
-from torch.func import vmap
+from torch.func import grad, vmap
 
-from fedsl.core.types import Params
+from fedsl.algorithms.base import LOCAL_SGD, LocalSGD, client_update
+from fedsl.core.types import Params, State
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import BatchPlan
+
+Lr = float | Sequence[float] | torch.Tensor  # one η for all clients, or one per client
 
 
 class Executor(Protocol):
     name: str
 
-    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float,
-                  correction=None, optimizer=None) -> Params:
-        """Final parameters of each planned client, stacked on a leading dim [S, ...].
+    def train(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+              lr: Lr, states: State | None = None, sent: list[State] | None = None) -> tuple[Params, State]:
+        """``client_update`` of each planned client j: from ``starts[j]`` with its state ``states[j]`` (stacked
+        on a leading [S] dim; None: stateless), what the server sent it ``sent[j]`` (None: nothing) and
+        step ``lr`` (one, or one per client), over its batches of ``plan`` into the pool (x, y).
 
-        ``correction`` (an ``algorithms.Correction``) adds prox·(y - params) + linear_i to
-        every local gradient (FedProx, SCAFFOLD, FedDyn). ``optimizer`` (an
-        ``algorithms.ClientOptimizer``) replaces the SGD step (None: LocalSGD).
+        Returns the final models x_i and the clients' new states, stacked [S, ...].
         """
         ...
 
-    def local_sgd_many(self, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
-                       lrs: list[float], correction=None, optimizer=None) -> Params:
-        """Client j of ``plan`` starts from ``starts[j]`` with step ``lrs[j]``: the clients of
-        several runs (``StackedSimulator``) in one call; each client's prox anchor is its start."""
+    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
+        """Plain LocalSGD from ``params`` for every planned client (server learning, pretraining), stacked."""
         ...
+
+
+def _rows(state: State | None, j: int) -> State:
+    return {k: {n: v[j] for n, v in g.items()} for k, g in (state or {}).items()}
+
+
+def _stacked(items: list):
+    """A list of per-client Params or States, stacked on a leading dim ({} for none)."""
+    if not items or not items[0]:
+        return {}
+    first = items[0]
+    if isinstance(next(iter(first.values())), dict):
+        return {k: {n: torch.stack([it[k][n] for it in items]) for n in g} for k, g in first.items()}
+    return {n: torch.stack([it[n] for it in items]) for n in first}
 
 
 class SequentialExecutor:
@@ -46,41 +63,36 @@ class SequentialExecutor:
 
     def __init__(self, fm: FunctionalModel) -> None:
         self.fm = fm
+        self._grad = grad(fm.loss)
 
-    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float,
-                  correction=None, optimizer=None) -> Params:
+    def _gradient(self, params: Params, batch: tuple) -> Params:
+        return self._grad(params, *batch)
+
+    def train(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+              lr: Lr, states: State | None = None, sent: list[State] | None = None) -> tuple[Params, State]:
         self.fm.train(True)
-        finals = [self._client(params, plan, j, x, y, lr, params, correction, optimizer)
-                  for j in range(plan.num_clients)]
-        return {n: torch.stack([f[n] for f in finals]) for n in params}
+        lrs = lr.tolist() if isinstance(lr, torch.Tensor) else lr
+        finals, rows = [], []
+        for j in range(plan.num_clients):
+            lr_j = lrs[j] if isinstance(lrs, Sequence) else lrs
+            # the caller's tensors as they are: their memory layout picks the convolution algorithm
+            x_i, row, _ = client_update(client, starts[j], _rows(states, j), sent[j] if sent else {},
+                                        self._batches(plan, j, x, y), self._gradient, lr_j)
+            finals.append(x_i)
+            rows.append(row)
+        return _stacked(finals), _stacked(rows)
 
-    def local_sgd_many(self, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
-                       lrs: list[float], correction=None, optimizer=None) -> Params:
-        """Like ``local_sgd`` but client j starts from ``starts[j]`` with step ``lrs[j]`` (stacked runs)."""
-        self.fm.train(True)
-        # the caller's tensors as they are: their memory layout picks the convolution algorithm
-        finals = [self._client(p, plan, j, x, y, lrs[j], p, correction, optimizer) for j, p in enumerate(starts)]
-        return {n: torch.stack([f[n] for f in finals]) for n in starts[0]}
-
-    def _client(self, p: Params, plan: BatchPlan, j: int, x: torch.Tensor, y: torch.Tensor, lr: float,
-                anchor: Params, correction, optimizer=None) -> Params:
-        """Client j's real steps (no padding) from p; ``anchor`` is its x_t for prox terms."""
-        corrected = correction is not None and correction.active
-        lin = {n: v[j] for n, v in correction.linear.items()} if corrected and correction.linear else None
-        state = optimizer.init(p) if optimizer is not None else None
+    @staticmethod
+    def _batches(plan: BatchPlan, j: int, x: torch.Tensor, y: torch.Tensor) -> Iterator[tuple]:
+        """Client j's real batches (no padding): (inputs, labels, weights 1/b, dropout key)."""
         for k in range(plan.steps[j]):
             w = plan.weight[j, k]
             b = int((w > 0).sum())  # real samples come first; the rest is padding
             idx = plan.idx[j, k, :b]
-            if optimizer is not None:
-                p, state = self.fm.optimizer_step(p, state, x[idx], y[idx], w[:b], plan.keys[j, k], lr, anchor,
-                                                  correction.prox if corrected else 0.0, lin, optimizer)
-            elif corrected:
-                p = self.fm.corrected_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr, anchor,
-                                           correction.prox, lin)
-            else:
-                p = self.fm.sgd_step(p, x[idx], y[idx], w[:b], plan.keys[j, k], lr)
-        return p
+            yield x[idx], y[idx], w[:b], plan.keys[j, k]
+
+    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
+        return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
 
 
 class VectorisedExecutor:
@@ -88,69 +100,38 @@ class VectorisedExecutor:
 
     def __init__(self, fm: FunctionalModel) -> None:
         self.fm = fm
+
+    def _step(self, client: LocalSGD):
+        """One masked step of every client: a zero-weight (padded) batch leaves its carry as it is."""
+        loss_grad = grad(self.fm.loss)
+
+        def step(carry, aux, xb, yb, wb, kb, lr):
+            new = client.client_step(carry, aux, loss_grad(carry["y"], xb, yb, wb, kb), lr)
+            live = wb.sum() > 0
+            return {k: {n: torch.where(live, v, carry[k][n]) for n, v in g.items()} for k, g in new.items()}
+
+        return step
+
+    def train(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
+              lr: Lr, states: State | None = None, sent: list[State] | None = None) -> tuple[Params, State]:
+        self.fm.train(True)
+        starts, states, sent = _stacked(starts), states or {}, _stacked(sent or [])
+        first = next(iter(starts.values()))
+        if not isinstance(lr, (int, float)):
+            lr = torch.as_tensor(lr, dtype=first.dtype, device=first.device)
+        lr_dim = 0 if isinstance(lr, torch.Tensor) else None
+        carry, aux = vmap(client.client_init)(starts, states, sent)
         # randomness='different' keeps any user module with its own random ops legal under vmap;
         # fedsl's dropout takes its randomness from the (batched) key instead.
-        self._step = vmap(fm.sgd_step, in_dims=(0, 0, 0, 0, 0, None), randomness="different")
-
-    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float,
-                  correction=None, optimizer=None) -> Params:
-        self.fm.train(True)
-        s = plan.num_clients
-        stacked = {n: p.unsqueeze(0).expand(s, *p.shape).contiguous() for n, p in params.items()}
-        if optimizer is not None:
-            return self._with_optimizer(stacked, params, None, plan, x, y, lr, None, correction, optimizer)
-        step = self._step
-        if correction is not None and correction.active:
-            lin_dim = 0 if correction.linear is not None else None
-            corrected = vmap(self.fm.corrected_step, in_dims=(0, 0, 0, 0, 0, None, None, None, lin_dim),
-                             randomness="different")
-
-            def step(p, xb, yb, wb, kb, lr_):
-                return corrected(p, xb, yb, wb, kb, lr_, params, correction.prox, correction.linear)
+        step = vmap(self._step(client), in_dims=(0, 0, 0, 0, 0, 0, lr_dim), randomness="different")
         for k in range(plan.max_steps):
             idx = plan.idx[:, k]  # [S, B]
-            stacked = step(stacked, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
-        return stacked
+            carry = step(carry, aux, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
+        steps = torch.tensor(plan.steps, dtype=first.dtype, device=first.device)  # K_i
+        return vmap(client.client_final, in_dims=(0, 0, 0, 0, 0, lr_dim))(starts, states, sent, carry, steps, lr)
 
-    def local_sgd_many(self, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
-                       lrs: list[float], correction=None, optimizer=None) -> Params:
-        """Like ``local_sgd`` but client j starts from ``starts[j]`` with step ``lrs[j]`` (stacked runs)."""
-        self.fm.train(True)
-        stacked = {n: torch.stack([p[n] for p in starts]) for n in starts[0]}
-        anchors = stacked
-        lr = torch.tensor(lrs, dtype=stacked[next(iter(stacked))].dtype, device=plan.idx.device)
-        if optimizer is not None:
-            return self._with_optimizer(stacked, anchors, 0, plan, x, y, lr, 0, correction, optimizer)
-        if correction is not None and correction.active:
-            lin_dim = 0 if correction.linear is not None else None
-            corrected = vmap(self.fm.corrected_step, in_dims=(0, 0, 0, 0, 0, 0, 0, None, lin_dim),
-                             randomness="different")
-
-            def step(p, xb, yb, wb, kb, lr_):
-                return corrected(p, xb, yb, wb, kb, lr_, anchors, correction.prox, correction.linear)
-        else:
-            step = vmap(self.fm.sgd_step, in_dims=(0, 0, 0, 0, 0, 0), randomness="different")
-        for k in range(plan.max_steps):
-            idx = plan.idx[:, k]
-            stacked = step(stacked, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
-        return stacked
-
-    def _with_optimizer(self, stacked: Params, anchors: Params, anchor_dim, plan: BatchPlan, x: torch.Tensor,
-                        y: torch.Tensor, lr, lr_dim, correction, optimizer) -> Params:
-        """The clients' steps with a ``ClientOptimizer``: its state is stacked over clients and
-        carried through the steps; padded steps leave both untouched."""
-        corrected = correction is not None and correction.active
-        prox = correction.prox if corrected else 0.0
-        linear = correction.linear if corrected else None
-        step = vmap(self.fm.optimizer_step, in_dims=(0, 0, 0, 0, 0, 0, lr_dim, anchor_dim, None,
-                                                     0 if linear is not None else None, None),
-                    randomness="different")
-        state = optimizer.init(stacked)
-        for k in range(plan.max_steps):
-            idx = plan.idx[:, k]
-            stacked, state = step(stacked, state, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr, anchors,
-                                  prox, linear, optimizer)
-        return stacked
+    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
+        return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
 
 
 EXECUTORS = {"sequential": SequentialExecutor, "vectorised": VectorisedExecutor}

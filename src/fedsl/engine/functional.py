@@ -1,8 +1,8 @@
 """A torch.nn.Module seen as a pure function of its parameters (torch.func).
 
 Parameters travel as ``dict[name, Tensor]``; a stacked (vmapped) set has a leading
-client dimension on every tensor. The one client-update function of the engine is
-``sgd_step`` below: both executors call it, the vectorised one under ``vmap``.
+client dimension on every tensor. The executors take ``torch.func.grad`` of ``loss`` below
+and hand it to the algorithm's client step (``algorithms.base``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def check_model(model: nn.Module) -> None:
 
 
 class FunctionalModel:
-    """Wraps ``model`` (dropout made key-driven) with a pure loss and an SGD step."""
+    """Wraps ``model`` (dropout made key-driven) as a pure function of its parameters, with a pure loss."""
 
     def __init__(self, model: nn.Module) -> None:
         check_model(model)
@@ -49,45 +49,6 @@ class FunctionalModel:
         """Weighted cross-entropy: sum_j w_j * ce_j (w = 1/b on real samples, 0 on padding)."""
         logits = self.forward(params, x, key)
         return (F.cross_entropy(logits, y, reduction="none") * w).sum()
-
-    def sgd_step(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, key: torch.Tensor,
-                 lr: torch.Tensor | float) -> Params:
-        """One SGD step y_{k+1} = y_k - lr * g(y_k) (LocalSGD of Algorithm 1). A zero-weight batch is a no-op."""
-        g = grad(self.loss)(params, x, y, w, key)
-        return {n: p - lr * g[n] for n, p in params.items()}
-
-    def corrected_step(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, key: torch.Tensor,
-                       lr: torch.Tensor | float, anchor: Params, prox: float, linear: Params | None) -> Params:
-        """One SGD step on a corrected gradient: g + prox·(y - anchor) + linear.
-
-        FedProx / FedDyn (prox, anchor = x_t) and SCAFFOLD / FedDyn (linear). A step whose
-        batch has zero weight (padding) is a no-op: the correction would otherwise move it.
-        """
-        g = grad(self.loss)(params, x, y, w, key)
-        active = (w.sum() > 0).to(w.dtype)
-        out = {}
-        for n, p in params.items():
-            d = g[n]
-            if prox:
-                d = d + prox * (p - anchor[n])
-            if linear is not None:
-                d = d + linear[n]
-            out[n] = p - (lr * active) * d
-        return out
-
-    def optimizer_step(self, params: Params, state: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                       key: torch.Tensor, lr: torch.Tensor | float, anchor: Params, prox: float,
-                       linear: Params | None, optimizer) -> tuple[Params, Params]:
-        """One step of a client optimiser (``algorithms.ClientOptimizer``) on the corrected gradient
-        g + prox·(y - anchor) + linear. A zero-weight batch (padding) leaves params and state as they are."""
-        g = grad(self.loss)(params, x, y, w, key)
-        if prox or linear is not None:
-            g = {n: g[n] + (prox * (p - anchor[n]) if prox else 0) + (linear[n] if linear is not None else 0)
-                 for n, p in params.items()}
-        new_p, new_s = optimizer.step(params, g, state, lr)
-        live = w.sum() > 0
-        return ({n: torch.where(live, new_p[n], p) for n, p in params.items()},
-                {n: torch.where(live, new_s[n], s) for n, s in state.items()})
 
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)

@@ -1,30 +1,33 @@
-"""The simulator: one process, all clients in memory, rounds of Algorithm 1.
+"""The simulator: one process, all clients in memory, rounds of any algorithm.
 
-    sample S clients -> LocalSGD on each (executor) -> server update -> server learning
+    sample S clients -> the algorithm's client half on each (executor, vmapped or a loop)
+    -> its server half (the rule's update, then server learning on D0) -> clients' new states
 
-Everything random is drawn from (seed, round), so ``round(state, t)`` is a function of
-(state, t) alone: that is what makes resume bit-identical. (Stateful rules update their
-per-client tables, e.g. SCAFFOLD's c_i, in place rather than copying N×d numbers.)
+The algorithm owns the arithmetic (``fedsl.algorithms``); the simulator samples, plans batches
+and schedules. Everything random is drawn from (seed, round), so ``round(state, t)`` is a
+function of (state, t) alone: that is what makes resume bit-identical. (The clients' states,
+e.g. SCAFFOLD's c_i, are [N, ...] tables whose sampled rows are updated in place.)
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from fedsl.algorithms.base import Algorithm, Correction, RoundContext, State, is_client_table
-from fedsl.algorithms.fedavg import client_weights
-from fedsl.algorithms.server_learning import Pretraining
+from fedsl.algorithms.base import Algorithm, ClientResults, LocalTraining, RunState, State
+from fedsl.algorithms.server_learning import Pretraining, ServerMetrics, ServerSide, server_update
 from fedsl.core import rng
 from fedsl.core.types import Params
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import Executor
 from fedsl.engine.functional import FunctionalModel, evaluate, full_gradient
 from fedsl.engine.plan import BatchPlan, make_plan
+
+__all__ = ["ClientWork", "RoundInfo", "RunState", "Simulator"]  # RunState lives in algorithms.base
 
 SERVER_ID = -1  # the server's id in batch-plan streams
 
@@ -33,21 +36,6 @@ SERVER_ID = -1  # the server's id in batch-plan streams
 # (500 epochs on D0: minutes on a CPU per run) instead of repeating it.
 _PRETRAINED: OrderedDict[str, Params] = OrderedDict()
 _PRETRAINED_MAX = 16  # a sweep cycles over seeds × D0s; 16 CIFAR CNNs are 35 MB
-
-
-@dataclass
-class RunState:
-    """What carries from one round to the next (and is checkpointed).
-
-    Attributes:
-        x: the global model x_t.
-        algo: the server rule's state (SCAFFOLD's c and c_i, FedDyn's h and ∇L_i, momentum, ...).
-        gamma: the adaptive γ schedule's current γ_t (None for schedules that are functions of t).
-    """
-
-    x: Params
-    algo: State = field(default_factory=dict)
-    gamma: float | None = None
 
 
 @dataclass
@@ -62,32 +50,16 @@ class RoundInfo:
 
 @dataclass
 class ClientWork:
-    """A round's client phase: x_t (in the engine's layout), who trains, on which batches.
+    """A round's client phase: who trains (ids, n_i) and on which batches."""
 
-    The server update reads ``params``, ``ids``, ``sizes`` and ``steps`` only; a deployment's
-    server (Flower), which plans no batches, fills those from the clients' replies.
-    """
-
-    params: Params
     ids: np.ndarray
     ids_t: torch.Tensor
     sizes: list[int]  # n_i of the sampled clients (D_i ∪ D0 for DS)
-    steps: tuple[int, ...]  # K_i, the local steps each client takes (reported back in a deployment)
-    plan: BatchPlan | None = None  # the batches (the simulator's own client phase)
-    correction: Correction | None = None
+    plan: BatchPlan
 
-
-@dataclass
-class Aggregate:
-    """After the rule's update, before incremental server learning."""
-
-    new: Params  # x̄_{t+1}
-    algo: State
-    rows: dict[str, Params]  # new rows of the per-client tables, written by end_round
-    gamma: float | None
-    cos: float | None
-    server_steps: int  # K0 already taken (FSL-p)
-    incremental: bool  # whether server learning (Algorithm 1, line 10) is still to run
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return self.plan.steps  # K_i
 
 
 class Simulator:
@@ -153,107 +125,90 @@ class Simulator:
         return h.hexdigest()
 
     def initial_state(self, pretrain: Pretraining | None = None) -> RunState:
-        """Round 0: x_0 (optionally pretrained), the rule's initial state, γ_0."""
+        """Round 0: x_0 (optionally pretrained), the server's and every client's initial state, γ_0."""
         x = self.initial_params(pretrain)
         sl = self.alg.server_learning
         gamma = sl.gamma if sl is not None and sl.gamma_schedule.kind == "adaptive" else None
-        return RunState(x, self.alg.rule.init_state(x, self.fed.num_clients), gamma)
+        rule, n = self.alg.rule, self.fed.num_clients
+        # the clients' states as [N, ...] tables: the round updates the sampled clients' rows in place,
+        # since copying N×d numbers (2 GB for 1,000 CIFAR clients) would cost more than the round
+        clients = {k: {p: v.unsqueeze(0).expand(n, *v.shape).clone() for p, v in g.items()}
+                   for k, g in rule.init_client_state(x).items()}
+        return RunState(x, rule.init_server_state(x), gamma, clients)
 
     def round(self, state: RunState, t: int) -> tuple[RunState, RoundInfo]:
-        """x_{t+1} (and the algorithm's state) from x_t: one round of the algorithm."""
-        work = self.begin_round(state, t)
-        stacked = self.executor.local_sgd(work.params, work.plan, self.fed.x, self.fed.y, self.alg.local.lr,
-                                          work.correction, self.alg.client_optimizer)
-        agg = self.aggregate(state, t, work, stacked)
-        new, server_steps = agg.new, agg.server_steps
-        if agg.incremental:
-            new, server_steps = self.server_sgd(new, t, agg.gamma)  # Algorithm 1, line 10
-        return self.end_round(state, work, agg, new, server_steps)
+        """x_{t+1} (and the algorithm's state) from x_t: one round of the algorithm.
 
-    # A round in three phases, so that ``StackedSimulator`` can run the clients (and the
-    # server's SGD) of several runs in one executor call between them.
-
-    def begin_round(self, state: RunState, t: int) -> "ClientWork":
-        """Sample S clients, plan their batches, and the rule's gradient correction."""
-        params = self.layout(state.x)
-        ids = rng.sample_clients(self.seed, t, self.fed.num_clients, self.S)
-        ids_t = torch.as_tensor(ids, device=self.device)
-        data = [self.client_data[i] for i in ids]
-        loc = self.alg.local
-        plan = make_plan(data, ids.tolist(), loc.batch_size, loc.epochs, loc.steps, self.seed, t,
-                         rng.CLIENT_BATCHES).to(self.device, self.dtype)
-        correction = self.alg.rule.correction(params, state.algo, ids_t)
-        return ClientWork(params, ids, ids_t, [len(d) for d in data], plan.steps, plan, correction)
-
-    def aggregate(self, state: RunState, t: int, work: "ClientWork", stacked: Params) -> "Aggregate":
-        """The rule's update from the clients' final models (FSL-p's server joins as one more client)."""
-        alg, params = self.alg, work.params
-        weights = client_weights(work.sizes, alg.weighted).to(self.device)
-        sl = alg.server_learning
-        on = sl is not None and sl.active
-        gamma = sl.gamma_schedule.value(t, state.gamma) if on else None
-        server_steps = 0
-        if on and sl.mode == "parallel":
-            # FSL-p: the server trains from x_t like one more client, weight w0.
-            x0, server_steps = self.server_sgd(params, t, gamma)
-            w0 = sl.parallel_weight(self.fed.n0, work.sizes)
-            stacked = {n: torch.cat([stacked[n], x0[n].unsqueeze(0)]) for n in stacked}
-            weights = torch.cat([(1.0 - w0) * weights, torch.tensor([w0], dtype=weights.dtype, device=self.device)])
-        ctx = RoundContext(alg.local.lr, torch.tensor(work.steps, device=self.device), self.fed.num_clients)
-        new, out = alg.rule.update(params, stacked, weights, work.ids_t, state.algo, ctx)
-        rows = {k: v for k, v in out.items() if is_client_table(k)}  # sampled clients' new rows of [N, ...] tables
-        algo = {**state.algo, **{k: v for k, v in out.items() if not is_client_table(k)}}
-        cos = self._angle(params, stacked, weights) if on and sl.measures_angle else None
-        return Aggregate(new, algo, rows, gamma, cos, server_steps, on and sl.mode == "incremental")
-
-    def end_round(self, state: RunState, work: "ClientWork", agg: "Aggregate", new: Params,
-                  server_steps: int) -> tuple[RunState, RoundInfo]:
-        """γ's adaptation, the round's record, and the per-client tables' new rows."""
-        sl = self.alg.server_learning
-        next_gamma = state.gamma
-        if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive":
-            next_gamma = sl.gamma_schedule.adapt(agg.gamma, agg.cos)
-        comm = 2 * self.S * self.num_params * (self.alg.spec.comm_factor if self.alg.spec else 1)
-        info = RoundInfo(work.ids, work.steps, server_steps, agg.gamma, agg.cos, comm)
-        # last, so that an interruption inside the round leaves the tables as the checkpoint expects
-        algo = agg.algo
-        for key, new_rows in agg.rows.items():
-            for n, r in new_rows.items():
-                algo[key][n][work.ids_t] = r
-        return RunState(new, algo, next_gamma), info
-
-    def _angle(self, x: Params, stacked: Params, weights: torch.Tensor) -> float:
-        """cos θ_t between -∇f0(x_t) and the clients' mean update Δ_t from x_t.
-
-        Δ_t stands in for -∇F(x_t), which the server cannot compute: the paper's descent
-        condition needs ⟨∇F, ∇f0⟩ > 0. Both are taken at x_t, where the clients start; at
-        x̄_t (after aggregation) we measured the sign flipped on the quickstart data even
-        though the true cos(∇F, ∇f0) stayed near 0.9.
+        Sample S clients and plan their batches; run the algorithm's client half for them (the
+        executor); its server half (``server_learning.server_update``: the rule's update, then
+        server learning on D0); write the clients' new states into their rows.
         """
-        n_clients = len(weights) if self.alg.server_learning.mode == "incremental" else len(weights) - 1
-        w = weights[:n_clients] / weights[:n_clients].sum()
-        delta = {n: (w.to(v.dtype).reshape(-1, *([1] * x[n].dim())) * (stacked[n][:n_clients] - x[n])).sum(0)
-                 for n, v in stacked.items()}
-        idx = torch.as_tensor(self.fed.server, device=self.device)
-        g0 = full_gradient(self.fm, x, self.fed.x[idx], self.fed.y[idx])
-        dot = sum(-(g0[n] * delta[n]).sum() for n in x)
-        norm = torch.sqrt(sum((g0[n] ** 2).sum() for n in x)) * torch.sqrt(sum((delta[n] ** 2).sum() for n in x))
-        return float(dot / norm) if norm > 0 else float("nan")
+        state = replace(state, x=self.layout(state.x))
+        work = self.sample(t)
+        finals, rows = self.train_clients(state, work, t)
+        new, metrics = server_update(self.alg, state, ClientResults(finals, work.sizes, work.steps), t, self.server)
+        return self.end_round(new, work, rows, metrics)
 
-    def server_sgd(self, params: Params, t: int, gamma: float) -> tuple[Params, int]:
-        """LocalSGD(params, γ_t·η0, K0, D0) for round t; returns the model and K0."""
-        plan, lr = self.server_step(t, gamma)
+    # A round in phases, so that ``StackedSimulator`` can run the clients (and the server's SGD)
+    # of several runs in one executor call between them, and a Flower ClientApp its one client.
+
+    def sample(self, t: int) -> ClientWork:
+        """Round t's S clients (drawn from (seed, t) alone) and their batches."""
+        ids = rng.sample_clients(self.seed, t, self.fed.num_clients, self.S)
+        return ClientWork(ids, torch.as_tensor(ids, device=self.device), [len(self.client_data[i]) for i in ids],
+                          self.plan_clients(ids.tolist(), t))
+
+    def plan_clients(self, ids: list[int], t: int, local: LocalTraining | None = None) -> BatchPlan:
+        """The batches of clients ``ids`` in round t: each from rng(seed, t, CLIENT_BATCHES, i), so a client
+        can plan its own from its id alone (a Flower node) and the plan does not depend on the others."""
+        loc = local or self.alg.local
+        return make_plan([self.client_data[i] for i in ids], ids, loc.batch_size, loc.epochs, loc.steps, self.seed,
+                         t, rng.CLIENT_BATCHES).to(self.device, self.dtype)
+
+    def sent(self, state: RunState) -> State:
+        """What the server sends the clients besides x_t: the server state they read (SCAFFOLD's c)."""
+        return {k: state.algo[k] for k in (self.alg.spec.sends if self.alg.spec else ())}
+
+    def train_clients(self, state: RunState, work: ClientWork, t: int) -> tuple[dict, State]:
+        """The algorithm's client half for the sampled clients: their final models and new states."""
+        rows = {k: {n: v[work.ids_t] for n, v in g.items()} for k, g in state.clients.items()}
+        s = len(work.ids)
+        return self.executor.train(self.alg.rule, [state.x] * s, work.plan, self.fed.x, self.fed.y,
+                                   self.alg.local.lr, rows, [self.sent(state)] * s)
+
+    def end_round(self, new: RunState, work: ClientWork, rows: State, metrics: ServerMetrics
+                  ) -> tuple[RunState, RoundInfo]:
+        """The round's record, and the sampled clients' new states written into their rows."""
+        comm = 2 * self.S * self.num_params * (self.alg.spec.comm_factor if self.alg.spec else 1)
+        info = RoundInfo(work.ids, work.steps, metrics.server_steps, metrics.gamma, metrics.cos_theta, comm)
+        # last, so that an interruption inside the round leaves the tables as the checkpoint expects
+        for key, new_rows in rows.items():
+            for n, r in new_rows.items():
+                new.clients[key][n][work.ids_t] = r
+        return new, info
+
+    @property
+    def server(self) -> ServerSide:
+        """N, n0, LocalSGD on D0 and ∇f0: what the server half needs from the engine."""
+        return ServerSide(self.fed.num_clients, self.fed.n0, self.server_sgd, self.f0_gradient)
+
+    def f0_gradient(self, x: Params) -> Params:
+        """∇f0(x) on all of D0 (dropout off)."""
+        idx = torch.as_tensor(self.fed.server, device=self.device)
+        return full_gradient(self.fm, x, self.fed.x[idx], self.fed.y[idx])
+
+    def server_sgd(self, params: Params, t: int, lr: float) -> tuple[Params, int]:
+        """LocalSGD(params, lr, K0, D0) over round t's server batches (line 10: lr = γ_t·η0); the model and K0."""
+        plan = self.server_plan(t)
         x = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, lr))
         return x, plan.steps[0]
 
-    def server_step(self, t: int, gamma: float) -> tuple[BatchPlan, float]:
-        """Algorithm 1, line 10 of round t: the server's K0 batches of D0 and its step size γ_t·η0
-        (``server_sgd`` runs them; ``StackedSimulator`` runs those of many runs in one call)."""
+    def server_plan(self, t: int) -> BatchPlan:
+        """Round t's K0 batches of D0 (``StackedSimulator`` runs those of many runs in one call)."""
         sl = self.alg.server_learning
         assert sl is not None
-        plan = make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
+        return make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
                          rng.SERVER_BATCHES).to(self.device, self.dtype)
-        return plan, gamma * sl.lr
 
     def layout(self, params: Params) -> Params:
         """The memory layout of the fast path (values unchanged): channels-last on CPU."""

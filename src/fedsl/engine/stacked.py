@@ -18,7 +18,8 @@ from dataclasses import replace
 
 import torch
 
-from fedsl.algorithms.base import Correction
+from fedsl.algorithms import server_learning as sl
+from fedsl.algorithms.base import LOCAL_SGD, ClientResults
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate_many
 from fedsl.engine.plan import concat_plans
@@ -90,8 +91,6 @@ class StackedSimulator:
         local = {k for alg in (a.alg, b.alg) if alg.spec for k in alg.spec.local_keys}
         if any(getattr(a.alg.rule, k, None) != getattr(b.alg.rule, k, None) for k in sorted(local)):
             return f"a hyper-parameter of the local step ({', '.join(sorted(local))}) differs; one vmapped step takes one"
-        if a.alg.client_optimizer != b.alg.client_optimizer:
-            return "the clients' local optimisers differ; one vmapped step takes one"
         if a.alg.share_server_data != b.alg.share_server_data:
             return "one shares the server data with clients (DS) and the other does not"
         return ""
@@ -108,47 +107,44 @@ class StackedSimulator:
         """Round t of every run: ``[sim.round(s, t) for sim, s in zip(sims, states)]``, batched."""
         if len(states) != len(self.sims):
             raise ValueError(f"got {len(states)} states for {len(self.sims)} stacked runs")
-        works = [sim.begin_round(st, t) for sim, st in zip(self.sims, states)]
+        states = [replace(st, x=sim.layout(st.x)) for sim, st in zip(self.sims, states)]
+        works = [sim.sample(t) for sim in self.sims]
         sizes = [w.plan.num_clients for w in works]
         plan = concat_plans([w.plan for w in works], self.offsets)
-        starts = [w.params for w, s in zip(works, sizes) for _ in range(s)]
+        # the clients of all runs in one call: each starts from its run's x_t, with its run's η_l and
+        # server state, and its own row of its run's tables (one rule: the runs share its local keys)
+        starts = [st.x for st, s in zip(states, sizes) for _ in range(s)]
         lrs = [sim.alg.local.lr for sim, s in zip(self.sims, sizes) for _ in range(s)]
-        finals = self.executor.local_sgd_many(starts, plan, self.x, self.y, lrs, self._correction(works),
-                                              self.sims[0].alg.client_optimizer)
+        sent = [sim.sent(st) for sim, st, s in zip(self.sims, states, sizes) for _ in range(s)]
+        rows = {k: {n: torch.cat([st.clients[k][n][w.ids_t] for st, w in zip(states, works)]) for n in g}
+                for k, g in states[0].clients.items()}
+        finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows, sent)
         aggs, at = [], 0
         for sim, st, w, s in zip(self.sims, states, works, sizes):
-            aggs.append(sim.aggregate(st, t, w, {n: v[at:at + s] for n, v in finals.items()}))
+            results = ClientResults({n: v[at:at + s] for n, v in finals.items()}, w.sizes, w.steps)
+            aggs.append(sl.aggregate(sim.alg, st, results, t, sim.server))
             at += s
-        news = [a.new for a in aggs]
+        news = [a.x_bar for a in aggs]
         server_steps = [a.server_steps for a in aggs]
         sl_runs = [r for r, a in enumerate(aggs) if a.incremental]
         if sl_runs:  # Algorithm 1, line 10, for every run with server learning on, in one call
-            plans, sl_lrs = zip(*(self.sims[r].server_step(t, aggs[r].gamma) for r in sl_runs))
-            sl_starts = [aggs[r].new for r in sl_runs]
-            out = self.executor.local_sgd_many(sl_starts, concat_plans(plans, [self.offsets[r] for r in sl_runs]),
-                                               self.x, self.y, list(sl_lrs))
+            plans = [self.sims[r].server_plan(t) for r in sl_runs]
+            sl_lrs = [sl.line10_lr(self.sims[r].alg, aggs[r]) for r in sl_runs]
+            out = self.executor.train(LOCAL_SGD, [aggs[r].x_bar for r in sl_runs],
+                                      concat_plans(plans, [self.offsets[r] for r in sl_runs]), self.x, self.y,
+                                      sl_lrs)[0]
             for j, r in enumerate(sl_runs):
                 news[r] = {n: v[j] for n, v in out.items()}
                 server_steps[r] = plans[j].steps[0]
-        results = [sim.end_round(st, w, a, nw, k0)
-                   for sim, st, w, a, nw, k0 in zip(self.sims, states, works, aggs, news, server_steps)]
-        return [r[0] for r in results], [r[1] for r in results]
-
-    @staticmethod
-    def _correction(works) -> Correction | None:
-        """The runs' corrections as one, their linear terms stacked in client order."""
-        active = [w.correction is not None and w.correction.active for w in works]
-        if not any(active):
-            return None
-        if not all(active):
-            raise ValueError("stacked runs disagree on whether the local gradient is corrected")
-        prox = {w.correction.prox for w in works}
-        if len(prox) > 1:
-            raise ValueError(f"stacked runs have different proximal coefficients {sorted(prox)}")
-        lin = None
-        if works[0].correction.linear is not None:
-            lin = {n: torch.cat([w.correction.linear[n] for w in works]) for n in works[0].correction.linear}
-        return Correction(prox.pop(), lin)
+        out_states, infos, at = [], [], 0
+        for sim, st, w, a, nw, k0, s in zip(self.sims, states, works, aggs, news, server_steps, sizes):
+            new, metrics = sl.finish(sim.alg, st, a, nw, k0)
+            mine = {k: {n: v[at:at + s] for n, v in g.items()} for k, g in new_rows.items()}
+            new, info = sim.end_round(new, w, mine, metrics)
+            out_states.append(new)
+            infos.append(info)
+            at += s
+        return out_states, infos
 
     def evaluate(self, params: list[Params], runs: list[int] | None = None) -> list[tuple[float, float]]:
         """(accuracy, loss) of each model on its run's test set; ``params[j]`` is run ``runs[j]``'s

@@ -140,12 +140,13 @@ class RunDir:
         return json.loads(self.summary_file.read_text()) if self.summary_file.is_file() else {}
 
     def save_checkpoint(self, round_: int, state, wall_time: float) -> None:
-        """The run's state after ``round_`` rounds: model, algorithm state (control variates, ...), γ_t."""
+        """The run's state after ``round_`` rounds: model, server state (momentum, SCAFFOLD's c, ...), γ_t and
+        the clients' states (SCAFFOLD's c_i, ... as [N, ...] tables)."""
         def cpu(d):
             return {k: cpu(v) if isinstance(v, dict) else v.detach().cpu() for k, v in d.items()}
 
         blob = {"round": round_, "params": cpu(state.x), "algo": cpu(state.algo), "gamma": state.gamma,
-                "wall_time": wall_time}
+                "clients": cpu(state.clients), "wall_time": wall_time}
         atomic_write(self.checkpoint_file, lambda p: torch.save(blob, p))
 
     def checkpoint_round(self) -> int | None:

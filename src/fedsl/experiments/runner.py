@@ -18,7 +18,6 @@ import torch
 from fedsl import metrics
 from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
                               make_algorithm, spec)
-from fedsl.algorithms.base import is_client_table
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
 from fedsl.diagnostics import measure
@@ -279,6 +278,18 @@ class _Progress:
             self.bar.stop()
 
 
+def checkpoint_state(ckpt: dict, dev: Callable[[dict], dict]) -> RunState:
+    """The RunState of a loaded checkpoint (``RunDir.save_checkpoint``), its tensors through ``dev``.
+
+    Checkpoints before the clients' states had their own entry kept the tables in ``algo``, named
+    with an ``_i`` suffix (SCAFFOLD's c_i, FedDyn's grad_i): they are moved to ``clients``.
+    """
+    algo, clients = dev(ckpt.get("algo", {})), dev(ckpt.get("clients", {}))
+    for key in [k for k in algo if k.endswith("_i")]:
+        clients[key] = algo.pop(key)
+    return RunState(dev(ckpt["params"]), algo, ckpt.get("gamma"), clients)
+
+
 class RunSession:
     """One run's bookkeeping around the rounds: its folder, checkpoints, metrics, summary, progress.
 
@@ -306,7 +317,7 @@ class RunSession:
                     return {k: dev(v) if isinstance(v, dict) else v.to(device=prep.device, dtype=sim.dtype)
                             for k, v in d.items()}
 
-                self.state = RunState(dev(ckpt["params"]), dev(ckpt.get("algo", {})), ckpt.get("gamma"))
+                self.state = checkpoint_state(ckpt, dev)
                 history = rd.truncate_metrics(self.start)
             elif rd.is_run():
                 rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too
@@ -403,8 +414,8 @@ class RunSession:
                          f"{self.above} evaluations at round {done}: stopping (status 'diverged')")
                 return False
         if done == cfg.rounds and not cfg.checkpoint_every:
-            self.rd.save_checkpoint(done, RunState(state.x, {k: v for k, v in state.algo.items()
-                                                             if not is_client_table(k)}, state.gamma), self.wall())
+            # the run is over and nothing will resume it: the clients' tables are not needed
+            self.rd.save_checkpoint(done, RunState(state.x, state.algo, state.gamma), self.wall())
         elif done == cfg.rounds or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
             self.rd.save_checkpoint(done, state, self.wall())
         self.bar.update(done, acc, (done - self.start) / max(time.perf_counter() - self.t_start, 1e-9))

@@ -102,7 +102,8 @@ class Checkpointing:
             except (ValueError, TypeError):
                 self.received = []
         log(INFO, "fedsl: resuming from %s at round %d of %d", path, self.offset + 1, self.setup.cfg.rounds)
-        if self.tables:
+        tables = list(self.alg.rule.init_client_state(self.state.x))
+        if tables:
             log(WARNING, "fedsl: %s keeps %s on the clients, which start them over in a new Flower run: the resumed "
-                "run is not bit-identical to an uninterrupted one", self.alg.name, ", ".join(self.tables))
+                "run is not bit-identical to an uninterrupted one", self.alg.name, ", ".join(tables))
         return self.offset

@@ -1,11 +1,11 @@
 """The client side: fedsl's client update (LocalSGD of Algorithm 1) inside a Flower ClientApp.
 
-The update is the engine's own: a batch plan for this one client drawn from
-``rng(seed, round, CLIENT_BATCHES, i)`` (so it needs nothing but its id), the rule's gradient
-correction, and the simulator's executor running ``FunctionalModel.sgd_step`` K_i times
-with step size η_l. Stateful rules keep this client's rows of their per-client tables
-(SCAFFOLD's c_i, FedDyn's ∇L_i) in the ClientApp's ``context.state``; the client updates its
-own row with the rule's own ``update``, exactly as the simulator updates row i of its table.
+The update is the algorithm's client half (``client_init``, a ``client_step`` per batch,
+``client_final``; ``fedsl.algorithms.base``) run by the simulator's own executor over a batch plan
+for this one client drawn from ``rng(seed, round, CLIENT_BATCHES, i)`` (so it needs nothing but
+its id), with step size η_l. Stateful clients keep their state (SCAFFOLD's c_i, FedDyn's ∇L_i) in
+the ClientApp's ``context.state``; ``client_final`` gives the new one, exactly as it gives the
+simulator row i of its table.
 
 What goes back to the server is parameters only: the final model x_i (and as metrics the
 number of samples n_i, the steps K_i and the loss of x_i on D_i), never samples or labels.
@@ -25,11 +25,9 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsl.algorithms.base import Algorithm, LocalTraining, RoundContext, State, is_client_table
-from fedsl.core import rng
+from fedsl.algorithms.base import Algorithm, LocalTraining, State
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate
-from fedsl.engine.plan import make_plan
 from fedsl.engine.simulator import Simulator
 from fedsl.flower.config import load_setup
 from fedsl.flower.records import from_record, local_keys, state_from_record, to_record
@@ -62,42 +60,37 @@ def partition_id(node_config: Mapping[str, Any], num_clients: int) -> int:
 def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state: State | None = None,
                   rows: State | None = None, local: LocalTraining | None = None,
                   alg: Algorithm | None = None) -> tuple[Params, int, State]:
-    """Client ``cid``'s update of round ``t``: K_i LocalSGD steps with η_l from x_t.
+    """Client ``cid``'s update of round ``t``: the algorithm's client half from x_t, as the simulator runs it.
 
     Args:
         sim: the engine (executor, data layout, client data D_i or D_i ∪ D0 for DS).
         params: x_t, the model the server sent.
         t: the round (0-based, as in the simulator).
         cid: the client id i (the node's partition id).
-        server_state: the server-state entries the rule's correction reads (SCAFFOLD's c).
-        rows: this client's rows of the rule's per-client tables (name ending in ``_i``,
-            tensors without the client dimension); missing rows start as the rule's initial ones.
+        server_state: what the server sent besides x_t (the spec's ``sends``: SCAFFOLD's c).
+        rows: this client's state (SCAFFOLD's c_i, FedDyn's ∇L_i); missing entries start as the
+            rule's ``init_client_state``.
         local: η_l, B, E and K to train with (default: the algorithm's, ``sim.alg.local``).
         alg: the algorithm (default ``sim.alg``; ``message_algorithm`` gives one with the message's
             local-step hyper-parameters).
     Returns:
-        (x_i, K_i, new rows of this client's tables).
+        (x_i, K_i, the client's new state).
     """
     alg = alg or sim.alg
     loc, rule = local or alg.local, alg.rule
     params = sim.layout(params)
-    state = rule.init_state(params, 1)  # shapes and initial values; tables have one row: this client's
-    for key, row in (rows or {}).items():
-        if key in state:
-            state[key] = {n: row[n].to(device=sim.device, dtype=sim.dtype).unsqueeze(0) for n in state[key]}
-    for key, value in (server_state or {}).items():
-        state[key] = {n: v.to(device=sim.device, dtype=sim.dtype) for n, v in value.items()}
-    ids = torch.zeros(1, dtype=torch.long, device=sim.device)  # row 0 of the one-row tables
-    plan = make_plan([sim.client_data[cid]], [cid], loc.batch_size, loc.epochs, loc.steps, sim.seed, t,
-                     rng.CLIENT_BATCHES).to(sim.device, sim.dtype)
-    correction = rule.correction(params, state, ids)
-    stacked = sim.executor.local_sgd(params, plan, sim.fed.x, sim.fed.y, loc.lr, correction, alg.client_optimizer)
-    new_rows: State = {}
-    if any(is_client_table(k) for k in state):  # the rule's client_rows: this client's own new rows
-        ctx = RoundContext(loc.lr, torch.tensor(plan.steps, device=sim.device), sim.fed.num_clients)
-        out = rule.client_rows(params, stacked, ids, state, ctx)
-        new_rows = {k: {n: v[0] for n, v in out[k].items()} for k in out}
-    return {n: v[0] for n, v in stacked.items()}, plan.steps[0], new_rows
+
+    def here(group: Params) -> Params:
+        return {n: v.to(device=sim.device, dtype=sim.dtype) for n, v in group.items()}
+
+    state = {**rule.init_client_state(params), **{k: here(v) for k, v in (rows or {}).items()}}
+    sent = {k: here(v) for k, v in (server_state or {}).items()}
+    plan = sim.plan_clients([cid], t, loc)  # from rng(seed, t, CLIENT_BATCHES, i): the simulator's batches
+    # the simulator's own client phase, for one client (its state as a table of one row)
+    finals, new = sim.executor.train(rule, [params], plan, sim.fed.x, sim.fed.y, loc.lr,
+                                     {k: {n: v.unsqueeze(0) for n, v in g.items()} for k, g in state.items()}, [sent])
+    return {n: v[0] for n, v in finals.items()}, plan.steps[0], {k: {n: v[0] for n, v in g.items()}
+                                                                 for k, g in new.items()}
 
 
 def _load_rows(context: Context) -> State:
@@ -148,8 +141,7 @@ def message_local(local: LocalTraining, config: Mapping[str, Any]) -> LocalTrain
 
 def message_algorithm(alg: Algorithm, config: Mapping[str, Any]) -> Algorithm:
     """``alg`` with the local-step hyper-parameters the message carries (``proximal-mu``, ``alpha``,
-    ``rho``: the spec's ``local_keys``), so a strategy can set them; the rule and the clients'
-    optimiser are rebuilt from the spec.
+    ``rho``: the spec's ``local_keys``), so a strategy can set them.
 
     Raises:
         ValueError: a key present with a bad value, in one line.
@@ -163,10 +155,7 @@ def message_algorithm(alg: Algorithm, config: Mapping[str, Any]) -> Algorithm:
             given[attr] = float(value)
     if not given or all(getattr(alg.rule, k, None) == v for k, v in given.items()):
         return alg
-    hp = {h.key: getattr(alg.rule, h.key) for h in alg.spec.hyperparams} | given
-    rule = replace(alg.rule, **given)
-    client = alg.spec.make_client(**hp) if alg.spec.make_client is not None else alg.client_optimizer
-    return replace(alg, rule=rule, client_optimizer=client)
+    return replace(alg, rule=replace(alg.rule, **given))
 
 
 def _partition(msg: Message, context: Context, num_clients: int) -> int:

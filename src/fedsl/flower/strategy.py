@@ -14,9 +14,10 @@
   message this round, for its partition and round, the model's array names, shapes and dtype,
   finite values, the metrics as integers, n_i the partition's size); a bad one is logged in one
   line and left out of the round. The usable replies' final models x_i, in client-id order as the simulator
-  stacks them, go through the algorithm's own ``rule.update`` (FedAvg: x̄ = x + η_g·mean_i Δ_i,
+  stacks them, go through the algorithm's server half, ``server_learning.server_update``, the
+  function the simulator calls: the rule's ``server_update`` (FedAvg: x̄ = x + η_g·mean_i Δ_i,
   the plain mean of Algorithm 1 unless ``algorithm.weighted``; not Flower's weighting by
-  example count), then server learning on D0 with the simulator's own step
+  example count), then server learning on D0 over the same batches as the simulator's
   (Algorithm 1, line 10: K0 SGD steps with step size γ·η0 from x̄). The strategy's current
   model is the model *after* server learning, and that is what the next round sends out.
   A round without a usable reply (or whose aggregate is not finite) applies no client update:
@@ -25,12 +26,9 @@
   atomically to ``out-dir/checkpoint.pt``; ``resume`` continues a ServerApp from it
   (``fedsl.flower.checkpoint``).
 
-The server keeps only the server state (SCAFFOLD's c, FedDyn's h, optimiser moments, γ_t);
-per-client tables stay on the clients. A rule's ``update`` reads the sampled clients' old rows
-of those tables; the server gives it zero rows, which leaves the model and the server state
-unchanged (FedDyn) or changes them by float rounding only (SCAFFOLD's c takes the difference
-c_i⁺ − c_i, which does not depend on c_i), and discards the rows it returns: each client updates
-its own row with the same rule (``fedsl.flower.client``).
+The server keeps only the server state (SCAFFOLD's c, FedDyn's h, optimiser moments, γ_t): a
+rule's server half reads the clients' models, never their states, which stay on the clients
+(each updates its own with the rule's ``client_final``; ``fedsl.flower.client``).
 """
 
 from __future__ import annotations
@@ -56,9 +54,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from fedsl.algorithms.base import State, is_client_table, zeros_like
+from fedsl.algorithms.base import ClientResults, RunState
+from fedsl.algorithms.server_learning import ServerMetrics, server_update
 from fedsl.core import rng
-from fedsl.engine.simulator import ClientWork, RunState
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.results import atomic_write
 from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
@@ -109,16 +107,13 @@ class FedslStrategy(Checkpointing, FedAvg):
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=0, min_evaluate_nodes=0,
                          min_available_nodes=setup.options.min_nodes, weighted_by_key="num-examples")
         self.setup, self.sim, self.alg = setup, setup.sim, setup.algorithm
-        rule = self.alg.rule
         if state is None:
             x = self.sim.initial_params(setup.pretrain)
             sl = self.alg.server_learning
             gamma = sl.gamma if sl is not None and sl.gamma_schedule.kind == "adaptive" else None
-            state = RunState(x, self._server_part(rule.init_state(x, 0)), gamma)
-        self.state = RunState(state.x, self._server_part(state.algo), state.gamma)
-        self.tables = [k for k in rule.init_state(self.state.x, 0) if is_client_table(k)]
-        # server state the clients need for their correction (SCAFFOLD: c, for c - c_i)
-        self.client_state = self.alg.spec.sends if self.alg.spec else ()
+            state = RunState(x, self.alg.rule.init_server_state(x), gamma)
+        # the server keeps the server state only: each client keeps its own (``fedsl.flower.client``)
+        self.state = RunState(state.x, state.algo, state.gamma)
         self.assigned: dict[int, int] = dict(setup.options.node_partitions)  # node-partitions (empty: first claim)
         for node, pid in self.assigned.items():
             if not 0 <= pid < setup.num_clients:
@@ -136,10 +131,6 @@ class FedslStrategy(Checkpointing, FedAvg):
     def _params(self, record: ArrayRecord):
         """A model's parameters from a record (the model's names, the engine's device and dtype)."""
         return from_record(record, self.sim.device, self.sim.dtype, names=self.sim.fm.names)
-
-    @staticmethod
-    def _server_part(algo: State) -> State:
-        return {k: v for k, v in algo.items() if not is_client_table(k)}
 
     def summary(self) -> None:
         cfg = self.setup.cfg
@@ -253,7 +244,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         log(INFO, "fedsl round %d: clients %s sampled, %d reachable%s", t + 1, ids.tolist(), len(targets),
             f" (no node for {missing})" if missing else "")
         model = to_record(self.state.x)
-        server_state = {k: self.state.algo[k] for k in self.client_state}
+        server_state = self.sim.sent(self.state)  # what the clients read of the server state (SCAFFOLD: c)
         messages = []
         for pid, node in targets.items():
             content = RecordDict({"arrays": model,
@@ -333,15 +324,12 @@ class FedslStrategy(Checkpointing, FedAvg):
                 log(WARNING, "fedsl round %d: no update from node %d (partition %d): %s", t + 1, node,
                     node_to_pid[node], failed.get(node, "no reply within round-timeout"))
         ids = sorted(finals)
-        result = self._server_update(t, ids, finals) if ids else None
-        if result is None:
-            if targets:
-                log(WARNING, "fedsl round %d: no usable client update (%d sent, %d replies dropped): x̄ = x_t, "
-                    "then server learning", t + 1, len(targets), len(rejected))
-            ids = []
-            result = self._no_update(t)
-        new_state, server_steps, cos, gamma = result
-        self.state = new_state  # the cached current model is the model after server learning
+        if not ids and targets:
+            log(WARNING, "fedsl round %d: no usable client update (%d sent, %d replies dropped): x̄ = x_t, "
+                "then server learning", t + 1, len(targets), len(rejected))
+        self.state, m, applied = self._server_update(t, ids, finals)  # the current model: after server learning
+        ids = ids if applied else []
+        server_steps, cos, gamma = m.server_steps, m.cos_theta, m.gamma
         info = {"round": t + 1, "t": t, "sampled": pending["sampled"], "missing": pending["missing"],
                 "trained": ids, "lost_partitions": [node_to_pid[n] for n in lost], "rejected": rejected,
                 "client_steps": [finals[i][2] for i in ids], "train_loss": _mean([losses[i] for i in ids]),
@@ -357,41 +345,24 @@ class FedslStrategy(Checkpointing, FedAvg):
             metrics["train-loss"] = info["train_loss"]
         return to_record(self.state.x), metrics
 
-    def _no_update(self, t: int) -> tuple[RunState, int, None, float | None]:
-        """Round t without a client update: x̄ = x_t, then server learning (incremental) as usual."""
-        sl = self.alg.server_learning
-        on = sl is not None and sl.active
-        gamma = sl.gamma_schedule.value(t, self.state.gamma) if on else None
-        new, server_steps = self.sim.layout(self.state.x), 0
-        if on and sl.mode == "incremental":
-            new, server_steps = self.sim.server_sgd(new, t, gamma)  # Algorithm 1, line 10
-        return RunState(new, dict(self.state.algo), self.state.gamma), server_steps, None, gamma
-
-    def _server_update(self, t: int, ids: list[int], finals: dict
-                       ) -> tuple[RunState, int, float | None, float | None] | None:
-        """The server half of ``Simulator.round`` (its own ``aggregate``, ``server_sgd`` and ``end_round``)
-        for the clients ``ids`` that replied; None when the aggregate is not finite."""
+    def _server_update(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, ServerMetrics, bool]:
+        """The algorithm's server half (``server_learning.server_update``: the rule's update, FSL-p, line 10,
+        γ) on the usable replies of clients ``ids`` (none: x̄ = x_t, then server learning as usual); and
+        whether their update was applied."""
         sim = self.sim
-        params = sim.layout(self.state.x)
-        stacked = {n: torch.stack([finals[i][0][n] for i in ids]) for n in params}
-        # the rule reads the sampled clients' old rows of its tables: zero rows (module docstring)
-        rows = torch.arange(len(ids), device=sim.device)
-        state = RunState(params, {**self.state.algo, **{k: zeros_like(params, (len(ids),)) for k in self.tables}},
-                         self.state.gamma)
-        work = ClientWork(params, np.asarray(ids), rows, [finals[i][1] for i in ids],
-                          tuple(finals[i][2] for i in ids))
-        agg = sim.aggregate(state, t, work, stacked)  # x̄ = rule update (FedAvg: x + η_g·mean Δ_i); FSL-p joins here
-        new, server_steps = agg.new, agg.server_steps
-        if agg.incremental and _finite(new):
-            new, server_steps = sim.server_sgd(new, t, agg.gamma)  # Algorithm 1, line 10: K0 steps of γ·η0 on D0
-        nxt, _ = sim.end_round(state, work, agg, new, server_steps)
-        server = self._server_part(nxt.algo)
-        if not _finite(nxt.x) or not all(_finite(v) for v in server.values()):
+        state = RunState(sim.layout(self.state.x), self.state.algo, self.state.gamma)
+        results = None
+        if ids:
+            results = ClientResults({n: torch.stack([finals[i][0][n] for i in ids]) for n in state.x},
+                                    [finals[i][1] for i in ids], tuple(finals[i][2] for i in ids))
+        new, metrics = server_update(self.alg, state, results, t, sim.server)
+        if results is not None and not (_finite(new.x) and all(_finite(v) for v in new.algo.values())):
             # finite replies whose aggregate (or server learning from it) overflows
             log(WARNING, "fedsl round %d: the update from clients %s is not finite (values too large): "
                 "no client update applied", t + 1, ids)
-            return None
-        return RunState(nxt.x, server, nxt.gamma), server_steps, agg.cos, agg.gamma
+            new, metrics = server_update(self.alg, state, None, t, sim.server)
+            return new, metrics, False
+        return new, metrics, results is not None
 
     # ------------------------------------------------------------------ evaluation and records
 
