@@ -1,3 +1,4 @@
+import contextlib
 import os
 import tomllib
 
@@ -11,8 +12,31 @@ from fedsl.data.federation import Federation
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
     """Generated datasets are cached in a per-session folder, never in the user's home."""
-    os.environ["FEDSL_CACHE"] = str(tmp_path_factory.mktemp("fedsl-cache"))
-    yield
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FEDSL_CACHE", str(tmp_path_factory.mktemp("fedsl-cache")))
+        yield
+
+
+@contextlib.contextmanager
+def environment_restored():
+    """os.environ as it was before the block, whatever the block (or a library it imports) set or removed."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(before):
+            del os.environ[key]
+        for key, value in before.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_leaks():
+    """No test leaves its environment to the next: e.g. importing flwr.simulation sets
+    RAY_ENABLE_UV_RUN_RUNTIME_ENV for the rest of the process."""
+    with environment_restored():
+        yield
 
 
 def random_federation(sizes, n0=12, num_classes=4, shape=(1, 8, 8), dtype=torch.float64, seed=0,

@@ -165,30 +165,67 @@ def test_sigkilled_run_resumes_bit_identically(tmp_path):
     assert json.loads((killed / "tiny" / "summary.json").read_text())["status"] == "completed"
 
 
+# The child of the Ctrl-C test: ``fedsl run`` whose round 5 waits (interruptibly) once recorded, and says
+# so in a file. The test sends SIGINT only then: the handler is installed (the run loop is running) and
+# the run cannot finish first, however the machine schedules the two processes.
+PAUSED_RUN = """
+import pathlib, sys, time
+from fedsl.cli import main
+from fedsl.experiments import runner
+ready = pathlib.Path(sys.argv.pop(1))
+record = runner.RunSession.record
+def paused(self, t, *args, **kwargs):
+    ok = record(self, t, *args, **kwargs)
+    if t + 1 == 5:
+        ready.write_text("5")
+        while True:
+            time.sleep(0.05)
+    return ok
+runner.RunSession.record = paused
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
 def test_ctrl_c_checkpoints_and_resumes(tmp_path):
     cfg_file = tiny(tmp_path, rounds=40)
-    out = tmp_path / "int"
+    out, ready = tmp_path / "int", tmp_path / "ready"
     # A shell starts background jobs with SIGINT ignored, children inherit that, and Python then
     # keeps it ignored: the child would run to the end (rc 0). Restore the default, as a terminal has.
-    proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg_file), "--out", str(out), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", PAUSED_RUN, str(ready), "run", str(cfg_file), "--out", str(out),
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    metrics = out / "tiny" / "metrics.csv"
     deadline = time.time() + 120
-    while time.time() < deadline and not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 6):
+    while time.time() < deadline and not ready.is_file() and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert "Traceback" not in err
     summary = json.loads((out / "tiny" / "summary.json").read_text())
-    assert summary["status"] == "interrupted"
+    assert summary["status"] == "interrupted" and summary["rounds_done"] == 5
     ckpt = torch.load(out / "tiny" / "checkpoint.pt", weights_only=True)
     assert ckpt["round"] == summary["rounds_done"] == len(rows(out / "tiny")) - 1  # checkpoint at the last round
     assert cli("resume", str(out), "--quiet").returncode == 0
     assert json.loads((out / "tiny" / "summary.json").read_text())["status"] == "completed"
     assert len(rows(out / "tiny")) == 41
+
+
+def test_ignored_sigint_is_kept_ignored_as_nohup_asks(tmp_path):
+    """A run started with SIGINT ignored (``nohup``, a shell's background job) keeps it ignored: SIGINT
+    does not stop it (SIGTERM does, like Ctrl-C; README)."""
+    cfg_file = tiny(tmp_path, rounds=8)
+    proc = subprocess.Popen([sys.executable, "-c", PAUSED_RUN.replace("while True:", "for _ in range(20):"),
+                             str(tmp_path / "ready"), "run", str(cfg_file), "--out", str(tmp_path / "o"), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "ready").is_file() and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads((tmp_path / "o" / "tiny" / "summary.json").read_text())["status"] == "completed"
 
 
 def test_diverged_run_stops_and_keeps_metrics(tmp_path):

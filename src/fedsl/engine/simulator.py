@@ -69,7 +69,7 @@ class Simulator:
         fm: the model as a pure function.
         fed: the federation, already on the target device and dtype.
         algorithm: what to run (FedAvg, FSL, FSL-p, DS, SCAFFOLD, FedDyn, ...).
-        executor: sequential or vectorised LocalSGD.
+        executor: runs the algorithm's client half for the sampled clients (sequential or vectorised).
         clients_per_round: S.
         seed: the run seed; all randomness derives from it and the round.
         eval_batch_size: batch size for evaluation (no grad).

@@ -3,10 +3,11 @@
 A sweep's runs (seeds, γ, η_l, partitions, ...) of the same model and algorithm share
 everything but numbers. ``StackedSimulator`` runs round t of all of them with *one*
 executor call for all their clients (R runs × S clients become R·S rows of one vmapped
-step, each row with its own start x_t and step size η_l) and one for all their servers'
-K0 steps; the cheap parts of a round (sampling, the server rule, γ) stay per run, in
-each run's own ``Simulator``. Results equal running the runs one by one (tested): every
-run keeps its own seed streams, its own state and its own per-client tables.
+step of the algorithm's client half, each row with its own start x_t, step size η_l,
+server state and client state) and one for all their servers' K0 steps (line 10); the
+cheap parts of a round (sampling, the rule's server update, γ: ``server_learning.aggregate``
+and ``finish``) stay per run. Results equal running the runs one by one (tested): every
+run keeps its own seed streams, its own state and its own clients' tables.
 
 What a GPU gains: a Scenario-2 round is 25 steps of 10 clients × 10 samples, far too
 little work to fill the device; 60 stacked runs are 60 times the work per kernel launch.
