@@ -207,7 +207,7 @@ def test_emnist_unknown_classes(balanced_root, fresh_cache):
 
 def test_emnist_missing_files_and_bad_split(tmp_path):
     with pytest.raises(DataError, match=r"EMNIST balanced: cannot find emnist-balanced-train-images-idx3-ubyte.gz, "
-                                        r".*emnist-balanced-test-labels-idx1-ubyte.gz in .*download=True"):
+                                        r".*emnist-balanced-test-labels-idx1-ubyte.gz in .*--set data.download=true"):
         load_emnist(tmp_path, "balanced")
     with pytest.raises(DataError, match="expected one of balanced, bymerge"):
         load_emnist(tmp_path, "bytheway")

@@ -54,19 +54,32 @@ MARKERS = {
 }
 
 
-def locate(name: str, data_dir: str | None) -> Path | None:
-    """The folder holding dataset ``name`` (first candidate sub-folder with its files), or None."""
+def _marked(name: str, data_dir: str | None, *, identify: bool) -> Path | None:
     root = data_root(data_dir)
     for sub in SUBDIRS[name]:
         folder = root / sub
         if folder.is_dir() and any(any(folder.glob(m)) for m in MARKERS[name]):
+            if identify and name in ("mnist", "fashion_mnist"):
+                # same file names: a folder of the other one's files is not this dataset
+                from fedsl.data.emnist import identify_mnist_like
+                if identify_mnist_like(folder).dataset not in (None, name):
+                    continue
             return folder.resolve()
     return None
 
 
+def locate(name: str, data_dir: str | None) -> Path | None:
+    """The folder holding dataset ``name`` (first candidate sub-folder with its files), or None.
+    MNIST's and Fashion-MNIST's files share their names: a folder whose files are told to be
+    the other one's (``emnist.identify_mnist_like``) is skipped."""
+    return _marked(name, data_dir, identify=True)
+
+
 def dataset_dir(name: str, data_dir: str | None) -> Path:
-    """Where dataset ``name`` is (``locate``), else where a download would put it."""
-    return locate(name, data_dir) or data_root(data_dir) / SUBDIRS[name][0]
+    """Where dataset ``name`` is (``locate``), else where a download would put it. A folder holding
+    the other MNIST-like dataset's files is returned too, for the loader to say so."""
+    return (locate(name, data_dir) or _marked(name, data_dir, identify=False)
+            or data_root(data_dir) / SUBDIRS[name][0])
 
 
 def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed: int = 0) -> ArrayDataset:

@@ -30,12 +30,13 @@ import string
 import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, file_fingerprint
-from fedsl.data.download import fetch
-from fedsl.data.errors import DataError
+from fedsl.data.download import fetch, file_digest
+from fedsl.data.errors import DataError, download_hint
 from fedsl.data.idx import read_idx
 
 EMNIST_SPLITS: tuple[str, ...] = ("balanced", "bymerge", "byclass", "letters", "digits", "mnist")
@@ -337,7 +338,7 @@ def _download_emnist(root: Path, names: Sequence[str]) -> None:
 
 
 def _emnist_how(split: str) -> str:
-    return (f"pass download=True to fetch the official EMNIST gzip.zip (535 MB) from {EMNIST_URLS[0]}, "
+    return (f"{download_hint('emnist')} to fetch the official EMNIST gzip.zip (535 MB) from {EMNIST_URLS[0]}, "
             f"or put the publisher's files there (from gzip.zip: gzip/emnist-{split}-*)")
 
 
@@ -445,9 +446,85 @@ def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Ite
 
 # --------------------------------------------------------------------------- MNIST, Fashion-MNIST
 
-def _load_mnist_like(root: str | Path, *, title: str, subfolders: Sequence[str], cache_name: str,
+class MnistIdentity(NamedTuple):
+    """Whose idx files a folder holds: ``dataset`` is 'mnist', 'fashion_mnist', 'mixed' (files of
+    both) or None (neither checksums nor content tell); ``evidence`` says how it was told."""
+
+    dataset: str | None
+    evidence: str
+
+    @property
+    def title(self) -> str:
+        return MNIST_LIKE.get(self.dataset or "", (str(self.dataset),))[0]
+
+
+MNIST_LIKE: dict[str, tuple[str, dict[str, str]]] = {"mnist": ("MNIST", MNIST_MD5),
+                                                     "fashion_mnist": ("Fashion-MNIST", FASHION_MNIST_MD5)}
+# The content check. MNIST digits were scaled into a 20x20 box and centred by their centre of mass
+# in 28x28 (LeCun et al.), so a digit's non-zero pixels span at most ~21 rows and columns;
+# Fashion-MNIST's products were trimmed and their longest edge resized to 28 (Xiao et al. 2017),
+# so nearly every image spans 26-28 pixels one way. A span of 25 or more is Fashion-MNIST's.
+WIDE_SPAN = 25
+CONTENT_MIN_IMAGES = 100     # fewer images (hand-made test files) decide nothing: the name is trusted
+CONTENT_SAMPLE = 2000        # images looked at
+FASHION_MIN_WIDE = 0.5       # at least this share of wide images: Fashion-MNIST
+MNIST_MAX_WIDE = 0.02        # at most this share: MNIST; in between: undecided
+
+
+def identify_mnist_like(folder: str | Path) -> MnistIdentity:
+    """Tell MNIST's idx files from Fashion-MNIST's in ``folder`` (they share every file name).
+
+    First the md5s of the gzip files against both publishers' (cheap, and decisive for the
+    official files); when none matches (uncompressed or re-compressed copies), the images'
+    extent (``WIDE_SPAN``) over the first ``CONTENT_SAMPLE`` test (else train) images.
+    """
+    folder = Path(folder)
+    matched: dict[str, list[str]] = {}
+    for name in (n for part in PARTS for n in MNIST_FILES[part]):
+        if not (folder / name).is_file():
+            continue  # an uncompressed twin has no published checksum
+        digest = "md5:" + file_digest(folder / name, "md5")
+        for key, (_, sums) in MNIST_LIKE.items():
+            if sums[name] == digest:
+                matched.setdefault(key, []).append(name)
+    if len(matched) == 2:
+        return MnistIdentity("mixed", "; ".join(f"{', '.join(v)} {MNIST_LIKE[k][0]}'s" for k, v in matched.items()))
+    if matched:
+        key, files = next(iter(matched.items()))
+        return MnistIdentity(key, f"the md5 of {files[0]} is {MNIST_LIKE[key][0]}'s published one")
+    images = _in_folder(folder, MNIST_FILES["test"][0]) or _in_folder(folder, MNIST_FILES["train"][0])
+    if images is None:
+        return MnistIdentity(None, "no image file")
+    try:
+        x = read_idx(images)
+    except DataError as e:
+        return MnistIdentity(None, f"unreadable: {e}")
+    if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1:] != IMAGE_SIZE or len(x) < CONTENT_MIN_IMAGES:
+        return MnistIdentity(None, f"{len(x)} images of shape {x.shape[1:]}: too few or not 28x28 to tell")
+    wide = _spans(x[:CONTENT_SAMPLE] > 0) >= WIDE_SPAN
+    share = float(wide.mean())
+    how = (f"{share:.0%} of the first {len(wide)} images in {images.name} span {WIDE_SPAN}+ pixels: "
+           "Fashion-MNIST's products fill the frame, MNIST's digits fit in 20x20")
+    if share >= FASHION_MIN_WIDE:
+        return MnistIdentity("fashion_mnist", how)
+    if share <= MNIST_MAX_WIDE:
+        return MnistIdentity("mnist", how)
+    return MnistIdentity(None, how)
+
+
+def _spans(mask: np.ndarray) -> np.ndarray:
+    """Per image [n, H, W], the larger of the heights and widths spanned by its True pixels (0 if none)."""
+    def extent(any_: np.ndarray) -> np.ndarray:  # [n, L] -> last - first + 1
+        first = any_.argmax(axis=1)
+        last = any_.shape[1] - 1 - any_[:, ::-1].argmax(axis=1)
+        return np.where(any_.any(axis=1), last - first + 1, 0)
+    return np.maximum(extent(mask.any(axis=2)), extent(mask.any(axis=1)))
+
+
+def _load_mnist_like(root: str | Path, *, title: str, subfolders: Sequence[str], key: str,
                      mirrors: Sequence[str], md5: dict[str, str], class_names: list[str],
                      download: bool) -> ArrayDataset:
+    """``key``: the dataset's name ('mnist', 'fashion_mnist'), also the name of its cache entries."""
     root = Path(root)
     names = [n for part in PARTS for n in MNIST_FILES[part]]
     if _locate(root, subfolders, names) is None and download:
@@ -469,23 +546,32 @@ def _load_mnist_like(root: str | Path, *, title: str, subfolders: Sequence[str],
     paths = _locate(root, subfolders, names)
     if paths is None:
         raise _missing(title, root, subfolders, names,
-                       f"pass download=True to fetch them from {mirrors[0]}, or put the publisher's files there "
+                       f"{download_hint(key)} to fetch them from {mirrors[0]}, or put the publisher's files there "
                        f"(MNIST and Fashion-MNIST share these names: keep each in its own folder)")
+    # Same names, shapes and labels: only the bytes tell which of the two this is (see identify_mnist_like).
+    found = identify_mnist_like(paths[0].parent)
+    if found.dataset == "mixed":
+        raise DataError(f"{paths[0].parent} holds a mix of MNIST's and Fashion-MNIST's idx files "
+                        f"({found.evidence}): expected {title}'s four files; keep each dataset in its own folder")
+    if found.dataset is not None and found.dataset != key:
+        raise DataError(f"{paths[0].parent} holds {found.title}'s idx files, not {title}'s ({found.evidence}): "
+                        f"expected {title}'s files there; keep each dataset in its own folder, or set "
+                        f"data.dataset = {found.dataset!r}")
     sets = []
     for k, part in enumerate(PARTS):
-        x, y_raw = _decode(f"{cache_name}-{part}", paths[2 * k], paths[2 * k + 1], transpose=False)
+        x, y_raw = _decode(f"{key}-{part}", paths[2 * k], paths[2 * k + 1], transpose=False)
         sets.append(ImageSet(x, _relabel(y_raw, range(len(class_names)), paths[2 * k + 1]), list(class_names)))
     return ArrayDataset(*sets)
 
 
 def load_mnist(root: str | Path, *, download: bool = False) -> ArrayDataset:
     """MNIST (60k train, 10k test, classes '0'..'9') from the official idx files."""
-    return _load_mnist_like(root, title="MNIST", subfolders=("mnist", "MNIST/raw"), cache_name="mnist",
+    return _load_mnist_like(root, title="MNIST", subfolders=("mnist", "MNIST/raw"), key="mnist",
                             mirrors=MNIST_MIRRORS, md5=MNIST_MD5, class_names=MNIST_CLASSES, download=download)
 
 
 def load_fashion_mnist(root: str | Path, *, download: bool = False) -> ArrayDataset:
     """Fashion-MNIST (60k train, 10k test, 10 clothing classes) from the official idx files."""
     return _load_mnist_like(root, title="Fashion-MNIST", subfolders=("fashion-mnist", "FashionMNIST/raw"),
-                            cache_name="fashion_mnist", mirrors=FASHION_MNIST_MIRRORS, md5=FASHION_MNIST_MD5,
+                            key="fashion_mnist", mirrors=FASHION_MNIST_MIRRORS, md5=FASHION_MNIST_MD5,
                             class_names=FASHION_MNIST_CLASSES, download=download)

@@ -6,6 +6,14 @@ import warnings
 from typing import Sequence
 
 
+def download_hint(dataset: str | None = None) -> str:
+    """How to ask for a download, in the command line's words: the loaders' messages reach CLI users,
+    who have no ``download=True`` argument to pass. ``dataset``: a ``data.dataset`` name that
+    ``fedsl data prepare`` takes (None for server-only sources such as STL-10)."""
+    prepare = f", or `fedsl data prepare {dataset} --download`" if dataset else ""
+    return f"set data.download = true (--set data.download=true{prepare})"
+
+
 class DataError(ValueError):
     """Missing/corrupt files, bad checksums, unsatisfiable partitions, unknown class names."""
 

@@ -34,7 +34,7 @@ from PIL import Image
 
 from fedsl.data.arrays import ImageSet, cached_arrays, file_fingerprint
 from fedsl.data.download import fetch
-from fedsl.data.errors import DataError
+from fedsl.data.errors import DataError, download_hint
 from fedsl.data.image_folder import RESAMPLE, load_image_folder, per_class_subset, resize_image
 
 # STL-10's label order (labels 1..10 in the *_y.bin files are 1 + an index in this list).
@@ -121,7 +121,7 @@ def read_stl10_binary(root: str | Path, splits: tuple[str, ...] = _SPLITS) -> di
     d = _binary_dir(root)
     if d is None:
         raise DataError(f"{root / FOLDER}: no STL-10 binary files (train_X.bin, ...); put {ARCHIVE} or its "
-                        f"extracted {FOLDER}/ folder in {root}, or pass download=True")
+                        f"extracted {FOLDER}/ folder in {root}, or {download_hint()}")
     names = _read_class_names(d)
     out: dict = {"class_names": names}
     for split in splits:
@@ -131,7 +131,7 @@ def read_stl10_binary(root: str | Path, splits: tuple[str, ...] = _SPLITS) -> di
         for p in (xp, yp):
             if not p.is_file():
                 raise DataError(f"{p}: missing; extract it from the publisher's {ARCHIVE} (or delete {d} "
-                                f"and pass download=True)")
+                                f"and {download_hint()})")
         n_bytes, n_labels = xp.stat().st_size, yp.stat().st_size  # sizes checked before reading
         if n_bytes % IMAGE_BYTES:
             raise DataError(f"{xp} has {n_bytes} bytes, not a multiple of one 3x96x96 image ({IMAGE_BYTES} bytes): "
@@ -261,7 +261,7 @@ def load_stl10_as_cifar10(root: str | Path, *, split: str = "train", size: tuple
             hint = f"{root}/<class>/ or " if split == "train" else ""
             raise DataError(f"{root}: no STL-10 data for split {split!r}; expected {root / FOLDER}/ (binary), "
                             f"{root / ARCHIVE}, or image folders {hint}{root / split}/<class>/; "
-                            f"or pass download=True")
+                            f"or {download_hint()}")
         return load_image_folder(folder, class_names=CIFAR10_CLASSES, aliases={"car": "automobile"},
                                  ignore=["monkey"], size=size, mode="RGB", per_class=per_class, seed=seed,
                                  workers=workers, resample=resample)
