@@ -382,3 +382,24 @@ def test_threads_setting(tmp_path):
         torch.set_num_threads(before)
     with pytest.raises(C.ConfigError, match="threads"):
         C.load(tiny(tmp_path, rounds=1), ["threads=-1"])
+
+
+def test_resume_with_automatic_threads_uses_the_count_the_run_started_with(tmp_path, monkeypatch):
+    """threads = 0 follows the machine's load, and results follow the thread count: a resumed run
+    takes the count recorded in its summary.json, not the one the load would give now."""
+    from fedsl.experiments import threads
+    cfg = C.load(tiny(tmp_path, rounds=4), ["threads=0"])
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(threads, "auto_threads", lambda: 1)
+        torch.set_num_threads(2)
+        run(cfg, tmp_path / "r", log=lambda s: None, progress=False, stop_after=2)
+        summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+        assert summary["threads"] == 1
+        monkeypatch.setattr(threads, "auto_threads", lambda: 2)  # the machine got quieter
+        torch.set_num_threads(2)
+        run(cfg, tmp_path / "r", resume=True, log=lambda s: None, progress=False)
+        assert torch.get_num_threads() == 1
+        assert json.loads((tmp_path / "r" / "summary.json").read_text())["threads"] == 1
+    finally:
+        torch.set_num_threads(before)

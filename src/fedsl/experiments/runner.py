@@ -309,6 +309,11 @@ class RunSession:
         self.start, self.wall0, history = 0, 0.0, []
         self.state: RunState | None = None
         if resume:
+            started = rd.read_summary().get("threads")
+            if not cfg.threads and isinstance(started, int) and 0 < started != torch.get_num_threads():
+                # automatic threads follow the machine's load, and float sums (so results, to the last
+                # bit) follow the thread count: the resumed rounds use the count the run started with
+                torch.set_num_threads(started)
             ckpt = rd.load_checkpoint()
             if ckpt is not None:
                 self.start, self.wall0 = ckpt["round"], ckpt["wall_time"]
