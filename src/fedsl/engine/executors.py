@@ -8,6 +8,8 @@ Both run ``algorithms.base.client_update`` (``client_init``, a ``client_step`` p
   functions over stacked clients; padded steps (zero-weight batches) are masked, exact no-ops.
   What fills a GPU.
 They agree to float rounding (tests compare them in float64).
+``processes`` (``fedsl.engine.pool``) runs the sequential executor on W worker processes, a
+contiguous share of the clients each: bit-identical to it at one thread, W cores busy.
 """
 
 from __future__ import annotations
@@ -70,6 +72,15 @@ class SequentialExecutor:
 
     def train(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
               lr: Lr, states: State | None = None, sent: list[State] | None = None) -> tuple[Params, State]:
+        finals, rows = self.train_each(client, starts, plan, x, y, lr, states, sent)
+        return _stacked(finals), _stacked(rows)
+
+    def train_each(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor,
+                   y: torch.Tensor, lr: Lr, states: State | None = None, sent: list[State] | None = None
+                   ) -> tuple[list[Params], list[State]]:
+        """``train``'s per-client results, unstacked: the process pool (``fedsl.engine.pool``) runs this
+        on each worker's share of the clients and stacks all of them as ``train`` does, so that the
+        stacked tensors are made by the same op from the same per-client tensors (bit-identical)."""
         self.fm.train(True)
         lrs = lr.tolist() if isinstance(lr, torch.Tensor) else lr
         finals, rows = [], []
@@ -80,7 +91,7 @@ class SequentialExecutor:
                                         self._batches(plan, j, x, y), self._gradient, lr_j)
             finals.append(x_i)
             rows.append(row)
-        return _stacked(finals), _stacked(rows)
+        return finals, rows
 
     @staticmethod
     def _batches(plan: BatchPlan, j: int, x: torch.Tensor, y: torch.Tensor) -> Iterator[tuple]:
@@ -134,13 +145,22 @@ class VectorisedExecutor:
         return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
 
 
-EXECUTORS = {"sequential": SequentialExecutor, "vectorised": VectorisedExecutor}
+def _process_pool(fm: FunctionalModel) -> Executor:
+    """``fedsl.engine.pool.ProcessPoolExecutor`` (imported on use: it imports this module)."""
+    from fedsl.engine.pool import ProcessPoolExecutor
+    return ProcessPoolExecutor(fm)
 
 
-def make_executor(name: str, fm: FunctionalModel, device: torch.device) -> SequentialExecutor | VectorisedExecutor:
-    """``auto`` picks by device, from measurement: sequential on CPU, vectorised on CUDA."""
+EXECUTORS = {"sequential": SequentialExecutor, "vectorised": VectorisedExecutor, "processes": _process_pool}
+
+
+def make_executor(name: str, fm: FunctionalModel, device: torch.device) -> Executor:
+    """``auto`` picks by device, from measurement: sequential on CPU, vectorised on CUDA.
+    ``processes`` (CPU only) spreads a round's clients over worker processes (``fedsl.engine.pool``)."""
     if name == "auto":
         name = "vectorised" if device.type == "cuda" else "sequential"
     if name not in EXECUTORS:
         raise ValueError(f"executor = {name!r}: expected one of {['auto', *EXECUTORS]}")
+    if name == "processes" and device.type != "cpu":
+        raise ValueError(f"executor = 'processes' runs on CPU, not {device.type}: use 'vectorised' or 'auto' there")
     return EXECUTORS[name](fm)
