@@ -88,3 +88,79 @@ def test_many_curves_keep_the_best_and_say_so(tmp_path):
     few = dict(list(curves.items())[:3])
     assert select_curves(few) == (few, "")
     assert accuracy_curves(curves, tmp_path / "c.png", "t").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------- honest reports (issue 17)
+
+def test_quick_or_short_group_says_so_beside_the_paper_numbers(tmp_path, capsys):
+    """2 rounds of a 40-round experiment next to the paper's numbers: every row says how long ours ran."""
+    top = ('threads = 1\npaper_claims = ["FSL beats FedAvg"]\n'
+           'paper = { tiny = { final_accuracy = 0.61, "T_0.5" = 203 }, gone = { final_accuracy = 0.5 } }\n')
+    cfg = tmp_path / "paper.toml"
+    cfg.write_text(top + tiny(tmp_path, rounds=40).read_text() + "\n[quick]\nrounds = 2\n")
+    for args, note in ((["--quick"], "quick: 2 of 40 rounds"), (["--set", "rounds=3"], "shorter: 3 of 40 rounds")):
+        out = tmp_path / args[0].strip("-")
+        assert main(["run", str(cfg), "--out", str(out), "--quiet", *args]) == 0
+        assert json.loads((out / "group.json").read_text())["config"]["paper_rounds"] == 40
+        assert main(["report", str(out)]) == 0
+        md = (out / "report" / "report.md").read_text().split("## Ours next to the paper's")[1]
+        row = next(line for line in md.splitlines() if line.startswith("| tiny |"))
+        assert "0.6100" in row and row.rstrip(" |").endswith(note), row
+        if "quick" in note:
+            assert "| tiny | not reached | 203 |" in row  # T_0.5 within 2 rounds: not reached, not "—"
+        assert next(line for line in md.splitlines() if line.startswith("| gone |")).endswith("| did not run |")
+        assert "**Not comparable" in md and f"- Paper: FSL beats FedAvg (ours: {note})" in md
+    capsys.readouterr()
+
+
+def test_length_note():
+    from fedsl.report.report import length_note
+
+    assert length_note(1000, 1000, quick=False) == "" and length_note(5, None, quick=True) == ""
+    assert length_note(2, 1000, quick=True) == "quick: 2 of 1,000 rounds"
+    assert length_note(None, 1000, quick=False) == "did not run"
+
+
+def test_bars_say_not_reached_and_draw_no_error_bars_for_one_seed():
+    import math
+
+    from matplotlib.container import BarContainer, ErrorbarContainer
+
+    from fedsl.report.plots import plt
+    from fedsl.report.report import bars_figure
+
+    nan = (math.nan, math.nan)
+    one = {"variant": "FedAvg", "seeds": 1, "final_accuracy": (0.1, 0.0), "rise_time": (2.0, 0.0), "T_0.5": nan}
+    three = {"variant": "FSL", "seeds": 3, "final_accuracy": (0.5, 0.05), "rise_time": (3.0, 1.0),
+             "T_0.5": (10.0, 2.0)}
+    fig = bars_figure([one, three])
+    acc, _, t05 = fig.axes
+    bars = [c for c in t05.containers if isinstance(c, BarContainer)]
+    assert [round(b.get_x() + b.get_width() / 2) for b in bars[0]] == [1]  # no zero-height bar for FedAvg
+    assert [(t.get_text(), round(t.get_position()[0])) for t in t05.texts] == [("not reached", 0)]
+    errs = [c for c in acc.containers if isinstance(c, ErrorbarContainer)]
+    segments = errs[0].lines[2][0].get_segments() if len(errs) == 1 else []
+    assert [round(seg[0][0]) for seg in segments] == [1]  # FSL's 3 seeds only
+    plt.close(fig)
+    fig = bars_figure([one, {**three, "seeds": 1}])
+    assert not any(isinstance(c, ErrorbarContainer) for ax in fig.axes for c in ax.containers)
+    plt.close(fig)
+
+
+def test_curves_have_whole_round_ticks_and_a_legend_clear_of_the_line_ends():
+    from fedsl.report.plots import curves_figure, plt
+
+    curves = {name: ([0, 1, 2], [0.1, 0.5, 0.9], [0.1, 0.3, end], [0.0] * 3)
+              for name, end in (("FedAvg", 0.15), ("FSL", 0.5), ("DS", 0.95))}
+    fig = curves_figure(curves, "quick")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+    box = ax.get_legend().get_window_extent()
+    for line in ax.get_lines():
+        x, y = ax.transData.transform((line.get_xdata()[-1], line.get_ydata()[-1]))
+        assert not (box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1), line.get_label()
+    assert box.x0 >= ax.get_window_extent().x1  # beside the axes: it can hide no data
+    plt.close(fig)

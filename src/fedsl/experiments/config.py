@@ -230,6 +230,10 @@ class RunConfig(_Strict):
         default_factory=dict, description="the paper's numbers per variant (e.g. {FSL = {final_accuracy = 0.61, "
                                           "T_0.5 = 203}}), shown beside ours by `fedsl report`")
     paper_claims: list[str] = Field(default_factory=list, description="the paper's claims for this experiment, as text")
+    paper_rounds: int | None = Field(
+        None, ge=1, le=ROUNDS_MAX, description="rounds of the paper's runs behind `paper` and `paper_claims` (default: "
+                                               "the config's own `rounds` before --quick and --set); `fedsl report` "
+                                               "says so beside the paper's numbers when ours ran fewer")
     plot: Literal["auto", "lines", "heatmap"] = Field(
         "auto", description="how `fedsl report` draws a sweep: 'lines' = final accuracy and rise time against the "
                             "first swept key, a line per variant and value of the other keys (the paper's Fig. 3); "
@@ -482,7 +486,8 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
     if total > RUNS_MAX:
         raise ConfigError(f"sweep: {total} runs (variants × sweep points × seeds): expected at most {RUNS_MAX}; "
                           "split it into several configs")
-    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "plot", "quick"})
+    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "paper_rounds", "plot",
+                                   "quick"})
     variants = cfg.variants or {cfg.name: {}}
     out: dict[str, tuple[str, RunConfig]] = {}
     origin: dict[str, str] = {}  # run name -> where it came from (to report two runs of one name)
@@ -550,6 +555,11 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, bas
     ``quick`` applies the config's ``quick`` table first; ``overrides`` come last.
     """
     data = read_file(path) if path is not None else copy.deepcopy(base or {})
+    rounds = data.get("rounds")
+    if (data.get("paper") or data.get("paper_claims")) and "paper_rounds" not in data and \
+            type(rounds) is int and 1 <= rounds <= ROUNDS_MAX:  # a bad `rounds` is reported as itself
+        # the paper's numbers are for the run as written: remember its length before --quick/--set shorten it
+        data["paper_rounds"] = rounds
     if quick:
         data = apply_quick(data)
     return validate(apply_overrides(data, overrides or []))

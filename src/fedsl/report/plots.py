@@ -55,11 +55,14 @@ def select_curves(curves: dict[str, tuple], limit: int = MAX_CURVES) -> tuple[di
     return {n: c for n, c in curves.items() if n in best}, f"the best {limit} of {len(curves)} by final accuracy"
 
 
-def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, window: int = 20) -> Path:
-    """Per method: raw test accuracy (thin), its rolling mean (thick) and, when given, a ±1 std band.
+def curves_figure(curves: dict[str, tuple], title: str, window: int = 20):
+    """The figure of ``accuracy_curves`` (not saved): per method, raw test accuracy (thin), its
+    rolling mean (thick) and, when given, a ±1 std band.
 
     ``curves[name] = (rounds, accuracy, rolling_accuracy[, rolling_std])``. With more than
-    ``MAX_CURVES``, only the best are drawn (``select_curves``) and the title says so.
+    ``MAX_CURVES``, only the best are drawn (``select_curves``) and the title says so. Rounds are
+    whole numbers (ticks too, also for a 2-round quick run), and the legend stands outside the axes
+    on the right: inside, it covered the curves' ends, where they are read.
     """
     import numpy as np
 
@@ -67,7 +70,7 @@ def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, wind
     if note:
         title = f"{title} ({note})"
     many = len(curves) > 6
-    fig, ax = plt.subplots(figsize=(9.5 if many else 7, 4.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(10 if many else 8.5, 4.2), dpi=120)
     palette = colours(list(curves))
     for name, curve in curves.items():
         rounds, acc, roll = curve[:3]
@@ -81,14 +84,19 @@ def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, wind
     ax.set_ylabel("test accuracy")
     ax.set_title(title)
     ax.set_ylim(0, 1)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    if many:  # outside the axes, so that it hides no curve
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    else:
-        ax.legend(loc="lower right")
+    if curves:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     fig.tight_layout()
+    return fig
+
+
+def accuracy_curves(curves: dict[str, tuple], path: str | Path, title: str, window: int = 20) -> Path:
+    """``curves_figure`` saved to ``path`` (PNG)."""
+    fig = curves_figure(curves, title, window)
     path = Path(path)
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")  # the legend outside the axes stays in the picture
     plt.close(fig)
     return path
 

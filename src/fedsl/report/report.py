@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from fedsl import metrics
 from fedsl.experiments.compare import group_runs
@@ -25,20 +26,48 @@ def _spec(path: Path) -> dict:
     return json.loads(f.read_text()) if f.is_file() else {"name": path.name, "runs": {}}
 
 
-def _bars(rows: list[dict], path: Path) -> Path:
+NOT_REACHED = "not reached"
+
+
+def bars_figure(rows: list[dict]):
+    """Final accuracy, rise time and T_0.5 per variant (``variant_rows``). A variant whose runs never
+    reached the level has no bar but the words "not reached" (a zero-height bar would read as
+    round 0); error bars only for variants with several seeds (one seed has no spread)."""
+    from matplotlib.transforms import blended_transform_factory
+
     names = [r["variant"] for r in rows]
     palette = colours(names)
     fig, axes = plt.subplots(1, 3, figsize=(min(4 + 0.9 * len(names), 16), 3.6), dpi=110)
     for ax, col, label in zip(axes, ("final_accuracy", "rise_time", "T_0.5"),
                               ("final accuracy", "rise time (rounds)", "T_0.5 (rounds)")):
-        means = [r[col][0] for r in rows]
-        stds = [r[col][1] for r in rows]
-        ax.bar(range(len(names)), np.nan_to_num(means), yerr=np.nan_to_num(stds),
-               color=[palette[n] for n in names], capsize=3)
+        means = np.array([r[col][0] for r in rows], dtype=float)
+        stds = np.array([r[col][1] if r.get("seeds", 1) > 1 else np.nan for r in rows], dtype=float)
+        shown = np.isfinite(means)
+        xs = np.flatnonzero(shown)
+        ax.bar(xs, means[shown], color=[palette[names[i]] for i in xs])
+        spread = shown & np.isfinite(stds)
+        if spread.any():
+            ax.errorbar(np.flatnonzero(spread), means[spread], yerr=stds[spread], fmt="none", ecolor="black",
+                        capsize=3, lw=1)
+        # x in data units, y in axes units: the words stand at the bar's place whatever the scale
+        at = blended_transform_factory(ax.transData, ax.transAxes)
+        for i in np.flatnonzero(~shown):
+            ax.text(i, 0.03, NOT_REACHED if col != "final_accuracy" else "no data", transform=at, rotation=90,
+                    ha="center", va="bottom", fontsize=8, color="0.35")
+        ax.set_xlim(-0.6, len(names) - 0.4)
+        if col != "final_accuracy":
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # rounds
+        if not shown.any():
+            ax.set_yticks([])
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
         ax.set_title(label, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def _bars(rows: list[dict], path: Path) -> Path:
+    fig = bars_figure(rows)
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -73,9 +102,10 @@ def _sweep_plot(points: list[dict], keys: list[str], path: Path) -> Path:
             xs = sorted({p["params"][key] for p in pts})
             label = base + "".join(f", {k.split('.')[-1]}={v}" for k, v in zip(others, rest))
             for ax, col in zip(axes, ("final_accuracy", "rise_time")):
-                stats = [metrics.mean_std([p["summary"].get(col) for p in pts if p["params"][key] == x])
-                         for x in xs]
-                ax.errorbar(xs, [mu for mu, _ in stats], yerr=[sd for _, sd in stats], capsize=3,
+                values = [[p["summary"].get(col) for p in pts if p["params"][key] == x] for x in xs]
+                stats = [metrics.mean_std(v) for v in values]
+                several = any(sum(x is not None for x in v) > 1 for v in values)  # one seed: no spread to draw
+                ax.errorbar(xs, [mu for mu, _ in stats], yerr=[sd for _, sd in stats] if several else None, capsize=3,
                             marker=markers[m % len(markers)], color=palette[base], label=label,
                             alpha=1.0 if len(series) == 1 else 0.5 + 0.5 * (m + 1) / len(series))
     for ax, label in zip(axes, ("final accuracy", "rise time (rounds)")):
@@ -138,6 +168,7 @@ def _diagnostics(path: Path, out: Path) -> Path | None:
     for ax, label in zip(axes, ("ξ² = ‖∇f0 − ∇F‖²", "G² = (1/N)Σ‖∇f_i − ∇F‖²")):
         ax.set_yscale("log")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7)
@@ -145,6 +176,52 @@ def _diagnostics(path: Path, out: Path) -> Path | None:
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def _paper_rounds(spec: dict) -> int | None:
+    """Rounds of the paper's runs behind the group's paper numbers: the config's ``paper_rounds``;
+    for groups written before it existed, the rounds of the preset of the group's name."""
+    cfg = spec.get("config") or {}
+    if cfg.get("paper_rounds"):
+        return int(cfg["paper_rounds"])
+    if not (spec.get("paper") or spec.get("paper_claims")):
+        return None
+    from fedsl.experiments import presets
+    try:
+        rounds = presets.load(spec.get("name", "")).get("rounds")
+    except Exception:  # not a preset's name: nothing to compare with
+        return None
+    return rounds if isinstance(rounds, int) else None
+
+
+def _variant_rounds(path: Path, spec: dict) -> dict[str, int]:
+    """Variant -> the rounds its runs completed (the fewest over its seeds)."""
+    out: dict[str, int] = {}
+    for r, rd in group_runs(path).items():
+        v = spec["runs"].get(r, {}).get("variant", r)
+        done = rd.read_summary().get("rounds_done") or 0
+        out[v] = min(out.get(v, done), done)
+    return out
+
+
+def length_note(rounds: int | None, paper_rounds: int | None, quick: bool) -> str:
+    """How our run's length compares with the paper's, to stand beside the paper's numbers:
+    'quick: 2 of 1,000 rounds', 'shorter: 300 of 1,000 rounds', 'did not run', or '' (as long)."""
+    if paper_rounds is None:
+        return ""
+    if rounds is None:
+        return "did not run"
+    if rounds >= paper_rounds:
+        return ""
+    return f"{'quick' if quick else 'shorter'}: {rounds:,} of {paper_rounds:,} rounds"
+
+
+def _fmt_ours(v, column: str) -> str:
+    if column.startswith("T_") or column == "rise_time":
+        m = v[0] if isinstance(v, tuple) else v
+        if m is None or (isinstance(m, float) and np.isnan(m)):
+            return NOT_REACHED
+    return fmt(v, column)
 
 
 def write_report(path: str | Path) -> Path:
@@ -177,19 +254,31 @@ def write_report(path: str | Path) -> Path:
     paper = spec.get("paper") or {}
     if paper or spec.get("paper_claims"):
         parts.append("## Ours next to the paper's\n")
+        paper_rounds = _paper_rounds(spec)
+        cfg = spec.get("config") or {}
+        quick = bool(cfg.get("quick")) and cfg.get("quick", {}).get("rounds") == cfg.get("rounds")
+        done = _variant_rounds(path, spec)
+        shortest = min(done.values(), default=None)
+        group_note = length_note(shortest, paper_rounds, quick)
+        if group_note:  # said once above the table, and again on every row it concerns
+            what = "a `--quick` run (few rounds, one seed, small subsets)" if quick else "a shorter run"
+            parts.append(f"**Not comparable: this is {what}.** Our numbers are after {shortest:,} rounds, the "
+                         f"paper's after {paper_rounds:,} ({group_note}).\n")
         if paper:
             ours = {r["variant"]: r for r in rows}
             cols = sorted({c for v in paper.values() for c in v})
-            head = "| variant | " + " | ".join(f"{c} (ours) | {c} (paper)" for c in cols) + " |\n"
-            head += "|---|" + "---|---|" * len(cols) + "\n"
+            head = "| variant | " + " | ".join(f"{c} (ours) | {c} (paper)" for c in cols) + " | our run |\n"
+            head += "|---|" + "---|---|" * len(cols) + "---|\n"
             body = ""
             for v, numbers in paper.items():
                 mine = ours.get(v, {})
-                body += f"| {v} | " + " | ".join(f"{fmt(mine.get(c), c)} | {fmt(numbers.get(c), c)}"
-                                                 for c in cols) + " |\n"
+                note = length_note(done.get(v), paper_rounds, quick) if v in ours else "did not run"
+                ran = note or (f"{done[v]:,} rounds" if v in done else "")
+                body += f"| {v} | " + " | ".join(f"{_fmt_ours(mine.get(c), c) if mine else '—'} | "
+                                                 f"{fmt(numbers.get(c), c)}" for c in cols) + f" | {ran} |\n"
             parts.append(head + body)
         for claim in spec.get("paper_claims", []):
-            parts.append(f"- Paper: {claim}")
+            parts.append(f"- Paper: {claim}" + (f" (ours: {group_note})" if group_note else ""))
     md = out / "report.md"
     md.write_text("\n".join(parts) + "\n")
     return md
