@@ -19,3 +19,130 @@ def test_cli_uses_no_deprecated_click_api():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _help_texts(cmd, path=()):
+    """(command path, help texts) of every command and group under the click command ``cmd``."""
+    import click
+
+    texts = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+    yield list(path), texts
+    if isinstance(cmd, click.Group):
+        for name, sub in cmd.commands.items():
+            yield from _help_texts(sub, (*path, name))
+            yield list(path), [sub.help or "", sub.short_help or ""]  # as listed in the group's help
+
+
+def test_help_keeps_bracketed_words():
+    """Help texts are rich markup: an unescaped '[sweep]' or '[ray]' was taken for a style tag and vanished."""
+    import re
+
+    import typer
+    from typer.testing import CliRunner
+
+    from fedsl.cli import app
+
+    runner = CliRunner()
+    checked = 0
+    for path, texts in _help_texts(typer.main.get_command(app)):
+        words = {w for t in texts for w in re.findall(r"\[(\w+)\]", t.replace("\\[", "["))}
+        if words:
+            shown = runner.invoke(app, [*path, "--help"], terminal_width=200).output
+            for w in words:
+                assert f"[{w}]" in shown, (path, w)
+                checked += 1
+    assert checked >= 3  # [sweep] in `fedsl --help` and `fedsl sweep --help`, [ray] in run/resume
+
+
+def test_unknown_key_suggests_the_closest(capsys):
+    from fedsl.cli import main
+
+    for wrong, meant in (("algorithm.local_rl", "algorithm.local_lr"), ("gamma", "server.gamma")):
+        assert main(["run", "--preset", "quickstart", "--set", f"{wrong}=0.1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"unknown key '{wrong}': did you mean '{meant}'? expected one of" in err[0], err
+
+
+def test_missing_mnist_says_how_on_the_command_line(tmp_path, capsys):
+    from fedsl.cli import main
+
+    assert main(["data", "prepare", "mnist", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--set data.download=true" in err[0] and "download=True" not in err[0], err
+
+
+QUICK_GROUP = """
+name = "int"
+rounds = {rounds}
+eval_every = 5
+threads = 1
+[data]
+dataset = "synthetic_chars"
+chars = "0123"
+train_per_class = 20
+test_per_class = 10
+num_clients = 4
+classes_per_client = 2
+server_size = 12
+[model]
+name = "linear"
+[algorithm]
+name = "fedavg"
+clients_per_round = 2
+local_lr = 0.05
+batch_size = 10
+[variants.FedAvg.algorithm]
+name = "fedavg"
+[variants.FSL.algorithm]
+name = "fsl"
+"""
+
+
+def test_progress_lines_show_the_last_accuracy(tmp_path, capsys):
+    """eval_every = 5: the rounds between evaluations show the last accuracy and its round, not 'acc -'."""
+    from fedsl.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(QUICK_GROUP.format(rounds=12))
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--variants", "FedAvg"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("FedAvg: round ")]
+    assert len(lines) == 12
+    assert all(" acc - " not in ln for ln in lines[4:]), lines  # rounds 1-4: nothing measured yet
+    assert " acc " in lines[5] and lines[5].split("  ")[1].endswith("@r5"), lines[5]
+    assert lines[11].split("  ")[1].startswith("acc ") and "@r" not in lines[11]  # round 12: measured
+
+
+def test_interrupt_hint_names_the_group(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in a group: the hint resumes the group (all its runs), not the one run it stopped in."""
+    from fedsl.cli import main
+    from fedsl.engine.simulator import Simulator
+
+    real = Simulator.round
+
+    def round_(self, state, t):
+        if t == 2:
+            raise KeyboardInterrupt
+        return real(self, state, t)
+
+    monkeypatch.setattr(Simulator, "round", round_)
+    cfg, out = tmp_path / "c.toml", tmp_path / "int"
+    cfg.write_text(QUICK_GROUP.format(rounds=4))
+    assert main(["run", str(cfg), "--out", str(out)]) == 130
+    printed = capsys.readouterr().out
+    hint = [ln for ln in printed.splitlines() if "continue with:" in ln]
+    assert hint == [f"FedAvg: interrupted after round 2; continue with: fedsl resume {out}"], printed
+    monkeypatch.setattr(Simulator, "round", real)
+    assert main(["resume", str(out)]) == 0  # the hint's command finishes every run of the group
+    assert "completed" in capsys.readouterr().out
+
+
+def test_readme_commands_find_fedsl():
+    """The README's commands call `fedsl`: its one set-up command must leave it on PATH (or they name
+    .venv/bin/fedsl)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    setup = [ln for ln in readme.splitlines() if "-m venv .venv" in ln]
+    assert len(setup) == 1, setup
+    bare = [ln for ln in readme.splitlines() if ln.startswith("    fedsl ")]  # commands in code blocks
+    assert "source .venv/bin/activate" in setup[0] or not bare, (setup[0], bare[:3])

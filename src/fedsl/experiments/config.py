@@ -345,6 +345,24 @@ def _describe(model: type[BaseModel], loc: tuple) -> str:
     return field.description or "" if field else ""
 
 
+def _did_you_mean(loc: tuple, parent: type[BaseModel]) -> str | None:
+    """The key meant by unknown key ``loc``: a close spelling in its own table (``algorithm.local_rl``
+    -> ``algorithm.local_lr``), else the same name in another table (``gamma`` -> ``server.gamma``)."""
+    import difflib
+
+    name, prefix = str(loc[-1]), "".join(f"{p}." for p in loc[:-1])
+    near = difflib.get_close_matches(name, list(parent.model_fields), n=1)
+    if near:
+        return prefix + near[0]
+    for table, field in RunConfig.model_fields.items():
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel) and sub is not parent:
+            near = difflib.get_close_matches(name, list(sub.model_fields), n=1, cutoff=0.85)
+            if near:
+                return f"{table}.{near[0]}"
+    return None
+
+
 def _format(err: ValidationError, data: dict) -> str:
     e = err.errors()[0]
     loc = tuple(p for p in e["loc"] if isinstance(p, str))
@@ -355,7 +373,8 @@ def _format(err: ValidationError, data: dict) -> str:
         for part in loc[:-1]:
             parent = parent.model_fields[part].annotation
         allowed = ", ".join(parent.model_fields)
-        return f"unknown key '{key}': expected one of {allowed}{more}"
+        near = _did_you_mean(loc, parent)
+        return f"unknown key '{key}': {f'did you mean {near!r}? ' if near else ''}expected one of {allowed}{more}"
     if e["type"] == "missing":
         return f"missing key '{key}': expected {_describe(RunConfig, loc)}{more}"
     if e["type"] == "value_error":  # from our cross-checks: the message is already complete
