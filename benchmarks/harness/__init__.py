@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness import machine
-from harness.peers import EnginePeer, LoopPeer, Peer, StackedPeer, median
+from harness.peers import EnginePeer, LoopPeer, Peer, ProcessesPeer, StackedPeer, median
 from harness.table import Row, add_ratios, markdown
 from harness.workloads import (
     DEFAULT_WORKLOADS,
@@ -42,7 +42,7 @@ from harness.workloads import (
     workloads,
 )
 
-PEERS = ("fedsl", "loop", "flower")
+PEERS = ("fedsl", "loop", "flower", "processes")  # processes: fedsl with the process-pool executor
 
 
 @dataclass
@@ -141,6 +141,11 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
             peers.append(EnginePeer(w, data, device, executor))
             if w.seeds > 1:
                 peers.append(StackedPeer(w, data, device, executor))
+        elif name == "processes":
+            peer = ProcessesPeer(w, data, device)
+            if device.type != "cpu":
+                peer.available, peer.why_not = False, "CPU only"
+            peers.append(peer)
         elif name == "loop":
             peers.append(LoopPeer(w, data, device))
         elif name == "flower":

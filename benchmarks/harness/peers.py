@@ -114,6 +114,27 @@ class EnginePeer(Peer):
     def params(self, seed: int = 0) -> dict[str, torch.Tensor]:
         return self.states[seed].x
 
+    def close(self) -> None:
+        for sim in getattr(self, "sims", []):  # the process pool's workers
+            getattr(sim.executor, "close", lambda: None)()
+
+
+class ProcessesPeer(EnginePeer):
+    """fedsl's engine with the process-pool executor (``fedsl.engine.pool``): the round's clients
+    split over one worker process per usable core, one torch thread each. Its workers start in
+    ``setup`` (the warm-up round), not counted, like Flower's start-up."""
+
+    name = "fedsl processes"
+
+    def __init__(self, w: Workload, data: Data, device: torch.device, executor: str = "processes",
+                 eval_batch_size: int = 100) -> None:
+        super().__init__(w, data, device, "processes", eval_batch_size)
+
+    def setup(self) -> None:
+        super().setup()
+        self.settings += (f", {self.sims[0].executor.workers} worker processes x 1 thread (started in the "
+                          "warm-up round, not counted)")
+
 
 class StackedPeer(Peer):
     """``fedsl.engine.stacked.StackedSimulator`` over the seeds' simulators (all seeds per call)."""

@@ -320,13 +320,15 @@ class ProcessPoolExecutor:
             for w, (a, b) in zip(used, chunks):
                 self._send(w, _dumps(("train", client, starts[a:b], _slice_plan(plan, a, b), _slice_lr(lr, a, b),
                                       _slice_state(states, a, b), sent[a:b] if sent else None)))
-            replies = self._collect(used, chunks)
+            replies, error = self._collect(used, chunks)
         except BaseException:
             # Ctrl-C or an error mid-call: replies may still be on their way, so the pipes are out of
             # step with the calls; stop the workers (the next call starts new ones)
             if self._procs:
                 self.close()
             raise
+        if error is not None:  # every reply was read: the workers are in step and stay up
+            raise error
         finals: list[Params] = []
         rows: list[State] = []
         for f, r in replies:
@@ -334,8 +336,10 @@ class ProcessPoolExecutor:
             rows += r
         return _stacked(finals), _stacked(rows)
 
-    def _collect(self, used: list[_Worker], chunks: list[tuple[int, int]]) -> list[tuple[list, list]]:
-        """Every worker's reply, in chunk order; a worker that dies is reported, never waited for."""
+    def _collect(self, used: list[_Worker], chunks: list[tuple[int, int]]
+                 ) -> tuple[list[tuple[list, list]], BaseException | None]:
+        """Every worker's reply, in chunk order, and the first exception a worker reported (raised by
+        the caller once all replies are read); a worker that dies is reported, never waited for."""
         replies: dict[int, tuple] = {}
         pending = dict(enumerate(used))
         error: BaseException | None = None
@@ -357,9 +361,7 @@ class ProcessPoolExecutor:
                 elif w.process.sentinel in ready:
                     a, b = chunks[i]
                     self._died(w, f"while training clients {a}..{b - 1} of the call")
-        if error is not None:
-            raise error
-        return [replies[i] for i in range(len(used))]
+        return [replies[i] for i in sorted(replies)], error
 
     def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
         return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
