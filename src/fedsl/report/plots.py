@@ -6,6 +6,7 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.colors
+import matplotlib.figure
 import matplotlib.ticker
 
 matplotlib.use("Agg")
@@ -55,7 +56,7 @@ def select_curves(curves: dict[str, tuple], limit: int = MAX_CURVES) -> tuple[di
     return {n: c for n, c in curves.items() if n in best}, f"the best {limit} of {len(curves)} by final accuracy"
 
 
-def curves_figure(curves: dict[str, tuple], title: str, window: int = 20):
+def curves_figure(curves: dict[str, tuple], title: str, window: int = 20) -> matplotlib.figure.Figure:
     """The figure of ``accuracy_curves`` (not saved): per method, raw test accuracy (thin), its
     rolling mean (thick) and, when given, a ±1 std band.
 

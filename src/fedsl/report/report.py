@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedsl import metrics
@@ -29,7 +30,7 @@ def _spec(path: Path) -> dict:
 NOT_REACHED = "not reached"
 
 
-def bars_figure(rows: list[dict]):
+def bars_figure(rows: list[dict]) -> Figure:
     """Final accuracy, rise time and T_0.5 per variant (``variant_rows``). A variant whose runs never
     reached the level has no bar but the words "not reached" (a zero-height bar would read as
     round 0); error bars only for variants with several seeds (one seed has no spread)."""
