@@ -249,3 +249,31 @@ def test_make_executor_names_and_bad_input():
         ProcessPoolExecutor(fm, workers=0)
     with pytest.raises(ValueError, match="executor = 'gpu'.*processes"):
         make_executor("gpu", fm, torch.device("cpu"))
+
+
+def test_a_run_with_executor_processes_equals_sequential_and_stops_its_workers(tmp_path, one_thread, monkeypatch):
+    """``executor = "processes"`` in a config (threads = 1): the run's history equals the sequential
+    executor's bit for bit, and the run closes its workers when it ends."""
+    import csv
+
+    import fedsl.engine.pool as pool_module
+    from conftest import TINY
+    from fedsl.experiments import config as C
+    from fedsl.experiments.runner import run
+
+    monkeypatch.setattr(pool_module, "default_workers", lambda: 2)  # a 1-core CI machine too
+    closed = []
+    real_close = pool_module.ProcessPoolExecutor.close
+    monkeypatch.setattr(pool_module.ProcessPoolExecutor, "close",
+                        lambda self: (closed.append(list(self.pids)), real_close(self))[1])
+    out = {}
+    for ex in ("sequential", "processes"):
+        p = tmp_path / f"{ex}.toml"
+        p.write_text(TINY.format(rounds=3, alg="scaffold", dtype="float64", executor=ex).replace(
+            'executor = "', 'threads = 1\nexecutor = "'))
+        s = run(C.load(p), tmp_path / ex, log=lambda m: None, progress=False)
+        assert s["status"] == "completed" and s["executor"] == ex
+        rows = list(csv.DictReader((tmp_path / ex / "metrics.csv").open()))
+        out[ex] = [{k: v for k, v in r.items() if "time" not in k and "wall" not in k} for r in rows]
+    assert out["sequential"] == out["processes"] and len(out["sequential"]) >= 1
+    assert len(closed) == 1 and len(closed[0]) == 2  # the run started 2 workers and closed them

@@ -263,7 +263,11 @@ class RunConfig(_Strict):
                                                                 "bound before a run counts as diverged")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
-    executor: Literal["auto", "sequential", "vectorised"] = Field("auto", description="client executor")
+    executor: Literal["auto", "sequential", "vectorised", "processes"] = Field(
+        "auto", description="client executor: 'sequential' (a loop over the round's clients; auto on CPU), "
+                            "'vectorised' (vmap over clients; auto on CUDA), 'processes' (CPU: the clients split "
+                            "over one worker process per usable core, one torch thread each; bit-identical to "
+                            "'sequential' at threads = 1; pays when clients train for seconds, as in Scenario 1)")
     threads: int = Field(0, ge=0, le=1024, description="torch intra-op threads of the process. 0 = safe automatic: the "
                                               "smallest of torch's current setting, the cores this process may use "
                                               "(affinity), OMP_NUM_THREADS if set, the cores / runs side by side "

@@ -466,6 +466,8 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
     except BaseException:
         s.finish("failed")
         raise
+    finally:
+        getattr(s.sim.executor, "close", lambda: None)()  # executor = 'processes': its workers end with the run
     return s.finish(status)
 
 
