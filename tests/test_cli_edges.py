@@ -146,3 +146,14 @@ def test_readme_commands_find_fedsl():
     assert len(setup) == 1, setup
     bare = [ln for ln in readme.splitlines() if ln.startswith("    fedsl ")]  # commands in code blocks
     assert "source .venv/bin/activate" in setup[0] or not bare, (setup[0], bare[:3])
+
+
+def test_live_progress_bar_shows_the_last_accuracy_too():
+    from fedsl.experiments.runner import _Progress
+    bar = _Progress("FSL", 10, 0, lambda s: None, live=True)
+    try:
+        bar.update(5, 0.91, 1.0)
+        bar.update(6, None, 1.0)
+        assert bar.bar.tasks[0].fields["acc"] == "0.9100 @r5"
+    finally:
+        bar.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
@@ -68,30 +67,9 @@ RAY_HELP = ("run the sweep's runs as tasks on a Ray cluster: HOST:PORT of its he
 RAY_RESOURCES_HELP = "resources of each run's Ray task, e.g. 'cpus=2,gpus=0.5,memory=4GB' (default: cpus=threads or 1)"
 
 
-class _RunLog:
-    """The runner's lines as `fedsl run` and `fedsl resume` print them, with two changes for the
-    command line: a progress line of a round without evaluation (``eval_every`` > 1), which the
-    runner writes as ``acc -``, shows the last measured accuracy and its round (``acc 0.9100 @r5``);
-    and in a group, the hint after Ctrl-C names the group folder, whose resume continues every run
-    (the runner names its own run's folder, which would resume that run alone)."""
-
-    PROGRESS = re.compile(r"^(?P<name>.*): round (?P<round>\d+)/\d+  acc (?P<acc>\S+)  ")
-    HINT = re.compile(r"continue with: fedsl resume (?P<path>.+)$")
-
-    def __init__(self, group: Optional[Path]) -> None:
-        self.group = group
-        self.last: dict[str, str] = {}  # run name -> "0.9100 @r5"
-
-    def __call__(self, line: str) -> None:
-        m = self.PROGRESS.match(line)
-        if m and m["acc"] != "-":
-            self.last[m["name"]] = f"{m['acc']} @r{m['round']}"
-        elif m and m["name"] in self.last:
-            line = f"{line[:m.start('acc')]}{self.last[m['name']]}{line[m.end('acc'):]}"
-        h = self.HINT.search(line)
-        if h and self.group is not None and Path(h["path"]).resolve().parent == self.group.resolve():
-            line = f"{line[:h.start('path')]}{self.group}"
-        console.print(line, markup=False, highlight=False)
+def _print_line(line: str) -> None:
+    """A line of the runner's log, printed as is (a run's name may hold brackets: no rich markup)."""
+    console.print(line, markup=False, highlight=False)
 
 
 def _backend(parallel: Optional[int], ray: Optional[str], ray_resources: Optional[str], quiet: bool):
@@ -211,7 +189,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     from fedsl.experiments.compare import run_group
     from fedsl.experiments.interrupts import terminate_as_interrupt
     from fedsl.report.tables import write_comparison
-    log = (lambda s: None) if quiet else _RunLog(group=out)
+    log = (lambda s: None) if quiet else _print_line
     from fedsl.experiments.results import folder_lock
     with folder_lock(out), terminate_as_interrupt(), _connected(backend):
         run_group(cfg, out, log=log, progress=None if not quiet else False, built=built, backend=backend)
@@ -238,7 +216,7 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
     from fedsl.report.tables import write_comparison
     progress = None if not quiet else False
     group_cfg = group_config(path)
-    log = (lambda s: None) if quiet else _RunLog(group=path if is_group(path) else None)
+    log = (lambda s: None) if quiet else _print_line
     runs = group_runs(path)
     if group_cfg is None and not any(rd.is_run() for rd in runs.values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")

@@ -12,13 +12,9 @@ from pathlib import Path
 
 from fedsl.experiments import runner
 from fedsl.experiments.config import RunConfig, expand_runs, get_dotted
-from fedsl.experiments.results import RunDir, atomic_write
+from fedsl.experiments.results import RunDir, atomic_write, is_group
 
 FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips
-
-
-def is_group(path: str | Path) -> bool:
-    return (Path(path) / "group.json").is_file()
 
 
 def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=print, progress=None,

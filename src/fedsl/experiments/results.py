@@ -72,6 +72,11 @@ def folder_lock(path: str | Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+
+def is_group(path: str | Path) -> bool:
+    """Whether ``path`` is a group folder (``fedsl run`` of variants, seeds or a sweep: it holds group.json)."""
+    return (Path(path) / "group.json").is_file()
+
 class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -27,7 +27,7 @@ from fedsl.engine.simulator import RoundInfo, RunState, Simulator
 from fedsl.engine.stacked import StackedSimulator, same_tensor
 from fedsl.experiments import threads
 from fedsl.experiments.config import ConfigError, RunConfig
-from fedsl.experiments.results import RunDir
+from fedsl.experiments.results import RunDir, is_group
 from fedsl.models import build_model
 
 Log = Callable[[str], None]
@@ -256,6 +256,7 @@ class _Progress:
 
     def __init__(self, name: str, total: int, start: int, log: Log, live: bool) -> None:
         self.log, self.total, self.name = log, total, name
+        self.last = "-"  # the last measured accuracy and its round, shown between evaluations
         self.bar = None
         self.every = max(1, total // 20)
         if live:
@@ -267,7 +268,9 @@ class _Progress:
             self.bar.start()
 
     def update(self, round_: int, acc: float | None, rate: float) -> None:
-        acc_s = f"{acc:.4f}" if acc is not None else "-"
+        if acc is not None:
+            self.last = f"{acc:.4f} @r{round_}"
+        acc_s = f"{acc:.4f}" if acc is not None else self.last
         if self.bar is not None:
             self.bar.update(self.task, completed=round_, acc=acc_s, rate=f"{rate:.2f}")
         elif round_ % self.every == 0 or round_ == self.total:
@@ -435,7 +438,10 @@ class RunSession:
         self.summary.update({"status": status, "rounds_done": self.done, "wall_time": round(self.wall(), 3)})
         self.rd.write_summary(self.summary)
         if status == "interrupted":
-            self.log(f"{self.cfg.name}: interrupted after round {self.done}; continue with: fedsl resume {self.rd.path}")
+            # a run of a group resumes with its group (whose other runs may be unfinished too)
+            group = self.rd.path.parent
+            target = group if is_group(group) else self.rd.path
+            self.log(f"{self.cfg.name}: interrupted after round {self.done}; continue with: fedsl resume {target}")
         return self.summary
 
 
