@@ -277,3 +277,29 @@ def test_a_run_with_executor_processes_equals_sequential_and_stops_its_workers(t
         out[ex] = [{k: v for k, v in r.items() if "time" not in k and "wall" not in k} for r in rows]
     assert out["sequential"] == out["processes"] and len(out["sequential"]) >= 1
     assert len(closed) == 1 and len(closed[0]) == 2  # the run started 2 workers and closed them
+
+
+def test_a_pool_too_big_for_shared_memory_is_a_one_line_error(one_thread, monkeypatch):
+    import fedsl.engine.pool as pool_module
+    monkeypatch.setattr(pool_module, "_shm_free", lambda: 1000)
+    fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).double())
+    fed = random_federation(SIZES)
+    plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
+        torch.device("cpu"), torch.float64)
+    with ProcessPoolExecutor(fm, workers=2) as ex:
+        with pytest.raises(ValueError, match=r"does not fit in shared memory \(/dev/shm has 0 MiB free\)") as err:
+            ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
+        assert "\n" not in str(err.value) and not fed.x.is_shared() and ex.pids == []
+
+
+def test_a_model_that_cannot_be_pickled_is_a_one_line_error(one_thread):
+    model = build_model("small_cnn", 4, (1, 8, 8), seed=3).double()
+    model.hook = lambda t: t  # a lambda attribute: pickle cannot send it to a worker
+    fm = FunctionalModel(model)
+    fed = random_federation(SIZES)
+    plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
+        torch.device("cpu"), torch.float64)
+    with ProcessPoolExecutor(fm, workers=2) as ex:
+        with pytest.raises(ValueError, match="the model cannot be sent to worker processes .*'sequential'") as err:
+            ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
+        assert "\n" not in str(err.value) and ex.pids == []

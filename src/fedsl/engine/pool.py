@@ -205,6 +205,15 @@ def _slice_state(states: State | None, a: int, b: int) -> State | None:
     return None if states is None else {k: {n: v[a:b] for n, v in g.items()} for k, g in states.items()}
 
 
+def _shm_free() -> int | None:
+    """Bytes free in /dev/shm, where torch puts shared tensors on Linux (None: cannot tell)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def default_workers() -> int:
     """W: the cores this process may use, divided by the runs fedsl runs side by side (``--parallel``)."""
     from fedsl.experiments.threads import CONCURRENT_ENV, _positive_int, usable_cores
@@ -270,16 +279,25 @@ class ProcessPoolExecutor:
 
     def _share_pool(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Hand the workers the pool once: shared memory, keyed by the tensors and their data pointers."""
-        if self._pool is not None:
+        if self._pool is not None and self._procs:
             px, py, ptr_x, ptr_y = self._pool
             if px is x and py is y and x.data_ptr() == ptr_x and y.data_ptr() == ptr_y:
                 return
         if x.device.type != "cpu" or y.device.type != "cpu":
             raise ValueError(f"executor {NAME!r} runs on CPU: the data pool is on {x.device}")
+        need = sum(t.untyped_storage().nbytes() for t in (x, y) if not t.is_shared())
+        free = _shm_free()
+        if free is not None and need > free:
+            # a full /dev/shm is a SIGBUS when the pages are touched, not an error: refuse first
+            raise ValueError(f"executor {NAME!r}: the data pool ({need / 2**20:,.0f} MiB) does not fit in shared "
+                             f"memory (/dev/shm has {free / 2**20:,.0f} MiB free); enlarge it (docker run "
+                             "--shm-size=...) or use executor = 'sequential'")
         # in place (the caller's tensors now live in shared memory; a no-op when they already do):
         # no second copy of a 600 MB pool, and the workers map the same pages
         x.share_memory_()
         y.share_memory_()
+        if not self._procs:
+            self._start()
         for w in self._procs:  # pickled per worker: each shared-memory handle is handed over once
             self._send(w, bytes(ForkingPickler.dumps(("pool", x, y))))
         self._pool = (x, y, x.data_ptr(), y.data_ptr())
@@ -309,13 +327,10 @@ class ProcessPoolExecutor:
         if isinstance(lr, torch.Tensor):
             lr = lr.tolist()
         try:
-            if not self._procs:
-                self._start()
-            else:
-                for w in self._procs:
-                    if not w.process.is_alive():
-                        self._died(w, "between rounds")
-            self._share_pool(x, y)
+            for w in self._procs:
+                if not w.process.is_alive():
+                    self._died(w, "between rounds")
+            self._share_pool(x, y)  # starts the workers first when there are none
             used = self._procs[:len(chunks)]
             for w, (a, b) in zip(used, chunks):
                 self._send(w, _dumps(("train", client, starts[a:b], _slice_plan(plan, a, b), _slice_lr(lr, a, b),
