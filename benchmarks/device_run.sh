@@ -14,6 +14,12 @@ case "${1:-check}" in
     timeout 200 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -6 | tee "$OUT/cuda_tests.txt"
     timeout 200 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 3 2>&1 | tee "$OUT/heatmap_time.md"
     ;;
+  compile)  # issue 16: the stacked step eager vs captured (inductor, CUDA graphs), FSL and SCAFFOLD, few rounds
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py tests/test_engine.py -k "cuda or captured" \
+      2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
+    timeout 420 python3 benchmarks/heatmap_time.py --device cuda --stack 20,60 --rounds 5 --methods FSL,SCAFFOLD \
+      --compile off,reduce-overhead 2>&1 | tee "$OUT/heatmap_compile.md"
+    ;;
   check)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
     timeout 170 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 2 2>&1 | tee "$OUT/heatmap_time.md"

@@ -44,7 +44,7 @@ def federation(device: torch.device, n_clients: int = 1000, per_client: int = 50
     return Federation(x, y, clients, server, xt, yt, 10, [str(c) for c in range(10)]).to(device, torch.float32)
 
 
-def simulators(method: str, fed: Federation, r: int, device: torch.device) -> list[Simulator]:
+def simulators(method: str, fed: Federation, r: int, device: torch.device, compile: str = "off") -> list[Simulator]:
     sims = []
     for j in range(r):
         fm = FunctionalModel(build_model("cifar_cnn", 10, (3, 32, 32), seed=j).to(device))
@@ -53,13 +53,16 @@ def simulators(method: str, fed: Federation, r: int, device: torch.device) -> li
         name = "fedavg" if method == "fsl" else method
         alg = make_algorithm(name, LocalTraining(lr, 10, epochs=1), math.sqrt(10), sl,
                              **({"alpha": 0.01} if method == "feddyn" else {}))
-        sims.append(Simulator(fm, fed, alg, make_executor("auto", fm, device), 10, seed=j, eval_batch_size=500))
+        executor = make_executor("vectorised" if compile != "off" else "auto", fm, device, compile)
+        sims.append(Simulator(fm, fed, alg, executor, 10, seed=j, eval_batch_size=500))
     return sims
 
 
-def time_stack(method: str, fed: Federation, r: int, device: torch.device, rounds: int) -> tuple[float, float, float]:
-    """(seconds per round train only, per round with evaluation, peak GB) for R stacked runs."""
-    stacked = StackedSimulator(simulators(method, fed, r, device))
+def time_stack(method: str, fed: Federation, r: int, device: torch.device, rounds: int,
+               compile: str = "off") -> tuple[float, float, float]:
+    """(seconds per round train only, per round with evaluation, peak GB) for R stacked runs; the
+    warm-up round (where ``compile`` captures the step) is not timed."""
+    stacked = StackedSimulator(simulators(method, fed, r, device, compile))
     states = stacked.initial_states()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
@@ -88,6 +91,8 @@ def main() -> None:
     ap.add_argument("--table-stack", type=int, default=20, help="largest R for SCAFFOLD/FedDyn (N×d tables)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", default="FSL,SCAFFOLD,FedDyn")
+    ap.add_argument("--compile", default="off", help="off, default, reduce-overhead (CUDA graphs), max-autotune: "
+                                                     "torch.compile of the stacked client step (a comma list times each)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -95,20 +100,21 @@ def main() -> None:
     fed = federation(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# Fig. 5 heat map time on {name}, torch {torch.__version__}\n")
-    print("| method | R stacked | s/round (train) | s/round (train + eval) | peak GB | heat map hours at this R |")
-    print("|---|---|---|---|---|---|")
+    print("| method | compile | R stacked | s/round (train) | s/round (train + eval) | peak GB | heat map hours at this R |")
+    print("|---|---|---|---|---|---|---|")
     best: dict[str, float] = {}
     for label in args.methods.split(","):
         method = METHODS[label]
-        for r in (int(v) for v in args.stack.split(",")):
-            if method in ("scaffold", "feddyn") and r > args.table_stack:
-                continue
-            train, total, peak = time_stack(method, fed, r, device, args.rounds)
-            hours = math.ceil(RUNS_PER_METHOD / r) * 1000 * total / 3600
-            best[label] = min(best.get(label, math.inf), hours)
-            print(f"| {label} | {r} | {train:.3f} | {total:.3f} | {peak:.1f} | {hours:.2f} |", flush=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        for mode in args.compile.split(","):
+            for r in (int(v) for v in args.stack.split(",")):
+                if method in ("scaffold", "feddyn") and r > args.table_stack:
+                    continue
+                train, total, peak = time_stack(method, fed, r, device, args.rounds, mode)
+                hours = math.ceil(RUNS_PER_METHOD / r) * 1000 * total / 3600
+                best[label] = min(best.get(label, math.inf), hours)
+                print(f"| {label} | {mode} | {r} | {train:.3f} | {total:.3f} | {peak:.1f} | {hours:.2f} |", flush=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     if "FSL" in best:
         best.setdefault("FSLsyn", best["FSL"])  # same computation as FSL (another D0)
     print(f"\nwhole heat map (4 methods × 60 runs × 1,000 rounds), best R per method: "

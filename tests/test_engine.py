@@ -140,3 +140,40 @@ def test_cuda_matches_cpu():
         st, _ = sim.round(st, t)
     p = st.x
     assert all(torch.allclose(a[n], p[n].cpu(), atol=1e-9, rtol=0) for n in a)
+
+
+@pytest.mark.parametrize("name,hp", [("scaffold", {}), ("fednova", {"rho": 0.5}), ("fsl", {})])
+def test_captured_vectorised_step_equals_the_eager_one_float64(name, hp):
+    """``compile``: the vmapped client step captured by torch.compile (the graph the GPU's CUDA-graph
+    mode replays; 'aot_eager' checks the capture without code generation) computes the eager step's
+    rounds, clients' states and server learning included (issue 16)."""
+    fed = random_federation(SIZES, n0=10, dtype=torch.float64)
+
+    def sim(compile_mode):
+        fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=0).to(torch.float64))
+        sl = ServerLearning(1.0, 0.1, 5, 1) if name == "fsl" else None
+        alg = make_algorithm(name, LocalTraining(0.1, 8), 1.5, sl, **hp)
+        return Simulator(fm, fed, alg, VectorisedExecutor(fm, compile_mode), clients_per_round=4, seed=3)
+
+    from torch._dynamo.utils import counters
+    counters.clear()
+    eager, captured = sim("off"), sim("aot_eager")
+    a, b = eager.initial_state(), captured.initial_state()
+    for t in range(2):
+        a, _ = eager.round(a, t)
+        b, _ = captured.round(b, t)
+    # one graph for the whole step (no graph break), captured once and replayed every step and round
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
+    assert all(torch.allclose(a.x[n], b.x[n], rtol=0, atol=1e-12) for n in a.x)
+    for k, g in a.clients.items():
+        assert all(torch.allclose(v, b.clients[k][n], rtol=0, atol=1e-12) for n, v in g.items())
+
+
+def test_compile_needs_the_vectorised_executor():
+    fm = FunctionalModel(build_model("mlp", 4, (1, 8, 8), seed=0))
+    with pytest.raises(ValueError, match=r"^compile = 'default' captures the vectorised step: expected executor = "
+                                         r"'vectorised' \(or 'auto' on a GPU\), not 'sequential'$"):
+        make_executor("auto", fm, torch.device("cpu"), "default")
+    with pytest.raises(ValueError, match=r"^compile = 'fast': expected one of"):
+        VectorisedExecutor(fm, "fast")
+    assert make_executor("vectorised", fm, torch.device("cpu"), "aot_eager").compile == "aot_eager"

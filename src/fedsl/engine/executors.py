@@ -106,11 +106,41 @@ class SequentialExecutor:
         return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
 
 
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "aot_eager")
+
+
 class VectorisedExecutor:
+    """The clients step together under ``vmap``.
+
+    Args:
+        fm: the model.
+        compile: ``torch.compile`` the vmapped step (the round's hot loop: K steps of S clients, or of
+            R·S clients of stacked runs): "off"; "default" (inductor); "reduce-overhead" (inductor with
+            CUDA graphs: one replay per step instead of hundreds of kernel launches, what a GPU needs
+            for Scenario 2's 10-image steps); "max-autotune"; or "aot_eager" (the capture alone, no
+            code generation: how the tests check the captured step equals the eager one on a CPU).
+    """
+
     name = "vectorised"
 
-    def __init__(self, fm: FunctionalModel) -> None:
-        self.fm = fm
+    def __init__(self, fm: FunctionalModel, compile: str = "off") -> None:
+        if compile not in COMPILE_MODES:
+            raise ValueError(f"compile = {compile!r}: expected one of {list(COMPILE_MODES)}")
+        self.fm, self.compile = fm, compile
+        self._steps: dict = {}  # (client, lr batched?) -> the vmapped (and compiled) step, built once
+
+    def _vmapped_step(self, client: LocalSGD, lr_dim: int | None):
+        key = (client, lr_dim)
+        if key not in self._steps:
+            # randomness='different' keeps any user module with its own random ops legal under vmap;
+            # fedsl's dropout takes its randomness from the (batched) key instead.
+            step = vmap(self._step(client), in_dims=(0, 0, 0, 0, 0, 0, lr_dim), randomness="different")
+            if self.compile == "aot_eager":
+                step = torch.compile(step, backend="aot_eager", dynamic=False)
+            elif self.compile != "off":
+                step = torch.compile(step, mode=None if self.compile == "default" else self.compile, dynamic=False)
+            self._steps[key] = step
+        return self._steps[key]
 
     def _step(self, client: LocalSGD):
         """One masked step of every client: a zero-weight (padded) batch leaves its carry as it is."""
@@ -132,9 +162,7 @@ class VectorisedExecutor:
             lr = torch.as_tensor(lr, dtype=first.dtype, device=first.device)
         lr_dim = 0 if isinstance(lr, torch.Tensor) else None
         carry, aux = vmap(client.client_init)(starts, states, sent)
-        # randomness='different' keeps any user module with its own random ops legal under vmap;
-        # fedsl's dropout takes its randomness from the (batched) key instead.
-        step = vmap(self._step(client), in_dims=(0, 0, 0, 0, 0, 0, lr_dim), randomness="different")
+        step = self._vmapped_step(client, lr_dim)
         for k in range(plan.max_steps):
             idx = plan.idx[:, k]  # [S, B]
             carry = step(carry, aux, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
@@ -154,13 +182,19 @@ def _process_pool(fm: FunctionalModel) -> Executor:
 EXECUTORS = {"sequential": SequentialExecutor, "vectorised": VectorisedExecutor, "processes": _process_pool}
 
 
-def make_executor(name: str, fm: FunctionalModel, device: torch.device) -> Executor:
+def make_executor(name: str, fm: FunctionalModel, device: torch.device, compile: str = "off") -> Executor:
     """``auto`` picks by device, from measurement: sequential on CPU, vectorised on CUDA.
-    ``processes`` (CPU only) spreads a round's clients over worker processes (``fedsl.engine.pool``)."""
+    ``processes`` (CPU only) spreads a round's clients over worker processes (``fedsl.engine.pool``).
+    ``compile`` (``VectorisedExecutor``) captures the vectorised step with ``torch.compile``."""
     if name == "auto":
         name = "vectorised" if device.type == "cuda" else "sequential"
     if name not in EXECUTORS:
         raise ValueError(f"executor = {name!r}: expected one of {['auto', *EXECUTORS]}")
     if name == "processes" and device.type != "cpu":
         raise ValueError(f"executor = 'processes' runs on CPU, not {device.type}: use 'vectorised' or 'auto' there")
+    if compile != "off":
+        if name != "vectorised":
+            raise ValueError(f"compile = {compile!r} captures the vectorised step: expected executor = 'vectorised' "
+                             f"(or 'auto' on a GPU), not {name!r}")
+        return VectorisedExecutor(fm, compile)
     return EXECUTORS[name](fm)

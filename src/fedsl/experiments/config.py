@@ -268,6 +268,11 @@ class RunConfig(_Strict):
                             "'vectorised' (vmap over clients; auto on CUDA), 'processes' (CPU: the clients split "
                             "over one worker process per usable core, one torch thread each; bit-identical to "
                             "'sequential' at threads = 1; pays when clients train for seconds, as in Scenario 1)")
+    compile: Literal["off", "default", "reduce-overhead", "max-autotune", "aot_eager"] = Field(
+        "off", description="executor = 'vectorised' (auto on CUDA): torch.compile the vectorised client step; "
+                           "'reduce-overhead' adds CUDA graphs (one replay per local step instead of hundreds of "
+                           "kernel launches: Scenario 2 on a GPU); 'aot_eager' captures without code generation "
+                           "(a check); compiling costs seconds to minutes once per run")
     threads: int = Field(0, ge=0, le=1024, description="torch intra-op threads of the process. 0 = safe automatic: the "
                                               "smallest of torch's current setting, the cores this process may use "
                                               "(affinity), OMP_NUM_THREADS if set, the cores / runs side by side "

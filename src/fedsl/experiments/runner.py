@@ -223,7 +223,7 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     else:
         fed, algorithm, pretrain, hp, fm = built.fed, built.algorithm, built.pretrain, built.hparams, built.fm
     fm.module.to(device=device, dtype=dtype)
-    executor = make_executor(cfg.executor, fm, device)
+    executor = make_executor(cfg.executor, fm, device, cfg.compile)
     on_device = fed.to(device, dtype)
     if pools is not None:
         on_device = _share_tensors(on_device, pools)
