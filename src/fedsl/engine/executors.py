@@ -129,12 +129,12 @@ class VectorisedExecutor:
         self.fm, self.compile = fm, compile
         self._steps: dict = {}  # (client, lr batched?) -> the vmapped (and compiled) step, built once
 
-    def _vmapped_step(self, client: LocalSGD, lr_dim: int | None):
-        key = (client, lr_dim)
+    def _vmapped_step(self, client: LocalSGD, lr_dim: int | None, masked: bool):
+        key = (client, lr_dim, masked)
         if key not in self._steps:
             # randomness='different' keeps any user module with its own random ops legal under vmap;
             # fedsl's dropout takes its randomness from the (batched) key instead.
-            step = vmap(self._step(client), in_dims=(0, 0, 0, 0, 0, 0, lr_dim), randomness="different")
+            step = vmap(self._step(client, masked), in_dims=(0, 0, 0, 0, 0, 0, lr_dim), randomness="different")
             if self.compile == "aot_eager":
                 step = torch.compile(step, backend="aot_eager", dynamic=False)
             elif self.compile != "off":
@@ -142,12 +142,14 @@ class VectorisedExecutor:
             self._steps[key] = step
         return self._steps[key]
 
-    def _step(self, client: LocalSGD):
-        """One masked step of every client: a zero-weight (padded) batch leaves its carry as it is."""
+    def _step(self, client: LocalSGD, masked: bool):
+        """One step of every client; ``masked``: a zero-weight (padded) batch leaves its carry as it is."""
         loss_grad = grad(self.fm.loss)
 
         def step(carry, aux, xb, yb, wb, kb, lr):
             new = client.client_step(carry, aux, loss_grad(carry["y"], xb, yb, wb, kb), lr)
+            if not masked:
+                return new
             live = wb.sum() > 0
             return {k: {n: torch.where(live, v, carry[k][n]) for n, v in g.items()} for k, g in new.items()}
 
@@ -156,14 +158,20 @@ class VectorisedExecutor:
     def train(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
               lr: Lr, states: State | None = None, sent: list[State] | None = None) -> tuple[Params, State]:
         self.fm.train(True)
-        starts, states, sent = _stacked(starts), states or {}, _stacked(sent or [])
+        # the stacked models in the standard layout: stacking channels-last weights keeps their strides,
+        # which measured 15-25% slower vmapped convolutions on CPU
+        starts = {n: v.contiguous() for n, v in _stacked(starts).items()}
+        states, sent = states or {}, _stacked(sent or [])
         first = next(iter(starts.values()))
         if not isinstance(lr, (int, float)):
             lr = torch.as_tensor(lr, dtype=first.dtype, device=first.device)
         lr_dim = 0 if isinstance(lr, torch.Tensor) else None
         carry, aux = vmap(client.client_init)(starts, states, sent)
-        step = self._vmapped_step(client, lr_dim)
+        # the steps every client really takes need no mask (the plan says which, on the host): only the
+        # last steps of a round, where clients with fewer batches are padded, pay for it
+        all_live = min(plan.steps)
         for k in range(plan.max_steps):
+            step = self._vmapped_step(client, lr_dim, masked=k >= all_live)
             idx = plan.idx[:, k]  # [S, B]
             carry = step(carry, aux, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
         steps = torch.tensor(plan.steps, dtype=first.dtype, device=first.device)  # K_i
