@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40, help="rounds of each quickstart run")
     ap.add_argument("--seeds", type=int, default=4, help="runs of the sweep")
     ap.add_argument("--copies", type=int, default=4, help="concurrent quickstart copies")
+    ap.add_argument("--reps", type=int, default=1, help="repetitions of the sweep part, interleaved (medians)")
+    ap.add_argument("--sweep-only", action="store_true", help="skip the fair-share part (4 copies)")
     ap.add_argument("--out", type=Path, help="also append the table to this Markdown file")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
@@ -57,26 +59,36 @@ def main() -> None:
 
     timed([fedsl_cmd(out("warm-up"), 1, 1)])  # generates and caches the data: not timed below
     load0 = os.getloadavg()
-    serial = timed([fedsl_cmd(out("serial"), args.rounds, args.seeds)])
+    times: dict[str, list[float]] = {"serial": [], "par": [], "serial1": []}
+    for _ in range(args.reps):  # interleaved, so that the machine's noise hits all three alike
+        times["serial"].append(timed([fedsl_cmd(out("serial"), args.rounds, args.seeds)]))
+        times["par"].append(timed([fedsl_cmd(out("par"), args.rounds, args.seeds, "--parallel", "2")]))
+        times["serial1"].append(timed([fedsl_cmd(out("serial1"), args.rounds, args.seeds, "--set", "threads=1")]))
+    serial, par, serial1 = (sorted(v)[len(v) // 2] for v in times.values())
     rows.append(("sweep of %d runs, one after another (threads auto)" % args.seeds, serial, "1.00x"))
-    par = timed([fedsl_cmd(out("par"), args.rounds, args.seeds, "--parallel", "2")])
     rows.append(("same sweep, --parallel 2 (1 thread each)", par, f"{serial / par:.2f}x throughput"))
-    serial1 = timed([fedsl_cmd(out("serial1"), args.rounds, args.seeds, "--set", "threads=1")])
     rows.append(("same sweep, one after another, threads = 1", serial1, f"{serial1 / par:.2f}x (parallel's gain)"))
+    import torch
+    if args.sweep_only:
+        _report(args, rows, load0, torch)
+        return
 
     one = timed([fedsl_cmd(out("one"), args.rounds, 1)])
     rows.append(("1 quickstart run alone (threads auto)", one, "1.00x"))
     many = timed([fedsl_cmd(out("many"), args.rounds, 1) for _ in range(args.copies)])
     rows.append((f"{args.copies} copies at once (threads auto)", many, f"{many / one:.2f}x one copy"))
-    import torch
     default = torch.get_num_threads()
     many_old = timed([fedsl_cmd(out("old"), args.rounds, 1, "--set", f"threads={default}")
                       for _ in range(args.copies)])
     rows.append((f"{args.copies} copies at once (threads = {default}, torch's default)", many_old,
                  f"{many_old / one:.2f}x one copy"))
-    load1 = os.getloadavg()
+    _report(args, rows, load0, torch)
 
-    lines = [f"### bench_parallel.py --rounds {args.rounds} --seeds {args.seeds} --copies {args.copies}",
+
+def _report(args, rows, load0, torch) -> None:
+    load1 = os.getloadavg()
+    lines = [f"### bench_parallel.py --rounds {args.rounds} --seeds {args.seeds} --copies {args.copies} "
+             f"--reps {args.reps}{' --sweep-only' if args.sweep_only else ''}",
              "",
              f"{time.strftime('%Y-%m-%d %H:%M')}, {platform.node() or 'host'}: {os.cpu_count()} cores "
              f"({platform.processor() or platform.machine()}), torch {torch.__version__}, load average "
