@@ -122,3 +122,42 @@ def test_flower_peer_runs_fedavg_rounds(one_thread):
     assert len(times) == 2 and all(t > 0 for t in times)
     assert peer.extra["startup_s"] > 0 and peer.extra["actor_peak_mb"] > 0
     assert not FlowerPeer(replace(w, seeds=2), make_data(w), torch.device("cpu")).available
+
+
+def test_pfl_peer_gives_the_engines_fedavg_model(one_thread):
+    """pfl-research's simulation (FederatedAveraging, PyTorchModel, central SGD lr 1) on the engine's
+    clients and batch plan (dropout-free model) gives the engine's FedAvg model after 3 rounds, to
+    float32 rounding; in its own batch order (pfl slices a client's data in stored order) it runs,
+    times its rounds and evaluates centrally; it is listed as the peer ``pfl`` in a benchmark run."""
+    pytest.importorskip("pfl.model.pytorch")  # the bench extra, pfl[pytorch]
+    from harness.pfl_peer import PflPeer
+    w = replace(workloads(smoke=True)["s2-cifar10+eval"], model="mlp", num_clients=8, clients_per_round=3,
+                samples_per_client=10, batch_size=4, epochs=2, lr=0.1, test_size=16)
+    data = make_data(w)
+    cpu = torch.device("cpu")
+    engine, replay, own = EnginePeer(w, data, cpu), PflPeer(w, data, cpu, share_plan=True), PflPeer(w, data, cpu)
+    for p in (engine, replay, own):
+        assert p.available, p.why_not
+        p.setup()  # one round
+        times = p.run(2)
+        assert len(times) == 2 and all(t > 0 for t in times)
+        p.close()
+    mine, theirs = engine.params(), replay.params()
+    assert set(mine) == set(theirs)
+    for n in mine:
+        torch.testing.assert_close(theirs[n], mine[n], rtol=1e-5, atol=1e-6)
+    from harness.peers import plain_model
+    init = plain_model(w, 0, cpu).state_dict()
+    assert max((mine[n] - init[n]).abs().max().item() for n in mine) > 1e-3
+    other = own.params()  # pfl's own batch order: another model, moved from the start
+    assert max((other[n] - init[n]).abs().max().item() for n in other) > 1e-3
+    assert max((other[n] - mine[n]).abs().max().item() for n in other) > 1e-4
+    assert 0.0 <= own.accuracy <= 1.0 and own.extra["startup_once_s"] > 0
+    assert not PflPeer(replace(w, seeds=2), data, cpu).available
+    assert not PflPeer(replace(w, train=False), data, cpu).available
+
+    rep = run_benchmarks(["s2-cifar10+eval"], rounds=1, reps=1, smoke=True, peers=("fedsl", "pfl"),
+                         footprint_clients=None, threads=1, log=lambda s: None)
+    row = {r.peer: r for r in rep.rows}["pfl"]
+    assert row.seconds is not None and row.seconds > 0 and "fedsl" in row.ratios, row.note
+    assert "pfl 0.6" in row.settings and "(once) not counted" in row.note

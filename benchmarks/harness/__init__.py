@@ -1,11 +1,11 @@
-"""Benchmark harness: fedsl's engine vs a plain PyTorch loop vs Flower's simulation.
+"""Benchmark harness: fedsl's engine vs a plain PyTorch loop vs Flower's and pfl-research's simulations.
 
     from harness import run_benchmarks
     report = run_benchmarks(["s2-cifar10+eval"], rounds=3, reps=3)
     print(report.markdown())
 
 For each workload (``harness.workloads``, random data) every available peer
-(``harness.peers``, ``harness.flower_peer``) is set up and warmed up (one untimed
+(``harness.peers``, ``harness.flower_peer``, ``harness.pfl_peer``) is set up and warmed up (one untimed
 round), then run ``reps`` times in turn — fedsl, plain loop, Flower, fedsl, ... — each time
 for a few timed rounds, so that noise from other work on the machine hits all alike. A
 row reports the median seconds per round, samples/s, its speed ratio to each other peer,
@@ -42,7 +42,7 @@ from harness.workloads import (
     workloads,
 )
 
-PEERS = ("fedsl", "loop", "flower", "processes")  # processes: fedsl with the process-pool executor
+PEERS = ("fedsl", "loop", "flower", "pfl", "processes")  # processes: fedsl with the process-pool executor
 
 
 @dataclass
@@ -154,6 +154,9 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
             if device.type != "cpu":
                 peer.available, peer.why_not = False, "not run on GPU machines"
             peers.append(peer)
+        elif name == "pfl":
+            from harness.pfl_peer import PflPeer
+            peers.append(PflPeer(w, data, device))
         else:
             raise ValueError(f"peer {name!r}: expected one of {PEERS}")
     return peers
@@ -269,6 +272,8 @@ def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_a
             row.settings = p.settings
             if "startup_s" in p.extra:
                 row.note = f"start-up {p.extra['startup_s']:.1f} s/run not counted"
+            elif "startup_once_s" in p.extra:
+                row.note = f"set-up + first round {p.extra['startup_once_s']:.1f} s (once) not counted"
             settings.setdefault(p.name, p.settings)
             p.close()
         rows += wrows.values()
@@ -284,6 +289,7 @@ def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_a
     info["load average (1, 5, 15 min)"] = f"{load_start} at the start, {machine.load_average()} at the end"
     fl = machine.optional_version("flwr")
     info["flwr"] = fl or "not installed"
+    info["pfl"] = machine.optional_version("pfl") or "not installed"
     return Report(rows, info, rates, footprint, settings, command,
                   datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                   time.perf_counter() - t_start, notes)
