@@ -1,4 +1,4 @@
-"""fedsl's engine vs a plain PyTorch loop vs Flower's simulation, on the paper's workloads.
+"""fedsl's engine vs a plain PyTorch loop vs Flower's and pfl-research's simulations, on the paper's workloads.
 
     python benchmarks/bench.py                       # everything on the CPU (~15 min on 2 cores)
     python benchmarks/bench.py --workloads s2-cifar10+eval --reps 5

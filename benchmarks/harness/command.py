@@ -12,7 +12,7 @@ from harness.workloads import DEFAULT_WORKLOADS, workloads
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="fedsl engine vs a plain PyTorch loop vs Flower's simulation "
+    ap = argparse.ArgumentParser(description="fedsl engine vs a plain PyTorch loop vs Flower's and pfl-research's simulations "
                                              "(random data, interleaved, medians)")
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
                     help=f"comma-separated, from: {', '.join(workloads())}")
