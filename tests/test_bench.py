@@ -129,13 +129,16 @@ def test_pfl_peer_gives_the_engines_fedavg_model(one_thread):
     clients and batch plan (dropout-free model) gives the engine's FedAvg model after 3 rounds, to
     float32 rounding; in its own batch order (pfl slices a client's data in stored order) it runs,
     times its rounds and evaluates centrally; it is listed as the peer ``pfl`` in a benchmark run."""
-    pytest.importorskip("pfl.model.pytorch")  # the bench extra, pfl[pytorch]
+    import multiprocessing as mp
+    pytest.importorskip("pfl")  # the bench extra, pfl[pytorch]
     from harness.pfl_peer import PflPeer
+    method = mp.get_start_method(allow_none=True)
     w = replace(workloads(smoke=True)["s2-cifar10+eval"], model="mlp", num_clients=8, clients_per_round=3,
                 samples_per_client=10, batch_size=4, epochs=2, lr=0.1, test_size=16)
     data = make_data(w)
     cpu = torch.device("cpu")
     engine, replay, own = EnginePeer(w, data, cpu), PflPeer(w, data, cpu, share_plan=True), PflPeer(w, data, cpu)
+    assert mp.get_start_method(allow_none=True) == method  # importing pfl's torch ops changed it: put back
     for p in (engine, replay, own):
         assert p.available, p.why_not
         p.setup()  # one round

@@ -45,11 +45,21 @@ from harness.workloads import Data, Workload
 
 
 def _missing() -> str | None:
-    """Why pfl's PyTorch simulation cannot run here, or None."""
+    """Why pfl's PyTorch simulation cannot run here, or None.
+
+    Importing pfl's PyTorch ops sets the process's multiprocessing start method to
+    'forkserver' (for its DataLoader workers, which this peer does not use); the process's
+    setting is put back, so that other code in it (a test session) is not changed under it.
+    """
+    import multiprocessing as mp
+    before = mp.get_start_method(allow_none=True)
     try:
         import pfl.model.pytorch  # noqa: F401
     except Exception as e:  # ImportError, or pfl failing on this torch/Python
         return f"pfl not importable ({type(e).__name__}: {e}); install the bench extra: pip install -e '.[bench]'"
+    finally:
+        if mp.get_start_method(allow_none=True) != before:
+            mp.set_start_method(before, force=True)
     return None
 
 
