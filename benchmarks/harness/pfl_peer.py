@@ -1,6 +1,6 @@
 """pfl-research's simulation (``pip install pfl``, PyTorch backend) as a peer.
 
-The same workload as the other peers, written the way pfl's own examples write it:
+The same workload as the other peers, through pfl's public API:
 
 - model: fedsl's ``build_model(w.model, ...)`` (seed 0, the engine's initialisation) inside a
   small ``nn.Module`` that gives pfl the ``loss(x, y)`` (train mode, mean cross-entropy) and
@@ -19,13 +19,16 @@ The same workload as the other peers, written the way pfl's own examples write i
   batch 500 (the plain loop's).
 
 Differences that remain: pfl walks a client's data in stored order every epoch (its ``Dataset``
-does not shuffle; the engine and the loop draw a new order per epoch), and pfl's central
-evaluation also evaluates the model before the first round (in the untimed warm-up here). ``share_plan=True`` replays the engine's batch plan instead (tests).
+does not shuffle; the engine and the loop draw a new order per epoch; ``share_plan=True``
+replays the engine's batch plan instead, for tests); pfl's central evaluation also evaluates
+the model before the first round, and pfl's iteration 0 evaluates every client's data before
+and after its training (both in the untimed warm-up round here).
 
 Timing: ``run(rounds)`` continues the same algorithm for ``rounds`` more central iterations; a
 callback placed after the evaluation callback stamps the clock at ``on_train_begin`` and after
 every central iteration (training of S clients, the update, the evaluation). ``setup`` builds
-everything and runs one untimed round; its time (pfl's imports included) is reported apart.
+everything and runs one untimed round; its time is reported apart (pfl is imported earlier,
+when the peer is made).
 """
 
 from __future__ import annotations
