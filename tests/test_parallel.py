@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedsl.experiments import config as C
-from fedsl.experiments import threads
+from fedsl.core import threads
 from fedsl.experiments.compare import run_group
 
 from conftest import TINY

@@ -387,7 +387,7 @@ def test_threads_setting(tmp_path):
 def test_resume_with_automatic_threads_uses_the_count_the_run_started_with(tmp_path, monkeypatch):
     """threads = 0 follows the machine's load, and results follow the thread count: a resumed run
     takes the count recorded in its summary.json, not the one the load would give now."""
-    from fedsl.experiments import threads
+    from fedsl.core import threads
     cfg = C.load(tiny(tmp_path, rounds=4), ["threads=0"])
     before = torch.get_num_threads()
     try:

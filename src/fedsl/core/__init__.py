@@ -1,1 +1,1 @@
-"""The bottom layer: types and randomness every other layer may use; imports nothing of fedsl."""
+"""The bottom layer: types, randomness and the thread count every other layer may use; imports nothing of fedsl."""

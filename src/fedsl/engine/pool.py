@@ -216,7 +216,7 @@ def _shm_free() -> int | None:
 
 def default_workers() -> int:
     """W: the cores this process may use, divided by the runs fedsl runs side by side (``--parallel``)."""
-    from fedsl.experiments.threads import CONCURRENT_ENV, _positive_int, usable_cores
+    from fedsl.core.threads import CONCURRENT_ENV, _positive_int, usable_cores
     return max(1, usable_cores() // (_positive_int(os.environ.get(CONCURRENT_ENV)) or 1))
 
 

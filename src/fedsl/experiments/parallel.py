@@ -3,7 +3,7 @@
 Design (measured in ``benchmarks/bench_parallel.py``, results in ``benchmarks/RESULTS.md``):
 a pool of N worker processes (``spawn``, so no torch or OpenMP state is inherited), each
 running one unit of the group at a time (one run, or a stack of runs on a GPU) with
-``cores / N`` torch threads (``FEDSL_CONCURRENT_RUNS``, see ``fedsl.experiments.threads``).
+``cores / N`` torch threads (``FEDSL_CONCURRENT_RUNS``, see ``fedsl.core.threads``).
 Workers write into the group folder themselves, exactly the files a serial run writes; the
 driver (the ``fedsl`` process) shows the sweep's progress and collects the summaries. A
 process pool starts in ~2 s and needs nothing beyond the standard library; a local Ray
@@ -24,7 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
-from fedsl.experiments.threads import CONCURRENT_ENV, usable_cores
+from fedsl.core.threads import CONCURRENT_ENV, usable_cores
 
 Log = Callable[[str], None]
 

@@ -18,6 +18,7 @@ import torch
 from fedsl import metrics
 from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
                               make_algorithm, spec)
+from fedsl.core import threads
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
 from fedsl.diagnostics import measure
@@ -25,7 +26,6 @@ from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import RoundInfo, RunState, Simulator
 from fedsl.engine.stacked import StackedSimulator, same_tensor
-from fedsl.experiments import threads
 from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.results import RunDir, is_group
 from fedsl.models import build_model
