@@ -166,3 +166,26 @@ def test_pfl_peer_gives_the_engines_fedavg_model(one_thread):
         if row.peer == "pfl":
             assert row.seconds is not None and row.seconds > 0 and "fedsl" in row.ratios, row.note
             assert "pfl 0.6" in row.settings and "(once) not counted" in row.note
+
+
+def test_processes_peer_runs_the_pool_executor_and_closes_it(one_thread):
+    """The 'processes' peer: fedsl with the process-pool executor, timed beside the sequential one,
+    its workers gone when the workload ends."""
+    from harness import peers as peer_module
+    seen = []
+    real_close = peer_module.ProcessesPeer.close
+    peer_module.ProcessesPeer.close = lambda self: (seen.append((self.sims[0].executor, self.sims[0].executor.pids)),
+                                                    real_close(self))[1]
+    try:
+        rep = run_benchmarks(["s1-cifar10"], rounds=1, reps=1, smoke=True, peers=("fedsl", "processes"),
+                             footprint_clients=None, threads=1, log=lambda s: None)
+    finally:
+        peer_module.ProcessesPeer.close = real_close
+    got = {r.peer: r for r in rep.rows}
+    r = got["fedsl processes"]
+    assert r.seconds and "processes executor" in r.settings and "worker processes x 1 thread" in r.settings
+    assert r.ratios["fedsl"] == pytest.approx(got["fedsl"].seconds / r.seconds)
+    (ex, running), = seen
+    assert ex.name == "processes" and ex.pids == []  # closed with the workload
+    s = workloads(True)["s1-cifar10"].clients_per_round
+    assert len(running) == (min(ex.workers, s) if ex.workers > 1 and s > 1 else 0)  # it did use worker processes
