@@ -83,7 +83,8 @@ def test_train_bit_identical_float32_channels_last_with_per_client_lr(pool):
         plan = make_plan(fed.clients, list(range(len(SIZES))), 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
             torch.device("cpu"), torch.float32)
         s = plan.num_clients
-        states = {k: {n: torch.randn(s, *v.shape) for n, v in g.items()} for k, g in rule.init_client_state(params).items()}
+        states = {k: {n: torch.randn(s, *v.shape) for n, v in g.items()}
+                  for k, g in rule.init_client_state(params).items()}
         sent = [{"c": {n: torch.randn_like(v) for n, v in params.items()}}] * s
         lr = torch.linspace(0.05, 0.2, s)
         a = seq.train(rule, [params] * s, plan, x, fed.y, lr, states, sent)
@@ -303,3 +304,43 @@ def test_a_model_that_cannot_be_pickled_is_a_one_line_error(one_thread):
         with pytest.raises(ValueError, match="the model cannot be sent to worker processes .*'sequential'") as err:
             ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
         assert "\n" not in str(err.value) and ex.pids == []
+
+
+def test_a_client_class_the_workers_cannot_import_is_a_one_line_error(pool):
+    """A rule defined where spawned workers cannot import it (here: a module made at run time)."""
+    import sys
+    import types
+    mod = types.ModuleType("made_at_run_time")
+    exec("from fedsl.algorithms.base import LocalSGD\nclass Mine(LocalSGD):\n    pass\n", mod.__dict__)
+    sys.modules["made_at_run_time"] = mod
+    try:
+        fed = random_federation(SIZES)
+        plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
+            torch.device("cpu"), torch.float64)
+        params = pool.fm.params()
+        with pytest.raises(RuntimeError, match="could not read its share of the round .*made_at_run_time") as err:
+            pool.train(mod.Mine(), [params, params], plan, fed.x, fed.y, 0.1)
+        assert "\n" not in str(err.value) and pool.pids == []
+    finally:
+        del sys.modules["made_at_run_time"]
+
+
+def test_a_model_the_workers_cannot_import_fails_at_start_in_one_line(one_thread):
+    import sys
+    import types
+    mod = types.ModuleType("model_made_at_run_time")
+    exec("from torch import nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+         "        self.fc = nn.Linear(64, 4)\n    def forward(self, x):\n        return self.fc(x.flatten(1))\n",
+         mod.__dict__)
+    sys.modules["model_made_at_run_time"] = mod
+    try:
+        fm = FunctionalModel(mod.Net().double())
+        fed = random_federation(SIZES)
+        plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
+            torch.device("cpu"), torch.float64)
+        with ProcessPoolExecutor(fm, workers=2) as ex:
+            with pytest.raises(ValueError, match="could not load the model .*model_made_at_run_time") as err:
+                ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
+            assert "\n" not in str(err.value) and ex.pids == []
+    finally:
+        del sys.modules["model_made_at_run_time"]

@@ -115,11 +115,15 @@ def _worker_main(conn: Connection) -> None:
             msg = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the caller is gone
             return
+        except Exception as e:  # e.g. a class this process cannot import: say so, then end
+            conn.send_bytes(pickle.dumps(("fatal", None, f"{type(e).__name__}: {e}")))
+            return
         kind = msg[0]
         if kind == "stop":
             return
         if kind == "model":
             executor = SequentialExecutor(msg[1])
+            conn.send_bytes(pickle.dumps(("ready",)))  # the caller waits for it: a bad model fails at start
             continue
         if kind == "pool":
             x, y = msg[1], msg[2]
@@ -148,6 +152,10 @@ def _signal_name(code: int | None) -> str:
             name = f"signal {-code}"
         return f"{name}" + (" (killed: out of memory, or by hand)" if -code == signal.SIGKILL else "")
     return f"exit code {code}"
+
+
+class _Fatal(RuntimeError):
+    """A worker could not unpickle its message (a class it cannot import) and ended."""
 
 
 @dataclass
@@ -276,6 +284,19 @@ class ProcessPoolExecutor:
             child.close()
             self._procs.append(_Worker(p, parent))
             parent.send_bytes(self._model)
+        for w in list(self._procs):  # all start at once; each says it has the model
+            ready = wait([w.conn, w.process.sentinel])
+            if w.conn in ready or w.conn.poll():
+                try:
+                    reply = pickle.loads(w.conn.recv_bytes())
+                except (EOFError, OSError):
+                    self._died(w, "while starting")
+                if reply[0] != "ready":
+                    self.close()
+                    raise ValueError(f"executor {NAME!r}: a worker process could not load the model ({reply[2]}); "
+                                     "define the model in an importable module, or use executor = 'sequential'")
+            else:
+                self._died(w, "while starting")
 
     def _share_pool(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Hand the workers the pool once: shared memory, keyed by the tensors and their data pointers."""
@@ -342,7 +363,9 @@ class ProcessPoolExecutor:
             if self._procs:
                 self.close()
             raise
-        if error is not None:  # every reply was read: the workers are in step and stay up
+        if error is not None:  # every reply was read: the workers are in step and stay up, unless one ended
+            if isinstance(error, _Fatal):
+                self.close()
             raise error
         finals: list[Params] = []
         rows: list[State] = []
@@ -370,6 +393,9 @@ class ProcessPoolExecutor:
                     del pending[i]
                     if msg[0] == "ok":
                         replies[i] = (msg[1], msg[2])
+                    elif msg[0] == "fatal":  # the worker could not read its share and has ended
+                        error = _Fatal(f"executor {NAME!r}: worker process {w.process.pid} could not read its "
+                                       f"share of the round ({msg[2]}); the pool was stopped")
                     elif error is None:
                         exc, text = msg[1], msg[2]
                         error = exc if isinstance(exc, Exception) else RuntimeError(f"in a worker: {text}")
