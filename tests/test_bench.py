@@ -166,6 +166,7 @@ def test_pfl_peer_gives_the_engines_fedavg_model(one_thread):
         if row.peer == "pfl":
             assert row.seconds is not None and row.seconds > 0 and "fedsl" in row.ratios, row.note
             assert "pfl 0.6" in row.settings and "(once) not counted" in row.note
+    assert "| x pfl |" in rep.markdown() and "pfl" in rep.rows[0].ratios  # fedsl's row: its ratio to pfl
 
 
 def test_processes_peer_runs_the_pool_executor_and_closes_it(one_thread):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-COLUMNS = ["workload", "peer", "s/round", "samples/s", "x fedsl", "x plain loop", "x flower", "GFLOP/s",
+COLUMNS = ["workload", "peer", "s/round", "samples/s", "x fedsl", "x plain loop", "x flower", "x pfl", "GFLOP/s",
            "% of best", "peak MB", "note"]
-RATIO_PEERS = {"x fedsl": "fedsl", "x plain loop": "plain loop", "x flower": "flower"}
+RATIO_PEERS = {"x fedsl": "fedsl", "x plain loop": "plain loop", "x flower": "flower", "x pfl": "pfl"}
 
 
 @dataclass
