@@ -50,6 +50,12 @@ def _rounds(executor, fm, alg, rounds=3, dtype=torch.float64, shape=(1, 8, 8)):
     return st
 
 
+def _two_clients(fed):
+    """Round 0's batch plan of clients 0 and 1 (B = 8, one epoch), float64 on the CPU."""
+    return make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(torch.device("cpu"),
+                                                                                       torch.float64)
+
+
 def _equal(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
@@ -205,8 +211,7 @@ def test_worker_killed_mid_round_is_a_one_line_error_then_a_fresh_pool(one_threa
 def test_close_stops_the_workers_and_collection_too(one_thread):
     fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).double())
     fed = random_federation(SIZES)
-    plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
-        torch.device("cpu"), torch.float64)
+    plan = _two_clients(fed)
     ex = ProcessPoolExecutor(fm, workers=2)
     ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
     procs = [w.process for w in ex._procs]
@@ -231,8 +236,7 @@ class Failing(LocalSGD):
 
 def test_worker_exception_is_raised_in_the_caller_and_the_pool_goes_on(pool):
     fed = random_federation(SIZES)
-    plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
-        torch.device("cpu"), torch.float64)
+    plan = _two_clients(fed)
     params = pool.fm.params()
     with pytest.raises(ValueError, match="client step failed on purpose"):
         pool.train(Failing(), [params, params], plan, fed.x, fed.y, 0.1)
@@ -285,8 +289,7 @@ def test_a_pool_too_big_for_shared_memory_is_a_one_line_error(one_thread, monkey
     monkeypatch.setattr(pool_module, "_shm_free", lambda: 1000)
     fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).double())
     fed = random_federation(SIZES)
-    plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
-        torch.device("cpu"), torch.float64)
+    plan = _two_clients(fed)
     with ProcessPoolExecutor(fm, workers=2) as ex:
         with pytest.raises(ValueError, match=r"does not fit in shared memory \(/dev/shm has 0 MiB free\)") as err:
             ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
@@ -298,8 +301,7 @@ def test_a_model_that_cannot_be_pickled_is_a_one_line_error(one_thread):
     model.hook = lambda t: t  # a lambda attribute: pickle cannot send it to a worker
     fm = FunctionalModel(model)
     fed = random_federation(SIZES)
-    plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
-        torch.device("cpu"), torch.float64)
+    plan = _two_clients(fed)
     with ProcessPoolExecutor(fm, workers=2) as ex:
         with pytest.raises(ValueError, match="the model cannot be sent to worker processes .*'sequential'") as err:
             ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
@@ -315,8 +317,7 @@ def test_a_client_class_the_workers_cannot_import_is_a_one_line_error(pool):
     sys.modules["made_at_run_time"] = mod
     try:
         fed = random_federation(SIZES)
-        plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
-            torch.device("cpu"), torch.float64)
+        plan = _two_clients(fed)
         params = pool.fm.params()
         with pytest.raises(RuntimeError, match="could not read its share of the round .*made_at_run_time") as err:
             pool.train(mod.Mine(), [params, params], plan, fed.x, fed.y, 0.1)
@@ -336,8 +337,7 @@ def test_a_model_the_workers_cannot_import_fails_at_start_in_one_line(one_thread
     try:
         fm = FunctionalModel(mod.Net().double())
         fed = random_federation(SIZES)
-        plan = make_plan(fed.clients[:2], [0, 1], 8, 1, None, 0, 0, rng.CLIENT_BATCHES).to(
-            torch.device("cpu"), torch.float64)
+        plan = _two_clients(fed)
         with ProcessPoolExecutor(fm, workers=2) as ex:
             with pytest.raises(ValueError, match="could not load the model .*model_made_at_run_time") as err:
                 ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
