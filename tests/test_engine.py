@@ -177,3 +177,24 @@ def test_compile_needs_the_vectorised_executor():
     with pytest.raises(ValueError, match=r"^compile = 'fast': expected one of"):
         VectorisedExecutor(fm, "fast")
     assert make_executor("vectorised", fm, torch.device("cpu"), "aot_eager").compile == "aot_eager"
+    with pytest.raises(ValueError, match=r"^compile = 'cuda-graphs' captures CUDA graphs: expected a CUDA device, "
+                                         r"not 'cpu'$"):
+        make_executor("vectorised", fm, torch.device("cpu"), "cuda-graphs")
+
+
+def test_bfloat16_evaluation_is_close_to_float32_and_opt_in():
+    """``eval_precision = 'bfloat16'``: forward passes under bf16 autocast give (nearly) the float32
+    accuracy and loss, single and stacked; an unknown precision is refused in one line."""
+    from fedsl.engine.functional import evaluate, evaluate_many
+    fed = random_federation(SIZES, n0=10, n_test=400, dtype=torch.float32)
+    fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=0))
+    params = fm.params()
+    acc32, loss32 = evaluate(fm, params, fed.x_test, fed.y_test, 100)
+    acc16, loss16 = evaluate(fm, params, fed.x_test, fed.y_test, 100, "bfloat16")
+    assert (acc16, loss16) != (acc32, loss32)  # bf16 really ran: the loss moved in its last digits
+    assert abs(acc16 - acc32) <= 0.01 and loss16 == pytest.approx(loss32, rel=1e-2)
+    stacked = {n: torch.stack([p, p]) for n, p in params.items()}
+    many = evaluate_many(fm, stacked, fed.x_test, fed.y_test, 100, "bfloat16")
+    assert all(abs(a - acc32) <= 0.01 and l == pytest.approx(loss32, rel=1e-2) for a, l in many)
+    with pytest.raises(ValueError, match=r"^eval_precision = 'fp8': expected one of \['float32', 'bfloat16'\]$"):
+        evaluate(fm, params, fed.x_test, fed.y_test, 100, "fp8")

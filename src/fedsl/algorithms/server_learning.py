@@ -25,6 +25,7 @@ import torch
 
 from fedsl.algorithms.base import Algorithm, ClientResults, RoundContext, RunState, client_weights
 from fedsl.algorithms.gamma_schedule import GammaSchedule
+from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
 
 
@@ -134,19 +135,20 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     if results is None:
         return Aggregated(state.x, state.algo, gamma, None, 0, on and sl.mode == "incremental")
     x, finals = state.x, results.params
-    weights = client_weights(results.sizes, alg.weighted).to(next(iter(x.values())).device)
+    device = next(iter(x.values())).device
+    weights = to_device(client_weights(results.sizes, alg.weighted), device)  # queued, no GPU sync
     server_steps = 0
     if on and sl.mode == "parallel":
         # FSL-p: the server trains from x_t like one more client; its update joins the mean with weight w0
         x0, server_steps = server.train(x, t, gamma * sl.lr)
         w0 = sl.parallel_weight(server.n0, results.sizes)
         finals = {n: torch.cat([finals[n], x0[n].unsqueeze(0)]) for n in finals}
-        weights = torch.cat([(1.0 - w0) * weights, torch.tensor([w0], dtype=weights.dtype, device=weights.device)])
+        weights = torch.cat([(1.0 - w0) * weights, tensor_on([w0], device, weights.dtype)])
     cos = None
     if on and sl.measures_angle:
         s = len(results.sizes)  # the clients' rows (not FSL-p's server row)
         cos = angle(x, {n: v[:s] for n, v in finals.items()}, weights[:s] / weights[:s].sum(), server.f0_grad(x))
-    steps = torch.tensor(results.steps, device=weights.device)
+    steps = tensor_on(results.steps, device)
     x_bar, algo = alg.rule.server_update(x, state.algo, finals, weights, RoundContext(alg.local.lr, steps,
                                                                                        server.num_clients))
     return Aggregated(x_bar, algo, gamma, cos, server_steps, on and sl.mode == "incremental")

@@ -14,13 +14,16 @@ contiguous share of the clients each: bit-identical to it at one thread, W cores
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch.func import grad, vmap
 
 from fedsl.algorithms.base import LOCAL_SGD, LocalSGD, client_update
+from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import BatchPlan
@@ -106,7 +109,17 @@ class SequentialExecutor:
         return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
 
 
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "aot_eager")
+COMPILE_MODES = ("off", "cuda-graphs", "default", "reduce-overhead", "max-autotune", "aot_eager")
+GRAPHS_KEPT = 4  # captured loops kept per executor (one per shape: a Scenario-2 sweep uses two)
+
+
+@dataclass
+class _Captured:
+    """A CUDA graph of a round's K vmapped steps, with the static tensors it reads and writes."""
+
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple  # (carry, aux, idx, weight, keys, lr): copied into before each replay
+    out: dict  # the final carry, overwritten by each replay
 
 
 class VectorisedExecutor:
@@ -114,11 +127,13 @@ class VectorisedExecutor:
 
     Args:
         fm: the model.
-        compile: ``torch.compile`` the vmapped step (the round's hot loop: K steps of S clients, or of
-            R·S clients of stacked runs): "off"; "default" (inductor); "reduce-overhead" (inductor with
-            CUDA graphs: one replay per step instead of hundreds of kernel launches, what a GPU needs
-            for Scenario 2's 10-image steps); "max-autotune"; or "aot_eager" (the capture alone, no
-            code generation: how the tests check the captured step equals the eager one on a CPU).
+        compile: how the round's hot loop (K steps of S clients, or of R·S clients of stacked runs) runs:
+            "off" (eager); "cuda-graphs" (the whole K-step loop captured once per shape as one CUDA
+            graph and replayed: one launch instead of K × hundreds, what a GPU needs for Scenario 2's
+            10-image steps; the same kernels as eager, so the same numbers); or ``torch.compile`` of
+            the vmapped step: "default" (inductor), "reduce-overhead" (inductor with CUDA graphs),
+            "max-autotune", "aot_eager" (the capture alone, no code generation: how the tests check
+            the compiled step equals the eager one on a CPU).
     """
 
     name = "vectorised"
@@ -128,6 +143,7 @@ class VectorisedExecutor:
             raise ValueError(f"compile = {compile!r}: expected one of {list(COMPILE_MODES)}")
         self.fm, self.compile = fm, compile
         self._steps: dict = {}  # (client, lr batched?) -> the vmapped (and compiled) step, built once
+        self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()  # compile = "cuda-graphs", by shape
 
     def _vmapped_step(self, client: LocalSGD, lr_dim: int | None, masked: bool):
         key = (client, lr_dim, masked)
@@ -137,7 +153,7 @@ class VectorisedExecutor:
             step = vmap(self._step(client, masked), in_dims=(0, 0, 0, 0, 0, 0, lr_dim), randomness="different")
             if self.compile == "aot_eager":
                 step = torch.compile(step, backend="aot_eager", dynamic=False)
-            elif self.compile != "off":
+            elif self.compile not in ("off", "cuda-graphs"):
                 step = torch.compile(step, mode=None if self.compile == "default" else self.compile, dynamic=False)
             self._steps[key] = step
         return self._steps[key]
@@ -164,18 +180,56 @@ class VectorisedExecutor:
         states, sent = states or {}, _stacked(sent or [])
         first = next(iter(starts.values()))
         if not isinstance(lr, (int, float)):
-            lr = torch.as_tensor(lr, dtype=first.dtype, device=first.device)
+            lr = to_device(torch.as_tensor(lr, dtype=first.dtype), first.device)
         lr_dim = 0 if isinstance(lr, torch.Tensor) else None
         carry, aux = vmap(client.client_init)(starts, states, sent)
         # the steps every client really takes need no mask (the plan says which, on the host): only the
         # last steps of a round, where clients with fewer batches are padded, pay for it
         all_live = min(plan.steps)
-        for k in range(plan.max_steps):
-            step = self._vmapped_step(client, lr_dim, masked=k >= all_live)
-            idx = plan.idx[:, k]  # [S, B]
-            carry = step(carry, aux, x[idx], y[idx], plan.weight[:, k], plan.keys[:, k], lr)
-        steps = torch.tensor(plan.steps, dtype=first.dtype, device=first.device)  # K_i
+        if self.compile == "cuda-graphs" and first.is_cuda:
+            if lr_dim is None:  # a captured step size would be a constant of the graph: make it an input
+                lr, lr_dim = torch.full((plan.num_clients,), float(lr), dtype=first.dtype, device=first.device), 0
+            carry = self._replay(client, lr_dim, all_live, (carry, aux, plan.idx, plan.weight, plan.keys, lr), x, y)
+        else:
+            carry = self._steps_loop(client, lr_dim, all_live, carry, aux, plan.idx, plan.weight, plan.keys, lr, x, y)
+        steps = tensor_on(plan.steps, first.device, first.dtype)  # K_i
         return vmap(client.client_final, in_dims=(0, 0, 0, 0, 0, lr_dim))(starts, states, sent, carry, steps, lr)
+
+    def _steps_loop(self, client: LocalSGD, lr_dim: int | None, all_live: int, carry, aux, idx: torch.Tensor,
+                    weight: torch.Tensor, keys: torch.Tensor, lr, x: torch.Tensor, y: torch.Tensor):
+        """The K vmapped steps of all clients (what ``cuda-graphs`` captures)."""
+        for k in range(idx.shape[1]):
+            step = self._vmapped_step(client, lr_dim, masked=k >= all_live)
+            ik = idx[:, k]  # [S, B]
+            carry = step(carry, aux, x[ik], y[ik], weight[:, k], keys[:, k], lr)
+        return carry
+
+    def _replay(self, client: LocalSGD, lr_dim: int, all_live: int, inputs: tuple, x: torch.Tensor,
+                y: torch.Tensor):
+        """``_steps_loop`` as a CUDA graph: captured the first time a shape is seen (after one eager
+        warm-up on a side stream, which also lets cuDNN pick its algorithms), then replayed with the
+        round's tensors copied into the graph's own. The same kernels run, so replay = eager."""
+        flat, spec = torch.utils._pytree.tree_flatten(inputs)
+        key = (client, lr_dim, all_live, spec, tuple((v.shape, v.dtype) for v in flat), x.data_ptr(), y.data_ptr())
+        cap = self._graphs.get(key)
+        if cap is None:
+            static = torch.utils._pytree.tree_map(torch.clone, inputs)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._steps_loop(client, lr_dim, all_live, *static, x, y)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._steps_loop(client, lr_dim, all_live, *static, x, y)
+            cap = self._graphs[key] = _Captured(graph, static, out)
+            while len(self._graphs) > GRAPHS_KEPT:  # each graph holds its memory pool
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(key)
+        for dst, src in zip(torch.utils._pytree.tree_leaves(cap.inputs), flat):
+            dst.copy_(src)
+        cap.graph.replay()
+        return torch.utils._pytree.tree_map(torch.clone, cap.out)  # the next replay overwrites cap.out
 
     def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
         return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
@@ -200,6 +254,8 @@ def make_executor(name: str, fm: FunctionalModel, device: torch.device, compile:
         raise ValueError(f"executor = {name!r}: expected one of {['auto', *EXECUTORS]}")
     if name == "processes" and device.type != "cpu":
         raise ValueError(f"executor = 'processes' runs on CPU, not {device.type}: use 'vectorised' or 'auto' there")
+    if compile == "cuda-graphs" and device.type != "cuda":
+        raise ValueError(f"compile = 'cuda-graphs' captures CUDA graphs: expected a CUDA device, not {device.type!r}")
     if compile != "off":
         if name != "vectorised":
             raise ValueError(f"compile = {compile!r} captures the vectorised step: expected executor = 'vectorised' "

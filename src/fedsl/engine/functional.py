@@ -7,6 +7,8 @@ and hand it to the algorithm's client step (``algorithms.base``).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,24 +56,46 @@ class FunctionalModel:
         self.module.train(mode)
 
 
+EVAL_PRECISIONS = ("float32", "bfloat16")
+
+
+def _precision(x: torch.Tensor, precision: str):
+    """The context of an evaluation's forward passes: as trained, or under bfloat16 autocast
+    (convolutions and matrix products in bf16 on tensor cores, losses and sums in float32)."""
+    if precision not in EVAL_PRECISIONS:
+        raise ValueError(f"eval_precision = {precision!r}: expected one of {list(EVAL_PRECISIONS)}")
+    if precision == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(x.device.type, dtype=torch.bfloat16)
+
+
+def _widen(logits: torch.Tensor) -> torch.Tensor:
+    """bf16 logits (autocast) to float32 for the loss; float32 and float64 ones as they are."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
 @torch.inference_mode()
 def evaluate(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torch.Tensor,
-             batch_size: int = 500) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy of ``params`` on (x, y), without dropout."""
+             batch_size: int = 500, precision: str = "float32") -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of ``params`` on (x, y), without dropout; ``precision``
+    "bfloat16" runs the forward passes under bf16 autocast (an opt-in: faster on GPUs, measured
+    accuracy difference in benchmarks/RESULTS-gpu.md)."""
     fm.train(False)
-    correct = 0
-    loss = 0.0
+    # sums stay on the device until the end: an .item() per batch would wait for the GPU each time
+    correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    loss = torch.zeros((), dtype=torch.float64, device=x.device)
     for i in range(0, len(x), batch_size):
-        logits = fm.forward(params, x[i:i + batch_size])
+        with _precision(x, precision):
+            logits = _widen(fm.forward(params, x[i:i + batch_size]))
         yb = y[i:i + batch_size]
-        loss += F.cross_entropy(logits, yb, reduction="sum").item()
-        correct += (logits.argmax(1) == yb).sum().item()
-    return correct / len(x), loss / len(x)
+        loss += F.cross_entropy(logits, yb, reduction="sum").double()
+        correct += (logits.argmax(1) == yb).sum()
+    return correct.item() / len(x), loss.item() / len(x)
 
 
 @torch.inference_mode()
 def evaluate_many(fm: FunctionalModel, stacked: Params, x: torch.Tensor, y: torch.Tensor,
-                  batch_size: int = 500) -> list[tuple[float, float]]:
+                  batch_size: int = 500, precision: str = "float32") -> list[tuple[float, float]]:
     """``evaluate`` for R models stacked on a leading dim, in one vmapped pass per batch.
 
     The R models see each test batch together; memory is R × batch activations, so the
@@ -83,7 +107,8 @@ def evaluate_many(fm: FunctionalModel, stacked: Params, x: torch.Tensor, y: torc
     correct = torch.zeros(r, dtype=torch.int64, device=x.device)
     loss = torch.zeros(r, dtype=torch.float64, device=x.device)
     for i in range(0, len(x), batch_size):
-        logits = fwd(stacked, x[i:i + batch_size])  # [R, b, classes]
+        with _precision(x, precision):
+            logits = _widen(fwd(stacked, x[i:i + batch_size]))  # [R, b, classes]
         yb = y[i:i + batch_size]
         ce = F.cross_entropy(logits.flatten(0, 1), yb.repeat(r), reduction="none").view(r, -1)
         loss += ce.sum(1).double()

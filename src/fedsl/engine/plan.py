@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fedsl.core.rng import DROPOUT, rng
+from fedsl.core.transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,10 @@ class BatchPlan:
         return self.idx.shape[1]
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "BatchPlan":
-        return BatchPlan(self.idx.to(device), self.weight.to(device=device, dtype=dtype), self.keys.to(device), self.steps)
+        # queued copies: a plan is made on the host every round, and a blocking copy would make the
+        # host wait for the GPU's queue (fedsl.core.transfer)
+        return BatchPlan(to_device(self.idx, device), to_device(self.weight, device, dtype), to_device(self.keys, device),
+                         self.steps)
 
 
 def client_batches(indices: np.ndarray, batch_size: int, epochs: int, steps: int | None,

@@ -21,10 +21,11 @@ import torch
 from fedsl.algorithms.base import Algorithm, ClientResults, LocalTraining, RunState, State
 from fedsl.algorithms.server_learning import Pretraining, ServerMetrics, ServerSide, server_update
 from fedsl.core import rng
+from fedsl.core.transfer import to_device
 from fedsl.core.types import Params
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import Executor
-from fedsl.engine.functional import FunctionalModel, evaluate, full_gradient
+from fedsl.engine.functional import EVAL_PRECISIONS, FunctionalModel, evaluate, full_gradient
 from fedsl.engine.plan import BatchPlan, make_plan
 
 __all__ = ["ClientWork", "RoundInfo", "RunState", "Simulator"]  # RunState lives in algorithms.base
@@ -73,12 +74,17 @@ class Simulator:
         clients_per_round: S.
         seed: the run seed; all randomness derives from it and the round.
         eval_batch_size: batch size for evaluation (no grad).
+        eval_precision: "float32", or "bfloat16" (evaluation's forward passes under bf16 autocast).
     """
 
     def __init__(self, fm: FunctionalModel, fed: Federation, algorithm: Algorithm, executor: Executor,
-                 clients_per_round: int, seed: int, eval_batch_size: int = 500) -> None:
+                 clients_per_round: int, seed: int, eval_batch_size: int = 500, eval_precision: str = "float32"
+                 ) -> None:
+        if eval_precision not in EVAL_PRECISIONS:
+            raise ValueError(f"eval_precision = {eval_precision!r}: expected one of {list(EVAL_PRECISIONS)}")
         self.fm, self.fed, self.alg, self.executor = fm, fed, algorithm, executor
         self.S, self.seed, self.eval_batch_size = clients_per_round, seed, eval_batch_size
+        self.eval_precision = eval_precision
         if algorithm.share_server_data:  # DS: D'_i = D_i ∪ D0, fixed for the run
             self.client_data = [np.concatenate([c, fed.server]) for c in fed.clients]
         else:
@@ -152,18 +158,22 @@ class Simulator:
     # A round in phases, so that ``StackedSimulator`` can run the clients (and the server's SGD)
     # of several runs in one executor call between them, and a Flower ClientApp its one client.
 
-    def sample(self, t: int) -> ClientWork:
-        """Round t's S clients (drawn from (seed, t) alone) and their batches."""
+    def sample(self, t: int, host: bool = False) -> ClientWork:
+        """Round t's S clients (drawn from (seed, t) alone) and their batches; ``host``: the ids and plan
+        stay on the host (``StackedSimulator`` concatenates those of all runs and copies them once)."""
         ids = rng.sample_clients(self.seed, t, self.fed.num_clients, self.S)
-        return ClientWork(ids, torch.as_tensor(ids, device=self.device), [len(self.client_data[i]) for i in ids],
-                          self.plan_clients(ids.tolist(), t))
+        ids_t = torch.from_numpy(ids) if host else to_device(torch.from_numpy(ids), self.device)
+        return ClientWork(ids, ids_t, [len(self.client_data[i]) for i in ids], self.plan_clients(ids.tolist(), t,
+                                                                                                  host=host))
 
-    def plan_clients(self, ids: list[int], t: int, local: LocalTraining | None = None) -> BatchPlan:
+    def plan_clients(self, ids: list[int], t: int, local: LocalTraining | None = None, host: bool = False
+                     ) -> BatchPlan:
         """The batches of clients ``ids`` in round t: each from rng(seed, t, CLIENT_BATCHES, i), so a client
         can plan its own from its id alone (a Flower node) and the plan does not depend on the others."""
         loc = local or self.alg.local
-        return make_plan([self.client_data[i] for i in ids], ids, loc.batch_size, loc.epochs, loc.steps, self.seed,
-                         t, rng.CLIENT_BATCHES).to(self.device, self.dtype)
+        plan = make_plan([self.client_data[i] for i in ids], ids, loc.batch_size, loc.epochs, loc.steps, self.seed,
+                         t, rng.CLIENT_BATCHES)
+        return plan if host else plan.to(self.device, self.dtype)
 
     def sent(self, state: RunState) -> State:
         """What the server sends the clients besides x_t: the server state they read (SCAFFOLD's c)."""
@@ -203,12 +213,14 @@ class Simulator:
         x = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, lr))
         return x, plan.steps[0]
 
-    def server_plan(self, t: int) -> BatchPlan:
-        """Round t's K0 batches of D0 (``StackedSimulator`` runs those of many runs in one call)."""
+    def server_plan(self, t: int, host: bool = False) -> BatchPlan:
+        """Round t's K0 batches of D0 (``StackedSimulator`` runs those of many runs in one call; ``host``:
+        left on the host, as in ``sample``)."""
         sl = self.alg.server_learning
         assert sl is not None
-        return make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
-                         rng.SERVER_BATCHES).to(self.device, self.dtype)
+        plan = make_plan([self.fed.server], [SERVER_ID], sl.batch_size, sl.epochs, sl.steps, self.seed, t,
+                         rng.SERVER_BATCHES)
+        return plan if host else plan.to(self.device, self.dtype)
 
     def layout(self, params: Params) -> Params:
         """The memory layout of the fast path (values unchanged): channels-last on CPU."""
@@ -222,4 +234,5 @@ class Simulator:
 
     def evaluate(self, params: Params) -> tuple[float, float]:
         """(accuracy, loss) of the global model on the test set."""
-        return evaluate(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test, self.eval_batch_size)
+        return evaluate(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test, self.eval_batch_size,
+                        self.eval_precision)

@@ -21,6 +21,7 @@ import torch
 
 from fedsl.algorithms import server_learning as sl
 from fedsl.algorithms.base import LOCAL_SGD, ClientResults
+from fedsl.core.transfer import to_device
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate_many
 from fedsl.engine.plan import concat_plans
@@ -109,9 +110,13 @@ class StackedSimulator:
         if len(states) != len(self.sims):
             raise ValueError(f"got {len(states)} states for {len(self.sims)} stacked runs")
         states = [replace(st, x=sim.layout(st.x)) for sim, st in zip(self.sims, states)]
-        works = [sim.sample(t) for sim in self.sims]
+        # the host work of the round first (sampling, batch plans of every run), then one queued copy:
+        # a copy per run would make the host wait for the GPU's queue each time (fedsl.core.transfer)
+        works = [sim.sample(t, host=True) for sim in self.sims]
         sizes = [w.plan.num_clients for w in works]
-        plan = concat_plans([w.plan for w in works], self.offsets)
+        plan = concat_plans([w.plan for w in works], self.offsets).to(self.sims[0].device, self.sims[0].dtype)
+        ids = to_device(torch.cat([w.ids_t for w in works]), self.sims[0].device).split(sizes)
+        works = [replace(w, ids_t=i) for w, i in zip(works, ids)]
         # the clients of all runs in one call: each starts from its run's x_t, with its run's η_l and
         # server state, and its own row of its run's tables (one rule: the runs share its local keys)
         starts = [st.x for st, s in zip(states, sizes) for _ in range(s)]
@@ -129,10 +134,11 @@ class StackedSimulator:
         server_steps = [a.server_steps for a in aggs]
         sl_runs = [r for r, a in enumerate(aggs) if a.incremental]
         if sl_runs:  # Algorithm 1, line 10, for every run with server learning on, in one call
-            plans = [self.sims[r].server_plan(t) for r in sl_runs]
+            plans = [self.sims[r].server_plan(t, host=True) for r in sl_runs]
             sl_lrs = [sl.line10_lr(self.sims[r].alg, aggs[r]) for r in sl_runs]
-            out = self.executor.train(LOCAL_SGD, [aggs[r].x_bar for r in sl_runs],
-                                      concat_plans(plans, [self.offsets[r] for r in sl_runs]), self.x, self.y,
+            server_plan = concat_plans(plans, [self.offsets[r] for r in sl_runs]).to(self.sims[0].device,
+                                                                                      self.sims[0].dtype)
+            out = self.executor.train(LOCAL_SGD, [aggs[r].x_bar for r in sl_runs], server_plan, self.x, self.y,
                                       sl_lrs)[0]
             for j, r in enumerate(sl_runs):
                 news[r] = {n: v[j] for n, v in out.items()}
@@ -170,6 +176,7 @@ class StackedSimulator:
             # the models see a batch together: at least ~2,000 images per forward (measured on an
             # H200: 360 images per forward ran at half the rate of 2,000)
             batch = max(sim.eval_batch_size, 2000 // len(js))
-            for j, res in zip(js, evaluate_many(sim.fm, stacked, sim.fed.x_test, sim.fed.y_test, batch)):
+            for j, res in zip(js, evaluate_many(sim.fm, stacked, sim.fed.x_test, sim.fed.y_test, batch,
+                                                sim.eval_precision)):
                 out[j] = res
         return out

@@ -122,7 +122,8 @@ def _stack_key(cfg: RunConfig) -> tuple:
     """Runs with equal keys may share a stack (the StackedSimulator checks the rest)."""
     from fedsl.algorithms import spec
     a = cfg.algorithm
-    return (cfg.model.name, a.name, cfg.data.dataset, cfg.device, cfg.dtype, cfg.executor, cfg.rounds,
+    return (cfg.model.name, a.name, cfg.data.dataset, cfg.device, cfg.dtype, cfg.executor, cfg.compile,
+            cfg.eval_precision, cfg.rounds,
             *(getattr(a, k) for k in spec(a.name).local_keys), cfg.server.learning)
 
 

@@ -247,6 +247,9 @@ class RunConfig(_Strict):
     rounds: int = Field(ge=1, le=ROUNDS_MAX, description="T, number of rounds, at most 10^7")
     eval_every: int = Field(1, ge=1, le=ROUNDS_MAX, description="evaluate every this many rounds (paper: 1)")
     eval_batch_size: int = Field(100, ge=1, le=BATCH_MAX, description="evaluation batch size (at most 10^6)")
+    eval_precision: Literal["float32", "bfloat16"] = Field(
+        "float32", description="evaluation's forward passes: 'float32' (as trained), or 'bfloat16' autocast "
+                               "(opt-in; faster on GPUs; accuracy difference measured in benchmarks/RESULTS-gpu.md)")
     rolling_window: int = Field(20, ge=1, le=ROUNDS_MAX, description="rounds in the rolling accuracy window "
                                                                      "(paper: 20)")
     checkpoint_every: int = Field(10, ge=0, le=ROUNDS_MAX, description="write a checkpoint every this many rounds; 0 = only the "
@@ -268,11 +271,12 @@ class RunConfig(_Strict):
                             "'vectorised' (vmap over clients; auto on CUDA), 'processes' (CPU: the clients split "
                             "over one worker process per usable core, one torch thread each; bit-identical to "
                             "'sequential' at threads = 1; pays when clients train for seconds, as in Scenario 1)")
-    compile: Literal["off", "default", "reduce-overhead", "max-autotune", "aot_eager"] = Field(
-        "off", description="executor = 'vectorised' (auto on CUDA): torch.compile the vectorised client step; "
-                           "'reduce-overhead' adds CUDA graphs (one replay per local step instead of hundreds of "
-                           "kernel launches: Scenario 2 on a GPU); 'aot_eager' captures without code generation "
-                           "(a check); compiling costs seconds to minutes once per run")
+    compile: Literal["off", "cuda-graphs", "default", "reduce-overhead", "max-autotune", "aot_eager"] = Field(
+        "off", description="executor = 'vectorised' (auto on CUDA): 'cuda-graphs' captures a round's K local steps "
+                           "(and the server's K0) as one CUDA graph per shape and replays it: the same kernels, one "
+                           "launch (Scenario 2 on a GPU); the others torch.compile the vectorised step "
+                           "('reduce-overhead' with CUDA graphs, 'aot_eager' captures without code generation, a "
+                           "check); compiling costs seconds to minutes once per run")
     threads: int = Field(0, ge=0, le=1024, description="torch intra-op threads of the process. 0 = safe automatic: the "
                                               "smallest of torch's current setting, the cores this process may use "
                                               "(affinity), OMP_NUM_THREADS if set, the cores / runs side by side "

@@ -228,7 +228,7 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     if pools is not None:
         on_device = _share_tensors(on_device, pools)
     sim = Simulator(fm, on_device, algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
-                    cfg.eval_batch_size)
+                    cfg.eval_batch_size, cfg.eval_precision)
     return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device)
 
 
