@@ -20,6 +20,20 @@ case "${1:-check}" in
     timeout 420 python3 benchmarks/heatmap_time.py --device cuda --stack 20,60 --rounds 5 --methods FSL,SCAFFOLD \
       --compile off,reduce-overhead 2>&1 | tee "$OUT/heatmap_compile.md"
     ;;
+  grid)  # issue 16: host waits removed, CUDA graphs, bf16 evaluation; phases vs the device's best rate; the plain
+         # loop; then the real Fig. 5 command (FSL's 60 runs as one stack, real CIFAR-10) for ROUNDS rounds
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_engine.py \
+      -k "cuda or bfloat16" 2>&1 | tail -8 | tee "$OUT/cuda_tests.txt"
+    timeout "${GRID_S:-240}" python3 benchmarks/heatmap_time.py --device cuda --runs "${RUNS:-FSL:60,SCAFFOLD:30}" \
+      --compile off,cuda-graphs --rounds "${TIMED:-100}" --budget-s 25 --extras rates,loop,evalloop \
+      2>&1 | tee "$OUT/heatmap_grid.md"
+    python3 benchmarks/device_data.py unpack .dev/cifar10.npz /tmp/data/cifar10-jpeg
+    mode=cuda-graphs; grep -q "cuda-graphs | 60 | failed" "$OUT/heatmap_grid.md" && mode=off
+    ( time timeout "${REPRO_S:-140}" python3 -m fedsl.cli run --preset fig5-cifar10 --variants FSL \
+        --set rounds="${ROUNDS:-100}" --set compile=$mode --set eval_precision=bfloat16 --set stack=60 \
+        --set checkpoint_every=0 --data-dir /tmp/data --out /tmp/fig5 -q ) 2>&1 | tail -8 | tee "$OUT/fig5_log.txt"
+    tar czf "$OUT/fig5.tgz" --exclude checkpoint.pt -C /tmp fig5
+    ;;
   check)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
     timeout 170 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 2 2>&1 | tee "$OUT/heatmap_time.md"

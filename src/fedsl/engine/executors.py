@@ -210,7 +210,8 @@ class VectorisedExecutor:
         warm-up on a side stream, which also lets cuDNN pick its algorithms), then replayed with the
         round's tensors copied into the graph's own. The same kernels run, so replay = eager."""
         flat, spec = torch.utils._pytree.tree_flatten(inputs)
-        key = (client, lr_dim, all_live, spec, tuple((v.shape, v.dtype) for v in flat), x.data_ptr(), y.data_ptr())
+        key = (client, lr_dim, all_live, str(spec), tuple((v.shape, v.dtype) for v in flat), x.data_ptr(),
+               y.data_ptr())
         cap = self._graphs.get(key)
         if cap is None:
             static = torch.utils._pytree.tree_map(torch.clone, inputs)
