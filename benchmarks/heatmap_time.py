@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import make_executor
-from fedsl.engine.functional import FunctionalModel, evaluate_many
+from fedsl.engine.functional import FunctionalModel, evaluate, evaluate_many
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
 from fedsl.models import build_model
@@ -158,9 +158,39 @@ def eval_loop(stacked: StackedSimulator, states, precision: str, batch: int, dev
     return time.perf_counter() - t0
 
 
+def eval_layouts(stacked: StackedSimulator, states, device: torch.device, reps: int = 3) -> list[tuple[str, float]]:
+    """Seconds to evaluate the R models on the test set: vmapped (as ``StackedSimulator.evaluate``) or one
+    model at a time (batch 10,000), with the images in NCHW or channels-last (NHWC) layout, float32 or bf16."""
+    sim = stacked.sims[0]
+    r = len(states)
+    xt, yt = sim.fed.x_test, sim.fed.y_test
+    both = {n: torch.stack([s.x[n] for s in states]) for n in states[0].x}
+    out = []
+
+    def timeit(fn) -> float:
+        fn()
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync(device)
+        return (time.perf_counter() - t0) / reps
+    for layout in ("NCHW", "NHWC"):
+        x = xt if layout == "NCHW" else xt.contiguous(memory_format=torch.channels_last)
+        models = [s.x if layout == "NCHW" else {n: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4
+                                                 else v for n, v in s.x.items()} for s in states]
+        for p in ("float32", "bfloat16"):
+            out.append((f"vmapped, {layout}, {p}",
+                        timeit(lambda: evaluate_many(sim.fm, both, x, yt, max(500, 2000 // r), p))))
+            out.append((f"one model at a time, batch 10,000, {layout}, {p}",
+                        timeit(lambda: [evaluate(sim.fm, m, x, yt, 10_000, p) for m in models])))
+    return out
+
+
 def forward_flops(fm: FunctionalModel, device: torch.device) -> float:
     """FLOPs of one image's forward pass (convolutions and matrix products)."""
     x = torch.zeros(1, 3, 32, 32, device=device)
+    fm.train(False)  # dropout off (no key): its FLOPs are not counted anyway
     with FlopCounterMode(display=False) as counter:
         fm.forward(fm.params(), x)
     return float(counter.get_total_flops())
@@ -255,8 +285,12 @@ def main() -> None:
     ap.add_argument("--loop-rounds", type=int, default=3, help="timed rounds of the plain loop")
     ap.add_argument("--extras", default="rates,loop", help="rates (device's best rate, % per phase), "
                                                            "loop (plain-loop baseline), evalloop (eval without vmap)")
+    ap.add_argument("--tf32", action="store_true", help="TF32 matrix products too (cuDNN convolutions use TF32 "
+                                                         "by default; matmuls do not)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     fed = federation(device)
@@ -296,6 +330,9 @@ def main() -> None:
             print(f"| {label} | {mode} | {r} | {res['rounds']} | {res['train']:.3f} | {evals} | {res['peak']:.1f} | "
                   f"{res['setup']:.1f} | {minutes:.1f} |", flush=True)
             phase_rows.append((label, mode, r, res, method))
+            if "layouts" in extras:
+                for what, secs in eval_layouts(res["stacked"], res["states"], device):
+                    print(f"|   evaluation: {what} | | | | | {secs:.3f} s | | | |", flush=True)
             if "evalloop" in extras:
                 for p in precisions:
                     s_loop = eval_loop(res["stacked"], res["states"], p, 10_000, device)

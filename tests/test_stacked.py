@@ -266,3 +266,24 @@ def test_checkpoint_every_zero_keeps_only_the_final_model(tmp_path):
     ref = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
     assert full["status"] == "completed" and set(ref["algo"]) == {"c"} and set(ref["clients"]) == {"c_i"}
     assert all(torch.equal(ref["params"][n], ckpt["params"][n]) for n in ref["params"])
+
+
+def test_stack_limit_on_a_gpu_from_measured_memory(monkeypatch):
+    """stack = 'auto' on CUDA: tables (N × d) plus the measured working memory per run, in 80% of the
+    free memory: 37 SCAFFOLD runs of the CIFAR CNN (N = 1,000) on an H200's 139 GB, 21 on an H100's
+    79 GB (it was 31 and 17 with a guessed half of the memory); FSL's runs, without tables, 64."""
+    import torch
+
+    from fedsl.experiments import compare
+    from fedsl.experiments import config as C
+    monkeypatch.setattr(compare.runner, "resolve_device", lambda name: torch.device("cuda"))
+
+    def cfg(alg):
+        return C.validate({"name": "s", "rounds": 1, "model": {"name": "cifar_cnn"},
+                           "data": {"dataset": "cifar10", "num_clients": 1000, "server_source": "clients",
+                                    "server_clients": 10},
+                           "algorithm": {"name": alg, "clients_per_round": 10, "local_lr": 0.02, "batch_size": 10}})
+    for free, scaffold in ((139e9, 37), (79e9, 21)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (int(free), int(free)))
+        assert compare.stack_limit(cfg("scaffold")) == compare.stack_limit(cfg("feddyn")) == scaffold
+        assert compare.stack_limit(cfg("fsl")) == 64

@@ -101,10 +101,18 @@ def run_unit(out: Path, names: list[str], cfgs: list[RunConfig], *, resume: bool
 MODEL_PARAMS = {"cifar_cnn": 545_098, "emnist_cnn": 1_409_197}  # d of the paper's models (tests check)
 
 
+# Memory of one stacked run besides its tables, measured on an H200 (benchmarks/RESULTS-gpu.md): the CIFAR
+# CNN at S = 10, B = 10 peaked at 0.74 GB per run (SCAFFOLD/FedDyn at R = 30: 74-88 GB with 65 GB of
+# tables; FSL at R = 60: 15-41 GB), mostly the clients' activations and gradients; scaled by S·B.
+RUN_BYTES_MEASURED = 0.75e9
+STACK_MEMORY_SHARE = 0.8  # of the free memory: the rest for the allocator's fragmentation and cuDNN
+
+
 def stack_limit(cfg: RunConfig) -> int:
     """How many runs like ``cfg`` advance together: ``cfg.stack``, or for 'auto' 1 on CPU (measured:
     stacking gains nothing there) and on CUDA up to 64, fewer when their per-client tables
-    (SCAFFOLD, FedDyn: N × d each) would take more than half the free memory."""
+    (SCAFFOLD, FedDyn: N × d each) and their measured working memory would not fit in 80% of the
+    free memory (on an H200: 37 SCAFFOLD runs of the CIFAR CNN at N = 1,000; on an H100: 21)."""
     if cfg.stack != "auto":
         return cfg.stack
     device = runner.resolve_device(cfg.device)
@@ -112,10 +120,17 @@ def stack_limit(cfg: RunConfig) -> int:
         return 1
     import torch
     free, _ = torch.cuda.mem_get_info(device)
+    return max(1, min(64, int(STACK_MEMORY_SHARE * free // run_bytes(cfg))))
+
+
+def run_bytes(cfg: RunConfig) -> float:
+    """A stacked run's device memory: its clients' tables (N × d) and its working memory (measured for
+    the CIFAR CNN, scaled by S·B, by d for other models, by 2 for float64)."""
     tables = cfg.data.num_clients if cfg.algorithm.name in ("scaffold", "feddyn") else 0
     d = MODEL_PARAMS.get(cfg.model.name, 4e6)  # other models: a generous bound
-    per_run = (tables + 2 * cfg.algorithm.clients_per_round + 8) * d * (8 if cfg.dtype == "float64" else 4)
-    return max(1, min(64, int(free / 2 // per_run)))
+    width = 8 if cfg.dtype == "float64" else 4
+    work = RUN_BYTES_MEASURED * cfg.algorithm.clients_per_round * cfg.algorithm.batch_size / 100
+    return tables * d * width + work * max(1.0, d / MODEL_PARAMS["cifar_cnn"]) * width / 4
 
 
 def _stack_key(cfg: RunConfig) -> tuple:
