@@ -136,13 +136,14 @@ def test_cuda_graphs_replay_the_eager_rounds(name):
         _assert_states_close(a, b, tol=1e-12)
 
 
-def test_cuda_stacked_round_does_not_wait_for_the_gpu():
+@pytest.mark.parametrize("name", ["scaffold", "fednova"])  # fednova: τ_eff was float()-ed every round
+def test_cuda_stacked_round_does_not_wait_for_the_gpu(name):
     """A stacked round queues its work without one stream synchronisation (plans, ids, weights, K_i
     and step sizes are copied from pinned memory): the host prepares the next kernels while the GPU
     runs. Before, a blocking copy per run and plan made the host wait hundreds of times a round."""
     fed = random_federation([16] * 8, shape=(1, 12, 12)).to(CUDA, torch.float32)  # shapes repeat: no recapture
     for executor in (VectorisedExecutor, lambda fm: VectorisedExecutor(fm, "cuda-graphs")):
-        stacked = StackedSimulator([_sim("scaffold", fed, executor, seed=s) for s in (1, 2, 3)])
+        stacked = StackedSimulator([_sim(name, fed, executor, seed=s) for s in (1, 2, 3)])
         states, _ = stacked.round(stacked.initial_states(), 0)  # warm-up: capture, cuDNN's choices
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

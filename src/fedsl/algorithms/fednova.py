@@ -38,7 +38,8 @@ def normalised_update(x: Params, finals: Params, weights: torch.Tensor, steps: t
     """x + η_g · τ_eff · Σ_i p_i Δ_i / a_i (``weights`` = p_i, ``steps`` = τ_i, ``rho`` = ρ)."""
     p = weights.to(torch.float64)
     steps = steps.to(p.device)
-    tau_eff = float((p * steps.to(torch.float64)).sum())
+    # τ_eff stays a (0-d, float64) tensor: float() of it would make the host wait for the GPU every round
+    tau_eff = (p * steps.to(torch.float64)).sum()
     mean = weighted_mean(deltas(x, finals), p / step_norm(steps, rho))  # Σ p_i Δ_i / a_i
     return {n: v + global_lr * tau_eff * mean[n] for n, v in x.items()}
 
