@@ -287,3 +287,22 @@ def test_stack_limit_on_a_gpu_from_measured_memory(monkeypatch):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (int(free), int(free)))
         assert compare.stack_limit(cfg("scaffold")) == compare.stack_limit(cfg("feddyn")) == scaffold
         assert compare.stack_limit(cfg("fsl")) == 64
+
+
+def test_a_stacked_runs_checkpoint_holds_only_its_own_model(tmp_path):
+    """A stacked run's model is a view into the tensor of all stacked runs; its checkpoint must
+    hold its own numbers only (torch.save writes a view's whole storage: each of 4 stacked runs'
+    checkpoints held all 4 models, 4× the size)."""
+    import copy
+
+    from fedsl.experiments import config as C
+    from fedsl.experiments.compare import run_group
+
+    sizes = {}
+    for stack in (1, 4):
+        data = tiny_config(rounds=3, executor="vectorised", checkpoint_every=3, seeds=[0, 1, 2, 3], stack=stack)
+        run_group(C.validate(copy.deepcopy(data)), tmp_path / str(stack), log=lambda m: None, progress=False)
+        sizes[stack] = sorted(p.stat().st_size for p in (tmp_path / str(stack)).glob("*/checkpoint.pt"))
+    assert len(sizes[4]) == 4 and sizes[4] == sizes[1]
+    blob = torch.load(next((tmp_path / "4").glob("*/checkpoint.pt")), weights_only=True)
+    assert all(v.untyped_storage().nbytes() == v.numel() * v.element_size() for v in blob["params"].values())

@@ -148,7 +148,12 @@ class RunDir:
         """The run's state after ``round_`` rounds: model, server state (momentum, SCAFFOLD's c, ...), γ_t and
         the clients' states (SCAFFOLD's c_i, ... as [N, ...] tables)."""
         def cpu(d):
-            return {k: cpu(v) if isinstance(v, dict) else v.detach().cpu() for k, v in d.items()}
+            return {k: cpu(v) if isinstance(v, dict) else own(v.detach().cpu()) for k, v in d.items()}
+
+        def own(t):
+            # a stacked run's model is a view into all stacked runs' tensor, and torch.save writes a
+            # view's whole storage: without the copy each run's checkpoint held every run's model
+            return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
 
         blob = {"round": round_, "params": cpu(state.x), "algo": cpu(state.algo), "gamma": state.gamma,
                 "clients": cpu(state.clients), "wall_time": wall_time}
