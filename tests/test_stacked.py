@@ -21,8 +21,10 @@ from fedsl.models import build_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SIZES = [9, 31, 17, 24, 12, 30, 16, 20]
-HP = {"fedprox": {"mu": 0.3}, "feddyn": {"alpha": 0.1}, "fedadam": {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3}}
-GLOBAL_LR = {"fedavg": 1.7, "fedprox": 1.7, "fedadam": 0.1, "scaffold": 1.7, "feddyn": 1.0, "ds": 1.7}
+HP = {"fedprox": {"mu": 0.3}, "feddyn": {"alpha": 0.1}, "fedadam": {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
+      "fedavgm": {"momentum": 0.9}, "fednova": {"rho": 0.5}}
+GLOBAL_LR = {"fedavg": 1.7, "fedprox": 1.7, "fedadam": 0.1, "scaffold": 1.7, "feddyn": 1.0, "ds": 1.7, "fedavgm": 1.0,
+             "fednova": 1.0}
 
 
 def _sim(name, fed, executor, *, lr=0.1, batch=8, gamma=0.8, mode="incremental", seed=11, model="mlp",
@@ -66,9 +68,10 @@ def _compare(make_sims, rounds=3, exact=True):
 
 
 @pytest.mark.parametrize("executor,exact", [(SequentialExecutor, True), (VectorisedExecutor, False)])
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "scaffold", "feddyn", "fedadam"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "scaffold", "feddyn", "fedadam", "fedavgm", "fednova"])
 def test_stacked_equals_one_by_one(name, executor, exact):
-    """Seeds, η_l, B, γ (one run without server learning) and the data pool all differ."""
+    """Seeds, η_l, B, γ (one run without server learning) and the data pool all differ. With the
+    vectorised executor the rule's update of all runs is one vmapped call (``batched_server``)."""
     fed_a = random_federation(SIZES, seed=0)
     fed_b = random_federation(SIZES[::-1], seed=1)  # another pool and partition: concatenated
 
@@ -79,6 +82,7 @@ def test_stacked_equals_one_by_one(name, executor, exact):
                 _sim(name, fed_b, executor, seed=11, lr=0.2, gamma=0.3)]
     stacked, _ = _compare(sims, exact=exact)
     assert stacked.offsets == [0, 0, len(fed_a.x), len(fed_a.x)]
+    assert stacked.batched_server == (executor is VectorisedExecutor)
 
 
 @pytest.mark.parametrize("executor,exact", [(SequentialExecutor, True), (VectorisedExecutor, False)])
@@ -89,6 +93,26 @@ def test_stacked_fslp_ds_adaptive(executor, exact):
     _compare(lambda: [_sim("ds", fed, executor, gamma=None, seed=s) for s in (1, 2)], exact=exact)
     adaptive = GammaSchedule(kind="adaptive", gamma=1.0, shrink=0.5)
     _compare(lambda: [_sim("fedavg", fed, executor, schedule=adaptive, seed=s) for s in (1, 2)], exact=exact)
+
+
+def test_server_update_is_batched_only_when_the_runs_share_it():
+    """One vmapped rule update needs the rule's numbers, N and the weighting shared, and no per-run
+    extra (FSL-p's server client, the angle); otherwise each run aggregates on its own."""
+    fed = random_federation(SIZES, seed=0)
+    other_n = random_federation(SIZES[:6], seed=1)
+    adaptive = GammaSchedule(kind="adaptive", gamma=1.0, shrink=0.5)
+
+    def batched(*sims):
+        return StackedSimulator(list(sims)).batched_server
+    v = VectorisedExecutor
+    assert batched(_sim("scaffold", fed, v, seed=1), _sim("scaffold", fed, v, seed=2, lr=0.05, gamma=None))
+    assert not batched(_sim("fedavg", fed, v), _sim("fedavg", other_n, v))  # N differs
+    assert not batched(_sim("fedavg", fed, v), _sim("fedavg", fed, v, mode="parallel"))  # FSL-p
+    assert not batched(_sim("fedavg", fed, v), _sim("fedavg", fed, v, schedule=adaptive))  # cos θ_t
+    a, b = _sim("fedavg", fed, v), _sim("fedavg", fed, v)
+    b.alg = type(b.alg)(**{**b.alg.__dict__, "rule": type(b.alg.rule)(global_lr=2.0)})  # η_g differs
+    assert not batched(a, b)
+    assert not batched(_sim("fedavg", fed, SequentialExecutor), _sim("fedavg", fed, SequentialExecutor))
 
 
 def test_stacked_cnn_vectorised_and_evaluation():

@@ -67,7 +67,7 @@ class RunState:
 class RoundContext:
     """What a server rule may need besides the models."""
 
-    local_lr: float  # η_l
+    local_lr: float | torch.Tensor  # η_l (a 0-d tensor when an engine vmaps the rule over stacked runs)
     steps: torch.Tensor  # K_i, real local steps of each client whose model is aggregated [S]
     num_clients: int  # N
 

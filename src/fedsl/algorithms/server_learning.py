@@ -129,11 +129,11 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     ``results`` None: no client update reached the server this round; x̄ = x_t and the rule's state
     stays (a deployment's round whose replies were all lost or unusable).
     """
+    if results is None:
+        return aggregated(alg, state, t, state.x, state.algo)
     sl = alg.server_learning
     on = sl is not None and sl.active
     gamma = sl.gamma_schedule.value(t, state.gamma) if on else None
-    if results is None:
-        return Aggregated(state.x, state.algo, gamma, None, 0, on and sl.mode == "incremental")
     x, finals = state.x, results.params
     device = next(iter(x.values())).device
     weights = to_device(client_weights(results.sizes, alg.weighted), device)  # queued, no GPU sync
@@ -152,6 +152,24 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     x_bar, algo = alg.rule.server_update(x, state.algo, finals, weights, RoundContext(alg.local.lr, steps,
                                                                                        server.num_clients))
     return Aggregated(x_bar, algo, gamma, cos, server_steps, on and sl.mode == "incremental")
+
+
+def per_run_only(alg: Algorithm) -> bool:
+    """Whether lines 8-9 of ``alg``'s round need more than the rule's ``server_update``: FSL-p's server
+    update beside the clients', or cos θ_t (a full gradient on D0). Otherwise an engine may compute
+    the rule's update of several stacked runs in one call and record it with ``aggregated``."""
+    sl = alg.server_learning
+    return sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle)
+
+
+def aggregated(alg: Algorithm, state: RunState, t: int, x_bar: Params, algo: State) -> Aggregated:
+    """Round t's ``Aggregated`` record from the rule's update (x̄_t and its new state) computed by the
+    caller: γ_t, and whether line 10 is to run. For rounds ``per_run_only`` is False for (and rounds
+    without client updates: x̄ = x_t)."""
+    sl = alg.server_learning
+    on = sl is not None and sl.active
+    gamma = sl.gamma_schedule.value(t, state.gamma) if on else None
+    return Aggregated(x_bar, algo, gamma, None, 0, on and sl.mode == "incremental")
 
 
 def line10_lr(alg: Algorithm, agg: Aggregated) -> float:

@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from torch.func import vmap
 
 from fedsl.algorithms import server_learning as sl
-from fedsl.algorithms.base import LOCAL_SGD, ClientResults
-from fedsl.core.transfer import to_device
+from fedsl.algorithms.base import LOCAL_SGD, ClientResults, RoundContext, client_weights
+from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate_each, evaluate_many
 from fedsl.engine.plan import concat_plans
@@ -82,6 +83,13 @@ class StackedSimulator:
             else:
                 self.test_groups.append([r])
         self._nhwc_tests: dict[int, torch.Tensor] = {}  # test sets in channels-last layout, by group (GPU)
+        # The rule's update (lines 8-9) of all runs in one vmapped call when they share the rule's numbers,
+        # N and the weighting: per run it was R × dozens of small kernels, the host's largest share of a
+        # stacked GPU round (benchmarks/RESULTS-gpu.md). The sequential executor keeps the per-run path,
+        # which is bit-identical to runs one by one.
+        self.batched_server = first.executor.name == "vectorised" and all(
+            sim.alg.rule == first.alg.rule and sim.alg.weighted == first.alg.weighted
+            and sim.fed.num_clients == first.fed.num_clients and not sl.per_run_only(sim.alg) for sim in sims)
 
     @staticmethod
     def _incompatible(a: Simulator, b: Simulator, shapes: dict) -> str:
@@ -129,11 +137,14 @@ class StackedSimulator:
         rows = {k: {n: torch.cat([st.clients[k][n][w.ids_t] for st, w in zip(states, works)]) for n in g}
                 for k, g in states[0].clients.items()}
         finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows, sent)
-        aggs, at = [], 0
-        for sim, st, w, s in zip(self.sims, states, works, sizes):
-            results = ClientResults({n: v[at:at + s] for n, v in finals.items()}, w.sizes, w.steps)
-            aggs.append(sl.aggregate(sim.alg, st, results, t, sim.server))
-            at += s
+        if self.batched_server and len(set(sizes)) == 1:
+            aggs = self._aggregate_stacked(states, works, finals, t, sizes[0])
+        else:
+            aggs, at = [], 0
+            for sim, st, w, s in zip(self.sims, states, works, sizes):
+                results = ClientResults({n: v[at:at + s] for n, v in finals.items()}, w.sizes, w.steps)
+                aggs.append(sl.aggregate(sim.alg, st, results, t, sim.server))
+                at += s
         news = [a.x_bar for a in aggs]
         server_steps = [a.server_steps for a in aggs]
         sl_runs = [r for r, a in enumerate(aggs) if a.incremental]
@@ -156,6 +167,26 @@ class StackedSimulator:
             infos.append(info)
             at += s
         return out_states, infos
+
+    def _aggregate_stacked(self, states: list[RunState], works: list, finals: Params, t: int, s: int
+                           ) -> list[sl.Aggregated]:
+        """Lines 8-9 of every run: the rule's ``server_update`` vmapped over the runs, each with its own
+        x_t, server state, S clients' models, weights w_i, K_i and η_l (``batched_server``)."""
+        first, r = self.sims[0], len(self.sims)
+        device, rule, n_clients = first.device, first.alg.rule, first.fed.num_clients
+        x = {n: torch.stack([st.x[n] for st in states]) for n in states[0].x}
+        algo = {k: {n: torch.stack([st.algo[k][n] for st in states]) for n in g} for k, g in states[0].algo.items()}
+        clients = {n: v.reshape(r, s, *v.shape[1:]) for n, v in finals.items()}
+        weights = to_device(torch.stack([client_weights(w.sizes, first.alg.weighted) for w in works]), device)
+        steps = tensor_on([w.steps for w in works], device)
+        lrs = tensor_on([sim.alg.local.lr for sim in self.sims], device, torch.float64)
+
+        def update(x, algo, finals, weights, steps, lr):
+            return rule.server_update(x, algo, finals, weights, RoundContext(lr, steps, n_clients))
+        x_bar, new_algo = vmap(update)(x, algo, clients, weights, steps, lrs)
+        return [sl.aggregated(sim.alg, st, t, {n: v[j] for n, v in x_bar.items()},
+                              {k: {n: v[j] for n, v in g.items()} for k, g in new_algo.items()})
+                for j, (sim, st) in enumerate(zip(self.sims, states))]
 
     def evaluate(self, params: list[Params], runs: list[int] | None = None) -> list[tuple[float, float]]:
         """(accuracy, loss) of each model on its run's test set; ``params[j]`` is run ``runs[j]``'s
