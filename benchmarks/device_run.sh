@@ -34,6 +34,13 @@ case "${1:-check}" in
         --set checkpoint_every=0 --data-dir /tmp/data --out /tmp/fig5 -q ) 2>&1 | tail -8 | tee "$OUT/fig5_log.txt"
     tar czf "$OUT/fig5.tgz" --exclude checkpoint.pt -C /tmp fig5
     ;;
+  pfl)  # issue 16 item 4 on the GPU: pfl-research beside fedsl and the plain loop. The machine cannot fetch
+        # packages: carry .dev/pfl-wheels (`pip download "pfl==0.6.0" --python-version 3.12 --only-binary=:all:
+        # --platform manylinux_2_28_x86_64 -d .dev/pfl-wheels`, then delete its numpy wheel: the image's numpy stays)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/lib .dev/pfl-wheels/*.whl
+    timeout 420 python3 benchmarks/bench.py --device cuda --peers fedsl,loop,pfl --rounds 5 --reps 2 --heavy-reps 1 \
+      --workloads s2-cifar10+eval,s2-cifar10 --footprint-clients 0 --out "$OUT/bench_pfl_cuda.md" 2>&1 | tail -30
+    ;;
   check)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
     timeout 170 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 2 2>&1 | tee "$OUT/heatmap_time.md"

@@ -4,12 +4,13 @@ A sweep's runs (seeds, γ, η_l, partitions, ...) of the same model and algorith
 everything but numbers. ``StackedSimulator`` runs round t of all of them with *one*
 executor call for all their clients (R runs × S clients become R·S rows of one vmapped
 step of the algorithm's client half, each row with its own start x_t, step size η_l,
-server state and client state) and one for all their servers' K0 steps (line 10); the
-cheap parts of a round (sampling, the rule's server update, γ: ``server_learning.aggregate``
-and ``finish``) stay per run. Results equal running the runs one by one (tested): every
-run keeps its own seed streams, its own state and its own clients' tables.
+server state and client state), one for all their servers' K0 steps (line 10) and, when
+the runs share the rule's numbers, one vmapped call of the rule's server update (lines 8-9);
+sampling, batch plans (made on the host, copied once), γ and the tables' rows stay per run.
+Results equal running the runs one by one (tested): every run keeps its own seed streams,
+its own state and its own clients' tables.
 
-What a GPU gains: a Scenario-2 round is 25 steps of 10 clients × 10 samples, far too
+What a GPU gains: a Scenario-2 round is 5 steps of 10 clients × 10 samples, far too
 little work to fill the device; 60 stacked runs are 60 times the work per kernel launch.
 """
 
