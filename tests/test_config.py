@@ -467,3 +467,16 @@ def test_model_name_is_known_or_an_import_path(monkeypatch):
     assert validate(minimal(model={"name": "mypkg.models:make_net"})).model.name == "mypkg.models:make_net"
     msg = error_of(minimal(model={"name": "resnet"}))
     assert msg.startswith("model.name = 'resnet'") and "package.module:factory" in msg
+
+
+def test_cuda_graphs_on_the_cpu_and_unknown_eval_precisions_are_refused_in_one_line():
+    base = minimal()
+    with pytest.raises(ConfigError, match=r"compile = 'cuda-graphs' captures CUDA graphs: expected device = 'cuda' "
+                                          r"or 'auto' \(on a machine with a GPU\), not 'cpu'") as e:
+        validate({**base, "compile": "cuda-graphs", "device": "cpu"})
+    assert "\n" not in str(e.value)
+    assert validate({**base, "compile": "cuda-graphs", "device": "auto"}).compile == "cuda-graphs"
+    with pytest.raises(ConfigError, match=r"eval_precision = 'fp8'") as e:
+        validate({**base, "eval_precision": "fp8"})
+    assert "\n" not in str(e.value)
+    assert validate({**base, "eval_precision": "bfloat16"}).eval_precision == "bfloat16"
