@@ -121,6 +121,14 @@ def test_cuda_graphs_replay_the_eager_rounds(name):
     sim = _sim(name, fed, graphs)
     replayed, _ = run_rounds(sim, 3)
     assert sim.executor._graphs  # captured (once per shape: these clients' K_i vary by round)
+    import fedsl.engine.executors as ex
+    kept, ex.GRAPH_MAX_STEPS = ex.GRAPH_MAX_STEPS, 1  # longer loops (pretraining) run eagerly: not captured
+    try:
+        fresh = _sim(name, fed, graphs)
+        run_rounds(fresh, 1)
+        assert not fresh.executor._graphs
+    finally:
+        ex.GRAPH_MAX_STEPS = kept
     _assert_states_close(eager, replayed, tol=1e-12)
 
     def stack(executor):

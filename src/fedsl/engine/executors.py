@@ -111,6 +111,10 @@ class SequentialExecutor:
 
 COMPILE_MODES = ("off", "cuda-graphs", "default", "reduce-overhead", "max-autotune", "aot_eager")
 GRAPHS_KEPT = 4  # captured loops kept per executor (one per shape: a Scenario-2 sweep uses two)
+# Longer loops run eagerly: a graph holds every kernel of every step, and pretraining (500 epochs of
+# D0: 25,000 steps) would be millions of nodes captured once for one replay. A round's loops are
+# K = 5 (Scenario 2), K0 = 50 or K = 100 (Scenario 1) steps.
+GRAPH_MAX_STEPS = 1000
 
 
 @dataclass
@@ -186,7 +190,7 @@ class VectorisedExecutor:
         # the steps every client really takes need no mask (the plan says which, on the host): only the
         # last steps of a round, where clients with fewer batches are padded, pay for it
         all_live = min(plan.steps)
-        if self.compile == "cuda-graphs" and first.is_cuda:
+        if self.compile == "cuda-graphs" and first.is_cuda and plan.max_steps <= GRAPH_MAX_STEPS:
             if lr_dim is None:  # a captured step size would be a constant of the graph: make it an input
                 lr, lr_dim = torch.full((plan.num_clients,), float(lr), dtype=first.dtype, device=first.device), 0
             carry = self._replay(client, lr_dim, all_live, (carry, aux, plan.idx, plan.weight, plan.keys, lr), x, y)
