@@ -34,11 +34,19 @@ case "${1:-check}" in
         --set checkpoint_every=0 --data-dir /tmp/data --out /tmp/fig5 -q ) 2>&1 | tail -8 | tee "$OUT/fig5_log.txt"
     tar czf "$OUT/fig5.tgz" --exclude checkpoint.pt -C /tmp fig5
     ;;
+  next)  # what issue 16 left for the next device session, in one call (~7 min; carry .dev/wheels and .dev/pfl-wheels):
+          # the CUDA tests added after the last one, the batched rule update's round times, pfl on the GPU
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_cuda.py 2>&1 | tail -8 \
+      | tee "$OUT/cuda_tests.txt"
+    timeout 170 python3 benchmarks/heatmap_time.py --device cuda --runs FSL:60,SCAFFOLD:30,FedDyn:30 \
+      --compile cuda-graphs --rounds 100 --budget-s 20 --extras rates 2>&1 | tee "$OUT/heatmap_next.md"
+    PFL_S=240 bash "$0" pfl
+    ;;
   pfl)  # issue 16 item 4 on the GPU: pfl-research beside fedsl and the plain loop. The machine cannot fetch
         # packages: carry .dev/pfl-wheels (`pip download "pfl==0.6.0" --python-version 3.12 --only-binary=:all:
         # --platform manylinux_2_28_x86_64 -d .dev/pfl-wheels`, then delete its numpy wheel: the image's numpy stays)
     python3 -m pip install -q --no-index --no-deps --target /tmp/lib .dev/pfl-wheels/*.whl
-    timeout 420 python3 benchmarks/bench.py --device cuda --peers fedsl,loop,pfl --rounds 5 --reps 2 --heavy-reps 1 \
+    timeout "${PFL_S:-420}" python3 benchmarks/bench.py --device cuda --peers fedsl,loop,pfl --rounds 5 --reps 2 --heavy-reps 1 \
       --workloads s2-cifar10+eval,s2-cifar10 --footprint-clients 0 --out "$OUT/bench_pfl_cuda.md" 2>&1 | tail -30
     ;;
   check)
