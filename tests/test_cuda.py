@@ -121,6 +121,7 @@ def test_cuda_graphs_replay_the_eager_rounds(name):
     sim = _sim(name, fed, graphs)
     replayed, _ = run_rounds(sim, 3)
     assert sim.executor._graphs  # captured (once per shape: these clients' K_i vary by round)
+    _assert_states_close(eager, replayed, tol=1e-12)
     import fedsl.engine.executors as ex
     kept, ex.GRAPH_MAX_STEPS = ex.GRAPH_MAX_STEPS, 1  # longer loops (pretraining) run eagerly: not captured
     try:
@@ -129,7 +130,6 @@ def test_cuda_graphs_replay_the_eager_rounds(name):
         assert not fresh.executor._graphs
     finally:
         ex.GRAPH_MAX_STEPS = kept
-    _assert_states_close(eager, replayed, tol=1e-12)
 
     def stack(executor):
         return StackedSimulator([_sim(name, fed, executor, seed=1), _sim(name, fed, executor, seed=2, lr=0.05)])
