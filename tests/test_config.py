@@ -480,3 +480,9 @@ def test_cuda_graphs_on_the_cpu_and_unknown_eval_precisions_are_refused_in_one_l
         validate({**base, "eval_precision": "fp8"})
     assert "\n" not in str(e.value)
     assert validate({**base, "eval_precision": "bfloat16"}).eval_precision == "bfloat16"
+    assert error_of({**base, "compile": "cuda-graphs", "executor": "sequential"}) == (
+        "compile = 'cuda-graphs' captures the vectorised step: expected executor = 'vectorised' or 'auto', "
+        "not 'sequential'")
+    assert error_of({**base, "eval_precision": "bfloat16", "dtype": "float64"}) == (
+        "eval_precision = 'bfloat16' evaluates float32 models under bf16 autocast (which leaves float64 as it is): "
+        "expected dtype = 'float32', not 'float64'")

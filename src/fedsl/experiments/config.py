@@ -306,6 +306,12 @@ class RunConfig(_Strict):
         if self.compile == "cuda-graphs" and self.device == "cpu":
             raise ValueError("compile = 'cuda-graphs' captures CUDA graphs: expected device = 'cuda' or 'auto' (on a "
                              "machine with a GPU), not 'cpu'")
+        if self.compile != "off" and self.executor in ("sequential", "processes"):
+            raise ValueError(f"compile = {self.compile!r} captures the vectorised step: expected executor = "
+                             f"'vectorised' or 'auto', not {self.executor!r}")
+        if self.eval_precision == "bfloat16" and self.dtype == "float64":
+            raise ValueError("eval_precision = 'bfloat16' evaluates float32 models under bf16 autocast (which leaves "
+                             "float64 as it is): expected dtype = 'float32', not 'float64'")
         if problem := name_problem(self.name):
             raise ValueError(f"name = {self.name!r}: {problem}")
         for vname in self.variants:
