@@ -158,6 +158,17 @@ def eval_loop(stacked: StackedSimulator, states, precision: str, batch: int, dev
     return time.perf_counter() - t0
 
 
+def seconds_per_call(fn, device: torch.device, reps: int) -> float:
+    """Seconds per call of ``fn`` over ``reps`` calls, after one untimed call (cuDNN's choices)."""
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / reps
+
+
 def eval_layouts(stacked: StackedSimulator, states, device: torch.device, reps: int = 3) -> list[tuple[str, float]]:
     """Seconds to evaluate the R models on the test set: vmapped (as ``StackedSimulator.evaluate``) or one
     model at a time (batch 10,000), with the images in NCHW or channels-last (NHWC) layout, float32 or bf16."""
@@ -166,24 +177,17 @@ def eval_layouts(stacked: StackedSimulator, states, device: torch.device, reps: 
     xt, yt = sim.fed.x_test, sim.fed.y_test
     both = {n: torch.stack([s.x[n] for s in states]) for n in states[0].x}
     out = []
-
-    def timeit(fn) -> float:
-        fn()
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync(device)
-        return (time.perf_counter() - t0) / reps
     for layout in ("NCHW", "NHWC"):
         x = xt if layout == "NCHW" else xt.contiguous(memory_format=torch.channels_last)
         models = [s.x if layout == "NCHW" else {n: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4
                                                  else v for n, v in s.x.items()} for s in states]
         for p in ("float32", "bfloat16"):
             out.append((f"vmapped, {layout}, {p}",
-                        timeit(lambda: evaluate_many(sim.fm, both, x, yt, max(500, 2000 // r), p))))
+                        seconds_per_call(lambda: evaluate_many(sim.fm, both, x, yt, max(500, 2000 // r), p),
+                                         device, reps)))
             out.append((f"one model at a time, batch 10,000, {layout}, {p}",
-                        timeit(lambda: [evaluate(sim.fm, m, x, yt, 10_000, p) for m in models])))
+                        seconds_per_call(lambda: [evaluate(sim.fm, m, x, yt, 10_000, p) for m in models],
+                                         device, reps)))
     return out
 
 
@@ -208,13 +212,7 @@ def best_rates(device: torch.device, batch: int = 4096, reps: int = 10) -> dict[
     out = {}
 
     def rate(fn, flops) -> float:
-        fn()
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync(device)
-        return flops * reps / (time.perf_counter() - t0)
+        return flops / seconds_per_call(fn, device, reps)
 
     def train():
         model.zero_grad(set_to_none=True)

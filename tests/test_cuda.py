@@ -40,6 +40,18 @@ def _assert_states_close(a, b, tol=1e-10):
             torch.testing.assert_close(a.algo[k][n].cpu(), b.algo[k][n].cpu(), rtol=tol, atol=tol)
 
 
+def _assert_resume_bit_identical(cfg, tmp_path):
+    """A run stopped after round 3 and resumed ends with the uninterrupted run's model, bit for bit."""
+    from fedsl.experiments.runner import run
+    whole = run(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
+    run(cfg, tmp_path / "cut", log=lambda m: None, progress=False, stop_after=3)
+    resumed = run(cfg, tmp_path / "cut", resume=True, log=lambda m: None, progress=False)
+    assert whole["status"] == resumed["status"] == "completed"
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["params"]
+    b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["params"]
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
 def test_cuda_vectorised_equals_cpu_sequential(name):
     cpu = random_federation(SIZES, shape=(1, 12, 12))
@@ -75,20 +87,14 @@ def test_cuda_run_resume_and_stacked_sweep(tmp_path):
 
     from fedsl.experiments import config as C
     from fedsl.experiments.compare import run_group
-    from fedsl.experiments.runner import prepare, run
+    from fedsl.experiments.runner import prepare
 
     cfg = C.validate(tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda", deterministic=True))
     prep = prepare(cfg)
     assert prep.sim.fed.x.device.type == "cuda" and prep.sim.executor.name == "vectorised"
     assert torch.backends.cudnn.deterministic
     # deterministic = true: a resumed run equals the uninterrupted one bit for bit
-    whole = run(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
-    run(cfg, tmp_path / "cut", log=lambda m: None, progress=False, stop_after=3)
-    resumed = run(cfg, tmp_path / "cut", resume=True, log=lambda m: None, progress=False)
-    assert whole["status"] == resumed["status"] == "completed"
-    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["params"]
-    b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["params"]
-    assert all(torch.equal(a[n], b[n]) for n in a)
+    _assert_resume_bit_identical(cfg, tmp_path)
 
     def sweep(stack):
         data = tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda")
@@ -170,14 +176,6 @@ def test_cuda_graphs_keep_deterministic_resume_bit_identical(tmp_path):
     """``deterministic = true`` with ``compile = 'cuda-graphs'``: a resumed run (which captures its graphs
     anew) equals the uninterrupted one bit for bit, as the eager one does."""
     from fedsl.experiments import config as C
-    from fedsl.experiments.runner import run
 
-    cfg = C.validate(tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda", deterministic=True,
-                                 compile="cuda-graphs"))
-    whole = run(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
-    run(cfg, tmp_path / "cut", log=lambda m: None, progress=False, stop_after=3)
-    resumed = run(cfg, tmp_path / "cut", resume=True, log=lambda m: None, progress=False)
-    assert whole["status"] == resumed["status"] == "completed"
-    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["params"]
-    b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["params"]
-    assert all(torch.equal(a[n], b[n]) for n in a)
+    _assert_resume_bit_identical(C.validate(tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda",
+                                                        deterministic=True, compile="cuda-graphs")), tmp_path)
