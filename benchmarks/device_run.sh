@@ -34,12 +34,14 @@ case "${1:-check}" in
         --set checkpoint_every=0 --data-dir /tmp/data --out /tmp/fig5 -q ) 2>&1 | tail -8 | tee "$OUT/fig5_log.txt"
     tar czf "$OUT/fig5.tgz" --exclude checkpoint.pt -C /tmp fig5
     ;;
-  next)  # what issue 16 left for the next device session, in one call (~7 min; carry .dev/wheels and .dev/pfl-wheels):
-          # the CUDA tests added after the last one, the batched rule update's round times, pfl on the GPU
+  next)  # what issue 16 left for the next device session, in one call (~8 min; carry .dev/wheels and .dev/pfl-wheels):
+          # the CUDA tests added after the last one, the batched rule update's round times, the next round's host
+          # work made while the device evaluates (round + evaluation, interleaved), pfl on the GPU
     timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_cuda.py 2>&1 | tail -8 \
       | tee "$OUT/cuda_tests.txt"
-    timeout 170 python3 benchmarks/heatmap_time.py --device cuda --runs FSL:60,SCAFFOLD:30,FedDyn:30 \
-      --compile cuda-graphs --rounds 100 --budget-s 20 --extras rates 2>&1 | tee "$OUT/heatmap_next.md"
+    timeout 200 python3 benchmarks/heatmap_time.py --device cuda --runs FSL:60,SCAFFOLD:30,FedDyn:30 \
+      --compile cuda-graphs --rounds 100 --budget-s 20 --eval-precision float32 --extras rates,ahead \
+      2>&1 | tee "$OUT/heatmap_next.md"
     PFL_S=240 bash "$0" pfl
     ;;
   pfl)  # issue 16 item 4 on the GPU: pfl-research beside fedsl and the plain loop. The machine cannot fetch

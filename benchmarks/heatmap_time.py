@@ -146,6 +146,27 @@ def time_stack(method: str, fed: Federation, r: int, device: torch.device, round
             "states": states, "stacked": stacked}
 
 
+def round_and_eval(stacked: StackedSimulator, states, t: int, rounds: int, device: torch.device,
+                   reps: int = 3) -> tuple[dict[str, float], list]:
+    """Seconds per round of the runner's loop with evaluation every round (the round, the evaluation whose
+    results the host reads), without and with the next round's host work made while the device evaluates
+    (``StackedSimulator.prepare``, what the runner does); blocks of ``rounds`` rounds, interleaved ``reps`` times."""
+    secs = {"host work in the round": 0.0, "host work made ahead": 0.0}
+    for _ in range(reps):
+        for label, ahead in (("host work in the round", False), ("host work made ahead", True)):
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                states, _ = stacked.round(states, t)
+                if ahead:
+                    stacked.prepare(t + 1)
+                stacked.evaluate([s.x for s in states])
+                t += 1
+            sync(device)
+            secs[label] += (time.perf_counter() - t0) / (rounds * reps)
+    return secs, states
+
+
 def eval_loop(stacked: StackedSimulator, states, precision: str, batch: int, device: torch.device) -> float:
     """Seconds to evaluate the R models one after another, ``batch`` images per forward (no vmap)."""
     sim = stacked.sims[0]
@@ -282,7 +303,9 @@ def main() -> None:
     ap.add_argument("--rate-batch", type=int, default=4096, help="batch of the best-rate measurement")
     ap.add_argument("--loop-rounds", type=int, default=3, help="timed rounds of the plain loop")
     ap.add_argument("--extras", default="rates,loop", help="rates (device's best rate, % per phase), "
-                                                           "loop (plain-loop baseline), evalloop (eval without vmap)")
+                                                           "loop (plain-loop baseline), evalloop (eval without vmap), "
+                                                           "ahead (round + evaluation, host work made ahead or not)")
+    ap.add_argument("--ahead-rounds", type=int, default=5, help="rounds per block of the 'ahead' timing (3 blocks each)")
     ap.add_argument("--tf32", action="store_true", help="TF32 matrix products too (cuDNN convolutions use TF32 "
                                                          "by default; matmuls do not)")
     args = ap.parse_args()
@@ -331,6 +354,10 @@ def main() -> None:
             if "layouts" in extras:
                 for what, secs in eval_layouts(res["stacked"], res["states"], device):
                     print(f"|   evaluation: {what} | | | | | {secs:.3f} s | | | |", flush=True)
+            if "ahead" in extras:
+                secs, res["states"] = round_and_eval(res["stacked"], res["states"], 10_000, args.ahead_rounds, device)
+                for what, v in secs.items():
+                    print(f"|   round + evaluation ({precisions[-1]}), {what} | | | | {v:.3f} s | | | | |", flush=True)
             if "evalloop" in extras:
                 for p in precisions:
                     s_loop = eval_loop(res["stacked"], res["states"], p, 10_000, device)

@@ -96,8 +96,13 @@ def test_data_list_and_run_on_fashion_files(tmp_path, capsys, fresh_cache):
     pointed there stops with one line naming the folder and what is in it."""
     folder = write_set(tmp_path / "data", clothes_like)
     assert main(["data", "list", "--data-dir", str(folder)]) == 0
-    rows = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.count("│") > 2}
-    assert str(folder) in rows["fashion_mnist"] and "not found" in rows["mnist"]
+    rows: dict[str, str] = {}  # name -> "found at", its folded lines joined (a long path is folded, not cut)
+    for line in capsys.readouterr().out.splitlines():
+        if line.count("│") > 2:
+            name, where = (c.strip() for c in line.split("│")[1:3])
+            key = name or list(rows)[-1]
+            rows[key] = rows.get(key, "") + where
+    assert rows["fashion_mnist"] == str(folder) and rows["mnist"] == "not found"
     assert main(["data", "prepare", "mnist", "--data-dir", str(folder)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {folder} holds Fashion-MNIST's idx files, not MNIST's")

@@ -97,7 +97,7 @@ def test_quick_or_short_group_says_so_beside_the_paper_numbers(tmp_path, capsys)
     top = ('threads = 1\npaper_claims = ["FSL beats FedAvg"]\n'
            'paper = { tiny = { final_accuracy = 0.61, "T_0.5" = 203 }, gone = { final_accuracy = 0.5 } }\n')
     cfg = tmp_path / "paper.toml"
-    cfg.write_text(top + tiny(tmp_path, rounds=40).read_text() + "\n[quick]\nrounds = 2\n")
+    cfg.write_text(top + tiny(tmp_path, rounds=40).read_text() + '\n[quick]\nrounds = 2\n"data.test_size" = 20\n')
     for args, note in ((["--quick"], "quick: 2 of 40 rounds"), (["--set", "rounds=3"], "shorter: 3 of 40 rounds")):
         out = tmp_path / args[0].strip("-")
         assert main(["run", str(cfg), "--out", str(out), "--quiet", *args]) == 0
@@ -110,6 +110,8 @@ def test_quick_or_short_group_says_so_beside_the_paper_numbers(tmp_path, capsys)
             assert "| tiny | not reached | 203 |" in row  # T_0.5 within 2 rounds: not reached, not "—"
         assert next(line for line in md.splitlines() if line.startswith("| gone |")).endswith("| did not run |")
         assert "**Not comparable" in md and f"- Paper: FSL beats FedAvg (ours: {note})" in md
+        # the quick form evaluates a test subset, and says so; the full test set says nothing
+        assert ("**Our accuracies are on 20 test samples**" in md) == ("quick" in note)
     capsys.readouterr()
 
 

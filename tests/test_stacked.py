@@ -115,6 +115,39 @@ def test_server_update_is_batched_only_when_the_runs_share_it():
     assert not batched(_sim("fedavg", fed, SequentialExecutor), _sim("fedavg", fed, SequentialExecutor))
 
 
+def test_host_work_made_ahead_is_taken_and_changes_nothing(monkeypatch):
+    """The runner makes round t + 1's host work (sampling, client and server plans) before it waits for round
+    t's evaluation: the round takes it instead of making its own, and the states are bit-identical. Work
+    made for another round is not taken."""
+    fed = random_federation(SIZES, seed=0)
+
+    def sims():  # server learning on (0.8) and off: server plans for some runs only
+        return [_sim("scaffold", fed, SequentialExecutor, seed=1), _sim("scaffold", fed, SequentialExecutor, seed=2,
+                                                                         gamma=None)]
+    plain = StackedSimulator(sims())
+    a = plain.initial_states()
+    for t in range(3):
+        a, _ = plain.round(a, t)
+    ahead = StackedSimulator(sims())
+    b = ahead.initial_states()
+    made = []
+    for sim in ahead.sims:
+        monkeypatch.setattr(sim, "sample", lambda t, host=False, f=sim.sample: made.append(("sample", t)) or f(t, host))
+        monkeypatch.setattr(sim, "server_plan", lambda t, host=False, f=sim.server_plan:
+                            made.append(("server", t)) or f(t, host))
+    ahead.prepare(7)  # another round's: not taken by round 0
+    b, _ = ahead.round(b, 0)
+    assert made == [("sample", 7)] * 2 + [("server", 7)] + [("sample", 0)] * 2 + [("server", 0)]
+    for t in (1, 2):
+        ahead.prepare(t)
+        before = len(made)
+        b, _ = ahead.round(b, t)
+        assert len(made) == before  # round t made no host work of its own
+    for r in range(2):
+        x, y = _flat(a[r]), _flat(b[r])
+        assert all(torch.equal(x[k], y[k]) for k in x)
+
+
 def test_stacked_cnn_vectorised_and_evaluation():
     """A conv model with dropout (keys per client step) and stacked evaluation."""
     fed = random_federation(SIZES, shape=(1, 12, 12), seed=0)

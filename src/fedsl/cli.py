@@ -302,8 +302,9 @@ def data_list(data_dir: Optional[Path] = typer.Option(None, "--data-dir")) -> No
     """Known datasets and where each is looked for."""
     from fedsl.data.datasets import data_root, locate
     table = Table(title=f"datasets (data root: {data_root(str(data_dir) if data_dir else None)})")
-    for col in ("name", "found at", "size (publisher)"):
-        table.add_column(col)
+    table.add_column("name")
+    table.add_column("found at", overflow="fold")  # a folder's path is the answer: folded, never cut short
+    table.add_column("size (publisher)")
     for name, size in KNOWN_SIZES.items():
         if name == "synthetic_chars":
             where = "generated (cached in $FEDSL_CACHE)"

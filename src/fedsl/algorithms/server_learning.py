@@ -151,7 +151,7 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     steps = tensor_on(results.steps, device)
     x_bar, algo = alg.rule.server_update(x, state.algo, finals, weights, RoundContext(alg.local.lr, steps,
                                                                                        server.num_clients))
-    return Aggregated(x_bar, algo, gamma, cos, server_steps, on and sl.mode == "incremental")
+    return Aggregated(x_bar, algo, gamma, cos, server_steps, runs_line10(alg))
 
 
 def per_run_only(alg: Algorithm) -> bool:
@@ -169,7 +169,14 @@ def aggregated(alg: Algorithm, state: RunState, t: int, x_bar: Params, algo: Sta
     sl = alg.server_learning
     on = sl is not None and sl.active
     gamma = sl.gamma_schedule.value(t, state.gamma) if on else None
-    return Aggregated(x_bar, algo, gamma, None, 0, on and sl.mode == "incremental")
+    return Aggregated(x_bar, algo, gamma, None, 0, runs_line10(alg))
+
+
+def runs_line10(alg: Algorithm) -> bool:
+    """Whether ``alg``'s rounds end with line 10 (incremental server learning on): the same every round, so
+    an engine may plan the server's K0 batches of a round ahead of it."""
+    sl = alg.server_learning
+    return sl is not None and sl.active and sl.mode == "incremental"
 
 
 def line10_lr(alg: Algorithm, agg: Aggregated) -> float:

@@ -17,6 +17,7 @@ PRETRAIN = 4
 DROPOUT = 100  # added to a batch stream to get its dropout-key stream
 PARTITION = 6
 SERVER_DATA = 7
+TEST_SUBSET = 8
 
 
 def rng(seed: int, *stream: int) -> np.random.Generator:

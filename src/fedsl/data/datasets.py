@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedsl.core.rng import TEST_SUBSET
 from fedsl.data import partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
 from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
@@ -321,9 +322,19 @@ def build_federation(d, seed: int) -> Federation:
         server = server[server_data.balanced_subset(y[server], d.server_size, seed)]
 
     stats = input_stats(d, ds)
-    return Federation(to_tensor(x, stats), torch.from_numpy(y).long(), clients, server,
-                      to_tensor(ds.test.x, stats), torch.from_numpy(ds.test.y).long(),
+    x_test, y_test = to_tensor(ds.test.x, stats), torch.from_numpy(ds.test.y).long()
+    if d.test_size is not None:
+        keep = torch.from_numpy(test_subset(ds.test.y, d.test_size))
+        x_test, y_test = x_test[keep], y_test[keep]
+    return Federation(to_tensor(x, stats), torch.from_numpy(y).long(), clients, server, x_test, y_test,
                       num_classes=len(ds.class_names), class_names=list(ds.class_names), input_stats=stats)
+
+
+def test_subset(labels: np.ndarray, size: int) -> np.ndarray:
+    """Positions of the ``data.test_size`` test samples evaluated: class-balanced, drawn once from a fixed
+    stream (not the run's seed), so every run and seed of a comparison is measured on the same images."""
+    return server_data.balanced_subset(labels, size, 0, stream=(TEST_SUBSET,), setting="data.test_size",
+                                       source="the test split")
 
 
 def _partition(d, labels: np.ndarray, pool: np.ndarray, seed: int,

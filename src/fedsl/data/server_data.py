@@ -50,12 +50,14 @@ def from_clients(clients: list[np.ndarray], num_clients: int, per_client: int, s
     return np.sort(np.concatenate(picked))
 
 
-def balanced_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
-    """Positions of ``size`` samples of ``labels``, as class-balanced as the counts allow (a size budget)."""
+def balanced_subset(labels: np.ndarray, size: int, seed: int, stream: tuple[int, ...] = (SERVER_DATA, 2),
+                    setting: str = "data.server_size", source: str = "the server source") -> np.ndarray:
+    """Positions of ``size`` samples of ``labels``, as class-balanced as the counts allow (a size budget),
+    drawn from ``rng(seed, *stream)``; ``setting`` and ``source`` name the size and the labels in errors."""
     labels = np.asarray(labels)
     if size > len(labels):
-        raise PartitionError(f"data.server_size = {size}: the server source has only {len(labels)} samples")
-    gen = rng(seed, SERVER_DATA, 2)
+        raise PartitionError(f"{setting} = {size}: {source} has only {len(labels)} samples")
+    gen = rng(seed, *stream)
     queues = {c: list(np.flatnonzero(labels == c)[gen.permutation(int((labels == c).sum()))])
               for c in np.unique(labels)}
     picked: list[int] = []

@@ -6,7 +6,8 @@ executor call for all their clients (R runs × S clients become R·S rows of one
 step of the algorithm's client half, each row with its own start x_t, step size η_l,
 server state and client state), one for all their servers' K0 steps (line 10) and, when
 the runs share the rule's numbers, one vmapped call of the rule's server update (lines 8-9);
-sampling, batch plans (made on the host, copied once), γ and the tables' rows stay per run.
+sampling, batch plans (made on the host, copied once, and made a round ahead by the runner
+while the device evaluates: ``prepare``), γ and the tables' rows stay per run.
 Results equal running the runs one by one (tested): every run keeps its own seed streams,
 its own state and its own clients' tables.
 
@@ -16,7 +17,7 @@ little work to fill the device; 60 stacked runs are 60 times the work per kernel
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch.func import vmap
@@ -26,13 +27,25 @@ from fedsl.algorithms.base import LOCAL_SGD, ClientResults, RoundContext, client
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate_each, evaluate_many
-from fedsl.engine.plan import concat_plans
-from fedsl.engine.simulator import RoundInfo, RunState, Simulator
+from fedsl.engine.plan import BatchPlan, concat_plans
+from fedsl.engine.simulator import ClientWork, RoundInfo, RunState, Simulator
 
 
 def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same tensor, or equal ones (shape, dtype, device and values)."""
     return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b))
+
+
+@dataclass
+class HostWork:
+    """A round's host work for every stacked run, with its device copies queued (``StackedSimulator.prepare``)."""
+
+    t: int
+    works: list[ClientWork]  # each run's sampled clients (ids on the device) and batch plan
+    plan: BatchPlan  # all runs' client plans, concatenated, on the device
+    sl_runs: list[int]  # the runs with line 10 (incremental server learning)
+    server_plan: BatchPlan | None  # their K0 batches, concatenated, on the device
+    server_steps: list[int]  # K0 of each
 
 
 EVAL_BATCH_GPU = 10_000  # images per forward when a GPU evaluates stacked models one at a time (measured)
@@ -84,6 +97,7 @@ class StackedSimulator:
             else:
                 self.test_groups.append([r])
         self._nhwc_tests: dict[int, torch.Tensor] = {}  # test sets in channels-last layout, by group (GPU)
+        self._ahead: HostWork | None = None  # a round's host work made ahead (``prepare``)
         # The rule's update (lines 8-9) of all runs in one vmapped call when they share the rule's numbers,
         # N and the weighting: per run it was R × dozens of small kernels, the host's largest share of a
         # stacked GPU round (benchmarks/RESULTS-gpu.md). The sequential executor keeps the per-run path,
@@ -123,13 +137,10 @@ class StackedSimulator:
         if len(states) != len(self.sims):
             raise ValueError(f"got {len(states)} states for {len(self.sims)} stacked runs")
         states = [replace(st, x=sim.layout(st.x)) for sim, st in zip(self.sims, states)]
-        # the host work of the round first (sampling, batch plans of every run), then one queued copy:
-        # a copy per run would make the host wait for the GPU's queue each time (fedsl.core.transfer)
-        works = [sim.sample(t, host=True) for sim in self.sims]
+        ahead, self._ahead = self._ahead, None
+        host = ahead if ahead is not None and ahead.t == t else self._host_work(t)
+        works, plan = host.works, host.plan
         sizes = [w.plan.num_clients for w in works]
-        plan = concat_plans([w.plan for w in works], self.offsets).to(self.sims[0].device, self.sims[0].dtype)
-        ids = to_device(torch.cat([w.ids_t for w in works]), self.sims[0].device).split(sizes)
-        works = [replace(w, ids_t=i) for w, i in zip(works, ids)]
         # the clients of all runs in one call: each starts from its run's x_t, with its run's η_l and
         # server state, and its own row of its run's tables (one rule: the runs share its local keys)
         starts = [st.x for st, s in zip(states, sizes) for _ in range(s)]
@@ -148,17 +159,14 @@ class StackedSimulator:
                 at += s
         news = [a.x_bar for a in aggs]
         server_steps = [a.server_steps for a in aggs]
-        sl_runs = [r for r, a in enumerate(aggs) if a.incremental]
+        sl_runs = host.sl_runs  # the runs whose aggs[r].incremental (sl.runs_line10: the same every round)
         if sl_runs:  # Algorithm 1, line 10, for every run with server learning on, in one call
-            plans = [self.sims[r].server_plan(t, host=True) for r in sl_runs]
             sl_lrs = [sl.line10_lr(self.sims[r].alg, aggs[r]) for r in sl_runs]
-            server_plan = concat_plans(plans, [self.offsets[r] for r in sl_runs]).to(self.sims[0].device,
-                                                                                      self.sims[0].dtype)
-            out = self.executor.train(LOCAL_SGD, [aggs[r].x_bar for r in sl_runs], server_plan, self.x, self.y,
+            out = self.executor.train(LOCAL_SGD, [aggs[r].x_bar for r in sl_runs], host.server_plan, self.x, self.y,
                                       sl_lrs)[0]
             for j, r in enumerate(sl_runs):
                 news[r] = {n: v[j] for n, v in out.items()}
-                server_steps[r] = plans[j].steps[0]
+                server_steps[r] = host.server_steps[j]
         out_states, infos, at = [], [], 0
         for sim, st, w, a, nw, k0, s in zip(self.sims, states, works, aggs, news, server_steps, sizes):
             new, metrics = sl.finish(sim.alg, st, a, nw, k0)
@@ -168,6 +176,29 @@ class StackedSimulator:
             infos.append(info)
             at += s
         return out_states, infos
+
+    def prepare(self, t: int) -> None:
+        """Make round t's host work (sampling, every run's batch plans) now and queue its copies to the device;
+        ``round(states, t)`` then takes it. The runner calls it for round t + 1 before it waits for round
+        t's evaluation, so that on a GPU the host plans while the device computes, not while it idles.
+        Everything it makes derives from (seed, t) alone: results are the same either way."""
+        self._ahead = self._host_work(t)
+
+    def _host_work(self, t: int) -> HostWork:
+        """Round t's host work: every run's clients and batch plans, and the K0 batches of the runs with
+        line 10; made on the host, then each concatenated and queued to the device in one copy (a copy
+        per run would make the host wait for the GPU's queue each time: fedsl.core.transfer)."""
+        first = self.sims[0]
+        works = [sim.sample(t, host=True) for sim in self.sims]
+        plan = concat_plans([w.plan for w in works], self.offsets).to(first.device, first.dtype)
+        ids = to_device(torch.cat([w.ids_t for w in works]), first.device).split([len(w.ids) for w in works])
+        works = [replace(w, ids_t=i) for w, i in zip(works, ids)]
+        sl_runs = [r for r, sim in enumerate(self.sims) if sl.runs_line10(sim.alg)]
+        if not sl_runs:
+            return HostWork(t, works, plan, [], None, [])
+        plans = [self.sims[r].server_plan(t, host=True) for r in sl_runs]
+        server_plan = concat_plans(plans, [self.offsets[r] for r in sl_runs]).to(first.device, first.dtype)
+        return HostWork(t, works, plan, sl_runs, server_plan, [p.steps[0] for p in plans])
 
     def _aggregate_stacked(self, states: list[RunState], works: list, finals: Params, t: int, s: int
                            ) -> list[sl.Aggregated]:

@@ -113,6 +113,9 @@ class DataConfig(_Strict):
     server_per_class: int | None = Field(None, ge=1, le=100_000, description="other-source D0: samples per class "
                                                                                "(paper FSLsyn: STL-10 56 or 80; "
                                                                                "at most 100,000)")
+    test_size: int | None = Field(None, ge=1, le=SAMPLES_MAX, description="evaluate on this many test samples: a "
+                                  "class-balanced subset drawn once, the same for every run and seed (quick looks, "
+                                  "quick forms); default: the whole test split, as the paper")
     # font-rendered characters (fedsl.data.synthetic)
     chars: str = Field("0123456789", min_length=2, description="characters (classes) of synthetic_chars")
     train_per_class: int = Field(200, ge=1, le=PER_CLASS_MAX, description="training images per class (synthetic_chars, "

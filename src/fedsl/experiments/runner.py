@@ -509,6 +509,8 @@ def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool =
             if stop_after is not None and t - start >= stop_after:
                 break
             states, infos = stacked.round([s.state for s in active], t)
+            if t + 1 < rounds and (stop_after is None or t + 1 - start < stop_after):
+                stacked.prepare(t + 1)  # the next round's host work, while the device still computes this one
             need = [i for i, s in enumerate(active) if s.needs_eval(t + 1)]
             evals = dict(zip(need, stacked.evaluate([states[i].x for i in need], need))) if need else {}
             keep = []

@@ -265,6 +265,10 @@ def write_report(path: str | Path) -> Path:
             what = "a `--quick` run (few rounds, one seed, small subsets)" if quick else "a shorter run"
             parts.append(f"**Not comparable: this is {what}.** Our numbers are after {shortest:,} rounds, the "
                          f"paper's after {paper_rounds:,} ({group_note}).\n")
+        test_size = (cfg.get("data") or {}).get("test_size")
+        if test_size:
+            parts.append(f"**Our accuracies are on {test_size:,} test samples** (`data.test_size`, a class-balanced "
+                         "subset); the paper's are on the whole test set.\n")
         if paper:
             ours = {r["variant"]: r for r in rows}
             cols = sorted({c for v in paper.values() for c in v})
