@@ -179,3 +179,36 @@ def test_cuda_graphs_keep_deterministic_resume_bit_identical(tmp_path):
 
     _assert_resume_bit_identical(C.validate(tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda",
                                                         deterministic=True, compile="cuda-graphs")), tmp_path)
+
+
+def test_cuda_host_tables_equal_device_tables(tmp_path):
+    """``client_tables = 'host'``: SCAFFOLD's c_i stay in host memory, the sampled rows go over and back each
+    round; the rounds (one run and stacked) equal those with the tables on the GPU, and a run resumes bit
+    for bit from a checkpoint."""
+    from fedsl.experiments import config as C
+
+    fed = random_federation(SIZES, shape=(1, 12, 12)).to(CUDA, torch.float64)
+
+    def sims(host):
+        out = [_sim("scaffold", fed, VectorisedExecutor, seed=s) for s in (1, 2)]
+        for sim in out:
+            sim.tables_device = torch.device("cpu") if host else CUDA
+        return out
+    a, _ = run_rounds(sims(False)[0], 3)
+    b, _ = run_rounds(sims(True)[0], 3)
+    assert b.clients["c_i"]["0.weight"].device.type == "cpu" and a.clients["c_i"]["0.weight"].device.type == "cuda"
+    _assert_states_close(a, b, tol=0)
+    assert all(torch.equal(a.clients["c_i"][n].cpu(), b.clients["c_i"][n]) for n in a.clients["c_i"])
+    together = []
+    for host in (False, True):
+        stacked = StackedSimulator(sims(host))
+        states = stacked.initial_states()
+        for t in range(3):
+            states, _ = stacked.round(states, t)
+        together.append(states)
+    for on_gpu, on_host in zip(*together):
+        _assert_states_close(on_gpu, on_host, tol=0)
+    _assert_states_close(together[1][0], b)
+    _assert_resume_bit_identical(C.validate(tiny_config(rounds=6, alg="scaffold", dtype="float64", checkpoint_every=2,
+                                                        device="cuda", deterministic=True, client_tables="host")),
+                                 tmp_path)

@@ -344,6 +344,41 @@ def test_stack_limit_on_a_gpu_from_measured_memory(monkeypatch):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (int(free), int(free)))
         assert compare.stack_limit(cfg("scaffold")) == compare.stack_limit(cfg("feddyn")) == scaffold
         assert compare.stack_limit(cfg("fsl")) == 64
+        # tables in host memory leave the working memory only: as many runs as FSL's
+        host = C.validate({**cfg("scaffold").model_dump(), "client_tables": "host"})
+        assert compare.stack_limit(host) == 64
+    # 'auto' puts them in host memory when one run's 2.18 GB would take over half the free memory
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(4e9), int(4e9)))
+    assert compare.stack_limit(cfg("scaffold")) == compare.stack_limit(cfg("fsl")) == 4
+    device = C.validate({**cfg("scaffold").model_dump(), "client_tables": "device"})
+    assert compare.stack_limit(device) == 1
+
+
+def test_client_tables_where_they_live(monkeypatch):
+    """``client_tables``: 'device' or 'host' as asked; 'auto' = host on a GPU when one run's tables (N × d per
+    state the rule keeps) would take more than half its free memory; a CPU run's tables are in host memory
+    anyway; rules without client state keep no tables."""
+    import torch
+
+    from fedsl.algorithms import LocalTraining, make_algorithm
+    from fedsl.experiments import config as C
+    from fedsl.experiments.runner import tables_on_host
+
+    def cfg(tables="auto", dtype="float32"):
+        return C.validate({"name": "s", "rounds": 1, "data": {"dataset": "synthetic_chars"}, "client_tables": tables,
+                           "dtype": dtype, "algorithm": {"name": "scaffold"}})
+    scaffold = make_algorithm("scaffold", LocalTraining(0.1, 10), 1.0, None)
+    fedavg = make_algorithm("fedavg", LocalTraining(0.1, 10), 1.0, None)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(5e9), int(80e9)))
+    n, d = 1000, 545_098  # 2.18 GB of float32 c_i; 4.36 GB in float64
+    assert not tables_on_host(cfg(), cuda, scaffold, n, d)
+    assert tables_on_host(cfg(dtype="float64"), cuda, scaffold, n, d)
+    assert tables_on_host(cfg(), cuda, scaffold, 2 * n, d)
+    assert not tables_on_host(cfg(), cuda, fedavg, 100 * n, d)
+    assert not tables_on_host(cfg("device"), cuda, scaffold, 100 * n, d)
+    assert tables_on_host(cfg("host"), cuda, scaffold, 1, 1)
+    assert not tables_on_host(cfg("host"), cpu, scaffold, n, d)
 
 
 def test_a_stacked_runs_checkpoint_holds_only_its_own_model(tmp_path):

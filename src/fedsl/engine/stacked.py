@@ -146,8 +146,8 @@ class StackedSimulator:
         starts = [st.x for st, s in zip(states, sizes) for _ in range(s)]
         lrs = [sim.alg.local.lr for sim, s in zip(self.sims, sizes) for _ in range(s)]
         sent = [sim.sent(st) for sim, st, s in zip(self.sims, states, sizes) for _ in range(s)]
-        rows = {k: {n: torch.cat([st.clients[k][n][w.ids_t] for st, w in zip(states, works)]) for n in g}
-                for k, g in states[0].clients.items()}
+        mine = [sim.client_rows(st.clients, w) for sim, st, w in zip(self.sims, states, works)]
+        rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in states[0].clients.items()}
         finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows, sent)
         if self.batched_server and len(set(sizes)) == 1:
             aggs = self._aggregate_stacked(states, works, finals, t, sizes[0])

@@ -112,7 +112,8 @@ def stack_limit(cfg: RunConfig) -> int:
     """How many runs like ``cfg`` advance together: ``cfg.stack``, or for 'auto' 1 on CPU (measured:
     stacking gains nothing there) and on CUDA up to 64, fewer when their per-client tables
     (SCAFFOLD, FedDyn: N × d each) and their measured working memory would not fit in 80% of the
-    free memory (on an H200: 37 SCAFFOLD runs of the CIFAR CNN at N = 1,000; on an H100: 21)."""
+    free memory (on an H200: 37 SCAFFOLD runs of the CIFAR CNN at N = 1,000; on an H100: 21); tables in
+    host memory (``client_tables``) do not count."""
     if cfg.stack != "auto":
         return cfg.stack
     device = runner.resolve_device(cfg.device)
@@ -120,17 +121,21 @@ def stack_limit(cfg: RunConfig) -> int:
         return 1
     import torch
     free, _ = torch.cuda.mem_get_info(device)
-    return max(1, min(64, int(STACK_MEMORY_SHARE * free // run_bytes(cfg))))
+    return max(1, min(64, int(STACK_MEMORY_SHARE * free // run_bytes(cfg, free))))
 
 
-def run_bytes(cfg: RunConfig) -> float:
-    """A stacked run's device memory: its clients' tables (N × d) and its working memory (measured for
-    the CIFAR CNN, scaled by S·B, by d for other models, by 2 for float64)."""
-    tables = cfg.data.num_clients if cfg.algorithm.name in ("scaffold", "feddyn") else 0
+def run_bytes(cfg: RunConfig, free: float | None = None) -> float:
+    """A stacked run's device memory: its clients' tables (N × d; none when they live in host memory:
+    ``client_tables``, which 'auto' decides from ``free``, as ``runner.tables_on_host``) and its working
+    memory (measured for the CIFAR CNN, scaled by S·B, by d for other models, by 2 for float64)."""
     d = MODEL_PARAMS.get(cfg.model.name, 4e6)  # other models: a generous bound
     width = 8 if cfg.dtype == "float64" else 4
+    tables = (cfg.data.num_clients if cfg.algorithm.name in ("scaffold", "feddyn") else 0) * d * width
+    if cfg.client_tables == "host" or (cfg.client_tables == "auto" and free is not None
+                                       and tables > runner.TABLES_DEVICE_SHARE * free):
+        tables = 0
     work = RUN_BYTES_MEASURED * cfg.algorithm.clients_per_round * cfg.algorithm.batch_size / 100
-    return tables * d * width + work * max(1.0, d / MODEL_PARAMS["cifar_cnn"]) * width / 4
+    return tables + work * max(1.0, d / MODEL_PARAMS["cifar_cnn"]) * width / 4
 
 
 def _stack_key(cfg: RunConfig) -> tuple:
@@ -138,7 +143,7 @@ def _stack_key(cfg: RunConfig) -> tuple:
     from fedsl.algorithms import spec
     a = cfg.algorithm
     return (cfg.model.name, a.name, cfg.data.dataset, cfg.device, cfg.dtype, cfg.executor, cfg.compile,
-            cfg.eval_precision, cfg.rounds,
+            cfg.client_tables, cfg.eval_precision, cfg.rounds,
             *(getattr(a, k) for k in spec(a.name).local_keys), cfg.server.learning)
 
 

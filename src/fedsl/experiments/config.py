@@ -290,6 +290,12 @@ class RunConfig(_Strict):
                                               "bit-identical reruns across machines and loads")
     deterministic: bool = Field(False, description="CUDA: deterministic cuDNN convolutions, so that a resumed run "
                                                    "equals an uninterrupted one bit for bit (slower); CPU runs always are")
+    client_tables: Literal["auto", "device", "host"] = Field(
+        "auto", description="where the clients' state tables live on a GPU (SCAFFOLD's c_i, FedDyn's ∇L_i: N × d "
+                            "numbers per run, 2.2 GB for 1,000 CIFAR clients): 'device'; 'host' (CPU memory: each "
+                            "round copies the S sampled rows over and back, so N × d may exceed the GPU's memory; "
+                            "slower: the host waits for the round's end); 'auto' = 'host' when one run's tables "
+                            "would take more than half the GPU's free memory. Results are the same")
     stack: int | Literal["auto"] = Field(
         "auto", description="sweeps: runs advanced together as one vmapped computation (stacked runs); 'auto' = "
                             "on CUDA up to 64 that fit in memory, on CPU 1 (measured: no gain there); 1 = never; "

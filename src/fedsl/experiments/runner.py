@@ -228,8 +228,24 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     if pools is not None:
         on_device = _share_tensors(on_device, pools)
     sim = Simulator(fm, on_device, algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
-                    cfg.eval_batch_size, cfg.eval_precision)
+                    cfg.eval_batch_size, cfg.eval_precision, tables_on_host(cfg, device, algorithm, fed.num_clients, sum(p.numel() for p in fm.module.parameters())))
     return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device)
+
+
+TABLES_DEVICE_SHARE = 0.5  # client_tables = 'auto': host tables beyond this share of the GPU's free memory
+
+
+def tables_on_host(cfg: RunConfig, device: torch.device, algorithm: Algorithm, num_clients: int, d: int) -> bool:
+    """Whether a run keeps its clients' state tables in host memory (``cfg.client_tables``; 'auto': on a GPU,
+    when its tables, N × d numbers per state the rule keeps, would take more than half the free memory)."""
+    if device.type != "cuda" or cfg.client_tables == "device":
+        return False
+    if cfg.client_tables == "host":
+        return True
+    states = len(algorithm.rule.init_client_state({"w": torch.zeros(1)}))  # SCAFFOLD's c_i, FedDyn's ∇L_i
+    width = 8 if cfg.dtype == "float64" else 4
+    free, _ = torch.cuda.mem_get_info(device)
+    return states * num_clients * d * width > TABLES_DEVICE_SHARE * free
 
 
 def _share_tensors(fed: Federation, pools: list[Federation]) -> Federation:
@@ -281,15 +297,18 @@ class _Progress:
             self.bar.stop()
 
 
-def checkpoint_state(ckpt: dict, dev: Callable[[dict], dict]) -> RunState:
-    """The RunState of a loaded checkpoint (``RunDir.save_checkpoint``), its tensors through ``dev``.
+def checkpoint_state(ckpt: dict, dev: Callable[[dict], dict], dev_tables: Callable[[dict], dict] | None = None
+                     ) -> RunState:
+    """The RunState of a loaded checkpoint (``RunDir.save_checkpoint``), its tensors through ``dev`` (the
+    clients' tables through ``dev_tables``, default ``dev``: they may live in host memory).
 
     Checkpoints before the clients' states had their own entry kept the tables in ``algo``, named
     with an ``_i`` suffix (SCAFFOLD's c_i, FedDyn's grad_i): they are moved to ``clients``.
     """
-    algo, clients = dev(ckpt.get("algo", {})), dev(ckpt.get("clients", {}))
+    dev_tables = dev_tables or dev
+    algo, clients = dev(ckpt.get("algo", {})), dev_tables(ckpt.get("clients", {}))
     for key in [k for k in algo if k.endswith("_i")]:
-        clients[key] = algo.pop(key)
+        clients[key] = dev_tables(algo.pop(key))
     return RunState(dev(ckpt["params"]), algo, ckpt.get("gamma"), clients)
 
 
@@ -321,11 +340,11 @@ class RunSession:
             if ckpt is not None:
                 self.start, self.wall0 = ckpt["round"], ckpt["wall_time"]
 
-                def dev(d):
-                    return {k: dev(v) if isinstance(v, dict) else v.to(device=prep.device, dtype=sim.dtype)
+                def dev(d, device=prep.device):
+                    return {k: dev(v, device) if isinstance(v, dict) else v.to(device=device, dtype=sim.dtype)
                             for k, v in d.items()}
 
-                self.state = checkpoint_state(ckpt, dev)
+                self.state = checkpoint_state(ckpt, dev, lambda d: dev(d, sim.tables_device))
                 history = rd.truncate_metrics(self.start)
             elif rd.is_run():
                 rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too
