@@ -34,21 +34,21 @@ case "${1:-check}" in
         --set checkpoint_every=0 --data-dir /tmp/data --out /tmp/fig5 -q ) 2>&1 | tail -8 | tee "$OUT/fig5_log.txt"
     tar czf "$OUT/fig5.tgz" --exclude checkpoint.pt -C /tmp fig5
     ;;
-  next)  # what issue 16 left for the next device session, in one call (~8 min; carry .dev/wheels and .dev/pfl-wheels):
-          # the CUDA tests added after the last one, the batched rule update's round times, the next round's host
-          # work made while the device evaluates (round + evaluation, interleaved), pfl on the GPU
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_cuda.py 2>&1 | tail -8 \
+  next)  # what issue 16 left for the next device session (~6 min; carry .dev/wheels): the CUDA tests added since the
+          # last one (host tables among them), the batched rule update's round times, and the runner's loop (round +
+          # evaluation) with the next round's host work made ahead or not, interleaved. Then, as a second call,
+          # `device_run.sh pfl` (~5 min; carry .dev/wheels and .dev/pfl-wheels): 11-12 of the 15 minutes in all
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_cuda.py 2>&1 | tail -8 \
       | tee "$OUT/cuda_tests.txt"
-    timeout 200 python3 benchmarks/heatmap_time.py --device cuda --runs FSL:60,SCAFFOLD:30,FedDyn:30 \
+    timeout 260 python3 benchmarks/heatmap_time.py --device cuda --runs FSL:60,SCAFFOLD:30,FedDyn:30 \
       --compile cuda-graphs --rounds 100 --budget-s 20 --eval-precision float32 --extras rates,ahead \
-      2>&1 | tee "$OUT/heatmap_next.md"
-    PFL_S=240 bash "$0" pfl
+      --ahead-rounds 3 2>&1 | tee "$OUT/heatmap_next.md"
     ;;
   pfl)  # issue 16 item 4 on the GPU: pfl-research beside fedsl and the plain loop. The machine cannot fetch
         # packages: carry .dev/pfl-wheels (`pip download "pfl==0.6.0" --python-version 3.12 --only-binary=:all:
         # --platform manylinux_2_28_x86_64 -d .dev/pfl-wheels`, then delete its numpy wheel: the image's numpy stays)
     python3 -m pip install -q --no-index --no-deps --target /tmp/lib .dev/pfl-wheels/*.whl
-    timeout "${PFL_S:-420}" python3 benchmarks/bench.py --device cuda --peers fedsl,loop,pfl --rounds 5 --reps 2 --heavy-reps 1 \
+    timeout "${PFL_S:-300}" python3 benchmarks/bench.py --device cuda --peers fedsl,loop,pfl --rounds 5 --reps 2 --heavy-reps 1 \
       --workloads s2-cifar10+eval,s2-cifar10 --footprint-clients 0 --out "$OUT/bench_pfl_cuda.md" 2>&1 | tail -30
     ;;
   check)
