@@ -388,23 +388,30 @@ def _nested_equal(a, b) -> bool:
 def test_stateful_rules_resume_bit_identically(tmp_path, alg, server):
     cfg = _cfg(alg, server=server, model="small_cnn" if alg == "scaffold" else "mlp")
     quiet = {"log": lambda s: None, "progress": False}
-    run(cfg, tmp_path / "full", **quiet)
+    run(cfg, tmp_path / "full", stop_after=6, **quiet)  # 6 rounds straight (its checkpoint keeps the tables)
     part = run(cfg, tmp_path / "part", stop_after=4, **quiet)
     assert part["status"] == "interrupted" and part["rounds_done"] == 4
-    assert run(cfg, tmp_path / "part", resume=True, **quiet)["status"] == "completed"
+    assert run(cfg, tmp_path / "part", resume=True, stop_after=2, **quiet)["rounds_done"] == 6  # 4, resumed, 2
+
+    def checkpoints():
+        return [torch.load(tmp_path / d / "checkpoint.pt", weights_only=True) for d in ("full", "part")]
+    a, b = checkpoints()
+    assert a["round"] == b["round"] == 6 and a["gamma"] == b["gamma"]
+    assert set(a["algo"]) == ({"c"} if alg == "scaffold" else {"h"})
+    assert set(a["clients"]) == ({"c_i"} if alg == "scaffold" else {"grad_i"})
+    for key in ("params", "algo", "clients"):
+        assert _nested_equal(a[key], b[key]), key
+    for d in ("full", "part"):
+        assert run(cfg, tmp_path / d, resume=True, **quiet)["status"] == "completed"
 
     def metrics(d):
         return [{k: v for k, v in r.items() if k != "wall_time"} for r in RunDir(d).read_metrics()]
 
     full, part = metrics(tmp_path / "full"), metrics(tmp_path / "part")
     assert [r["round"] for r in full] == list(range(0, 8)) and part == full
-    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)
-    b = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)
-    assert a["round"] == b["round"] == 7 and a["gamma"] == b["gamma"]
-    assert _nested_equal(a["params"], b["params"])
-    assert set(a["algo"]) == ({"c"} if alg == "scaffold" else {"h"})
-    assert set(a["clients"]) == ({"c_i"} if alg == "scaffold" else {"grad_i"})
-    assert _nested_equal(a["algo"], b["algo"]) and _nested_equal(a["clients"], b["clients"])
+    a, b = checkpoints()
+    assert a["round"] == b["round"] == 7 and _nested_equal(a["params"], b["params"])
+    assert _nested_equal(a["algo"], b["algo"]) and a["clients"] == b["clients"] == {}  # finished: no tables
     if alg == "scaffold":
         assert all(r["gamma"] is not None and r["cos_theta"] is not None for r in full[1:])  # row 0 is x_0
         assert len({r["gamma"] for r in full}) > 1  # the adaptive γ moved: its state was resumed too
@@ -425,7 +432,7 @@ def test_checkpoints_with_the_tables_in_algo_still_resume_bit_identically(tmp_pa
     run(cfg, tmp_path / "part", resume=True, **quiet)
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)
     b = torch.load(path, weights_only=True)
-    assert _nested_equal(a["params"], b["params"]) and _nested_equal(a["clients"], b["clients"])
+    assert _nested_equal(a["params"], b["params"]) and _nested_equal(a["algo"], b["algo"])
 
 
 # ---------------------------------------------------------------- 5. config errors

@@ -304,7 +304,8 @@ def test_stack_limit_model_sizes_are_the_models():
 
 def test_checkpoint_every_zero_keeps_only_the_final_model(tmp_path):
     """checkpoint_every = 0: no periodic checkpoints; the final one holds the model and the
-    server state but not the N × d per-client tables."""
+    server state but not the N × d per-client tables. Periodic checkpoints hold them (a run resumes from
+    them); a finished run's final one never does: nothing resumes a finished run."""
     from fedsl.experiments import config as C
     from fedsl.experiments.runner import run
 
@@ -319,9 +320,12 @@ def test_checkpoint_every_zero_keeps_only_the_final_model(tmp_path):
     run(cfg, tmp_path / "a", resume=True, log=lambda m: None, progress=False)
     ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
     assert ckpt["round"] == 5 and set(ckpt["algo"]) == {"c"} and ckpt["clients"] == {}
-    full = run(C.validate({**data, "checkpoint_every": 1}), tmp_path / "b", log=lambda m: None, progress=False)
+    every = C.validate({**data, "checkpoint_every": 1})
+    run(every, tmp_path / "b", log=lambda m: None, progress=False, stop_after=4)
+    assert set(torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["clients"]) == {"c_i"}
+    full = run(every, tmp_path / "b", resume=True, log=lambda m: None, progress=False)
     ref = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
-    assert full["status"] == "completed" and set(ref["algo"]) == {"c"} and set(ref["clients"]) == {"c_i"}
+    assert full["status"] == "completed" and set(ref["algo"]) == {"c"} and ref["clients"] == {}
     assert all(torch.equal(ref["params"][n], ckpt["params"][n]) for n in ref["params"])
 
 

@@ -256,9 +256,9 @@ class RunConfig(_Strict):
                                "paper's CNN: benchmarks/RESULTS-gpu.md)")
     rolling_window: int = Field(20, ge=1, le=ROUNDS_MAX, description="rounds in the rolling accuracy window "
                                                                      "(paper: 20)")
-    checkpoint_every: int = Field(10, ge=0, le=ROUNDS_MAX, description="write a checkpoint every this many rounds; 0 = only the "
-                                                        "final model, without per-client tables (big sweeps of "
-                                                        "SCAFFOLD/FedDyn: N×d each), and on interruption")
+    checkpoint_every: int = Field(10, ge=0, le=ROUNDS_MAX, description="write a resumable checkpoint (with the "
+                                  "clients' tables: N × d for SCAFFOLD/FedDyn) every this many rounds; 0 = only on "
+                                  "interruption. A finished run's checkpoint keeps its model and server state only")
     diag_every: int = Field(0, ge=0, le=ROUNDS_MAX, description="measure ξ², G² and cos(∇F, ∇f0) every this many rounds "
                                                  "(full-batch gradients; 0 = never; paper: 50)")
     diverge_loss: float = Field(100.0, ge=0, description="stop a run as 'diverged' when its test loss exceeds this "
