@@ -55,8 +55,16 @@ def assert_same_group(a: Path, b: Path) -> None:
         ta, tb = (torch.load(d / r / "checkpoint.pt", weights_only=True) for d in (a, b))
         assert ta["round"] == tb["round"]
         for part in ("params", "algo"):
-            assert ta[part].keys() == tb[part].keys()
-            assert all(torch.equal(ta[part][k], tb[part][k]) for k in ta[part]), (r, part)
+            assert _flat(ta[part]).keys() == _flat(tb[part]).keys()
+            assert all(torch.equal(v, _flat(tb[part])[k]) for k, v in _flat(ta[part]).items()), (r, part)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """{"c": {"w": t}} -> {"c.w": t}: a rule's state nests (SCAFFOLD's c holds one tensor per parameter)."""
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def metric_lines(path: Path) -> int:
@@ -260,3 +268,41 @@ def test_a_folder_in_use_is_refused_by_a_second_process(tmp_path, capsys):
     with folder_lock(out):  # the killed holder's lock is gone
         pass
     assert main(["resume", str(out), "--quiet"]) == 0
+
+
+def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch):
+    """Ctrl-C while the disk is full: the stacked runs' interruption checkpoints cannot be written. The
+    interrupt still ends the sweep (it did not fall back to running the stack's runs one by one), each run
+    keeps its last checkpoint, and the sweep resumes into the uninterrupted sweep's files."""
+    from fedsl.engine.stacked import StackedSimulator
+    from fedsl.experiments.compare import run_group
+    from fedsl.experiments.results import RunDir
+
+    data = C.load(base=__import__("tomllib").loads(TINY.format(rounds=6, alg="scaffold", dtype="float64",
+                                                               executor="sequential")))
+    cfg = C.validate({**data.model_dump(), "seeds": [0, 1], "stack": 2, "checkpoint_every": 2})
+    quiet = {"log": lambda m: None, "progress": False}
+    run_group(cfg, tmp_path / "whole", **quiet)
+
+    real_round, real_save = StackedSimulator.round, RunDir.save_checkpoint
+
+    def round_(self, states, t):
+        if t == 3:
+            raise KeyboardInterrupt
+        return real_round(self, states, t)
+
+    def save(self, round_, state, wall):
+        if round_ == 3:
+            raise OSError(28, "No space left on device")
+        return real_save(self, round_, state, wall)
+    monkeypatch.setattr(StackedSimulator, "round", round_)
+    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    with pytest.raises(KeyboardInterrupt):
+        run_group(cfg, tmp_path / "cut", **quiet)
+    runs = sorted(p for p in (tmp_path / "cut").iterdir() if p.is_dir())
+    assert len(runs) == 2
+    for r in runs:
+        assert RunDir(r).read_summary()["status"] == "interrupted" and RunDir(r).checkpoint_round() == 2
+    monkeypatch.undo()
+    run_group(cfg, tmp_path / "cut", resume=True, **quiet)
+    assert_same_group(tmp_path / "whole", tmp_path / "cut")

@@ -461,7 +461,12 @@ class RunSession:
         if status != "completed" and self.state is not None:  # keep finished rounds resumable; a diverged
             # run is never resumed (FINISHED), so it keeps no clients' tables either
             state = _without_tables(self.state) if status == "diverged" else self.state
-            self.rd.save_checkpoint(self.done, state, self.wall())
+            try:
+                self.rd.save_checkpoint(self.done, state, self.wall())
+            except OSError as e:  # a full disk must not turn a Ctrl-C into a failure of the whole sweep: the
+                # last checkpoint stays (written atomically), and the run resumes from it
+                self.log(f"{self.cfg.name}: could not write the checkpoint of round {self.done} ({e}); "
+                         "it resumes from its last checkpoint")
         self.summary.update(metrics.summarize(self.rounds, self.accs, self.cfg.rolling_window))
         self.summary.update({"status": status, "rounds_done": self.done, "wall_time": round(self.wall(), 3)})
         self.rd.write_summary(self.summary)
