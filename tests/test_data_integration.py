@@ -79,8 +79,9 @@ def test_unsatisfiable_partition_and_unknown_classes(shared_data, tmp_path, caps
 
 
 def test_test_size_evaluates_one_balanced_subset_for_every_seed(tmp_path, capsys):
-    base = {"rounds": 1, "data": {"dataset": "synthetic_chars", "train_per_class": 20, "test_per_class": 30, "partition": "iid",
-                                   "num_clients": 4}, "algorithm": {"name": "fedavg", "clients_per_round": 2}}
+    base = {"rounds": 1, "data": {"dataset": "synthetic_chars", "train_per_class": 20, "test_per_class": 30,
+                                   "partition": "iid", "num_clients": 4},
+            "algorithm": {"name": "fedavg", "clients_per_round": 2}}
     full = C.load(base=base)
     fed = build_federation(full.data, 0)
     sub = [build_federation(C.load(base=base, overrides=["data.test_size=50"]).data, seed) for seed in (0, 1)]
@@ -91,8 +92,8 @@ def test_test_size_evaluates_one_balanced_subset_for_every_seed(tmp_path, capsys
     assert len(set(rows)) == 50 and torch.equal(fed.y_test[rows], sub[0].y_test)
     assert torch.equal(fed.x, sub[0].x) and fed.server.tolist() == sub[0].server.tolist()
     cfg = tmp_path / "c.toml"
-    cfg.write_text('rounds = 1\n[data]\ndataset = "synthetic_chars"\ntest_per_class = 30\ntest_size = 301\npartition = "iid"\n'
-                   '[algorithm]\nname = "fedavg"\n')
+    cfg.write_text('rounds = 1\n[data]\ndataset = "synthetic_chars"\ntest_per_class = 30\ntest_size = 301\n'
+                   'partition = "iid"\n[algorithm]\nname = "fedavg"\n')
     assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: data.test_size = 301: the test split has only 300 samples"]
