@@ -306,3 +306,29 @@ def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch):
     monkeypatch.undo()
     run_group(cfg, tmp_path / "cut", resume=True, **quiet)
     assert_same_group(tmp_path / "whole", tmp_path / "cut")
+
+
+def test_a_full_disk_at_a_periodic_checkpoint_does_not_stop_the_runs(tmp_path, monkeypatch):
+    """The disk is full when round 4's checkpoints are due: one log line per run, the (stacked) runs train
+    on and end with the files of runs that never met a full disk; round 2's checkpoints stayed meanwhile."""
+    from fedsl.experiments.compare import run_group
+    from fedsl.experiments.results import RunDir
+
+    data = C.load(base=__import__("tomllib").loads(TINY.format(rounds=6, alg="scaffold", dtype="float64",
+                                                               executor="sequential")))
+    cfg = C.validate({**data.model_dump(), "seeds": [0, 1], "stack": 2, "checkpoint_every": 2})
+    run_group(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
+    real_save, lines, seen = RunDir.save_checkpoint, [], []
+
+    def save(self, round_, state, wall):
+        if round_ == 4:
+            seen.append(self.checkpoint_round())
+            raise OSError(28, "No space left on device")
+        return real_save(self, round_, state, wall)
+    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    run_group(cfg, tmp_path / "full-disk", log=lines.append, progress=False)
+    assert seen == [2, 2]
+    failed = [m for m in lines if "could not write the checkpoint of round 4" in m]
+    assert len(failed) == 2 and all("an interruption resumes from round 2" in m for m in failed), lines
+    assert not any("one by one" in m for m in lines), lines
+    assert_same_group(tmp_path / "whole", tmp_path / "full-disk")

@@ -451,7 +451,11 @@ class RunSession:
             # SCAFFOLD on 1,000 CIFAR clients; 262 GB for Fig. 5's 120 SCAFFOLD/FedDyn runs) are not kept
             self.rd.save_checkpoint(done, _without_tables(state), self.wall())
         elif cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
-            self.rd.save_checkpoint(done, state, self.wall())
+            try:
+                self.rd.save_checkpoint(done, state, self.wall())
+            except OSError as e:  # a full disk costs resume granularity, not the rounds in memory: train on
+                self.log(f"{cfg.name}: could not write the checkpoint of round {done} ({e}); training goes on, "
+                         f"an interruption resumes from round {self.rd.checkpoint_round() or 0}")
         self.bar.update(done, acc, (done - self.start) / max(time.perf_counter() - self.t_start, 1e-9))
         return True
 
