@@ -270,6 +270,13 @@ def test_a_folder_in_use_is_refused_by_a_second_process(tmp_path, capsys):
     assert main(["resume", str(out), "--quiet"]) == 0
 
 
+def scaffold_stack() -> C.RunConfig:
+    """Two SCAFFOLD runs (seeds 0, 1) stacked, 6 rounds, a checkpoint every 2: the disk-fault tests' sweep."""
+    data = C.load(base=__import__("tomllib").loads(TINY.format(rounds=6, alg="scaffold", dtype="float64",
+                                                               executor="sequential")))
+    return C.validate({**data.model_dump(), "seeds": [0, 1], "stack": 2, "checkpoint_every": 2})
+
+
 def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch):
     """Ctrl-C while the disk is full: the stacked runs' interruption checkpoints cannot be written. The
     interrupt still ends the sweep (it did not fall back to running the stack's runs one by one), each run
@@ -278,9 +285,7 @@ def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch):
     from fedsl.experiments.compare import run_group
     from fedsl.experiments.results import RunDir
 
-    data = C.load(base=__import__("tomllib").loads(TINY.format(rounds=6, alg="scaffold", dtype="float64",
-                                                               executor="sequential")))
-    cfg = C.validate({**data.model_dump(), "seeds": [0, 1], "stack": 2, "checkpoint_every": 2})
+    cfg = scaffold_stack()
     quiet = {"log": lambda m: None, "progress": False}
     run_group(cfg, tmp_path / "whole", **quiet)
 
@@ -314,9 +319,7 @@ def test_a_full_disk_at_a_periodic_checkpoint_does_not_stop_the_runs(tmp_path, m
     from fedsl.experiments.compare import run_group
     from fedsl.experiments.results import RunDir
 
-    data = C.load(base=__import__("tomllib").loads(TINY.format(rounds=6, alg="scaffold", dtype="float64",
-                                                               executor="sequential")))
-    cfg = C.validate({**data.model_dump(), "seeds": [0, 1], "stack": 2, "checkpoint_every": 2})
+    cfg = scaffold_stack()
     run_group(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
     real_save, lines, seen = RunDir.save_checkpoint, [], []
 

@@ -126,13 +126,12 @@ def stack_limit(cfg: RunConfig) -> int:
 
 def run_bytes(cfg: RunConfig, free: float | None = None) -> float:
     """A stacked run's device memory: its clients' tables (N × d; none when they live in host memory:
-    ``client_tables``, which 'auto' decides from ``free``, as ``runner.tables_on_host``) and its working
+    ``client_tables``, which 'auto' decides from ``free``: ``runner.tables_go_to_host``) and its working
     memory (measured for the CIFAR CNN, scaled by S·B, by d for other models, by 2 for float64)."""
     d = MODEL_PARAMS.get(cfg.model.name, 4e6)  # other models: a generous bound
     width = 8 if cfg.dtype == "float64" else 4
     tables = (cfg.data.num_clients if cfg.algorithm.name in ("scaffold", "feddyn") else 0) * d * width
-    if cfg.client_tables == "host" or (cfg.client_tables == "auto" and free is not None
-                                       and tables > runner.TABLES_DEVICE_SHARE * free):
+    if runner.tables_go_to_host(cfg.client_tables, tables, free if free is not None else float("inf")):
         tables = 0
     work = RUN_BYTES_MEASURED * cfg.algorithm.clients_per_round * cfg.algorithm.batch_size / 100
     return tables + work * max(1.0, d / MODEL_PARAMS["cifar_cnn"]) * width / 4

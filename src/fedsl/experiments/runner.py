@@ -236,17 +236,21 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
 TABLES_DEVICE_SHARE = 0.5  # client_tables = 'auto': host tables beyond this share of the GPU's free memory
 
 
+def tables_go_to_host(client_tables: str, table_bytes: float, free: float) -> bool:
+    """``client_tables`` on a GPU with ``free`` bytes: 'host', or 'auto' when one run's tables (``table_bytes``)
+    would take more than half the free memory (the rule ``tables_on_host`` and ``compare.run_bytes`` apply)."""
+    return client_tables == "host" or (client_tables == "auto" and table_bytes > TABLES_DEVICE_SHARE * free)
+
+
 def tables_on_host(cfg: RunConfig, device: torch.device, algorithm: Algorithm, num_clients: int, d: int) -> bool:
     """Whether a run keeps its clients' state tables in host memory (``cfg.client_tables``; 'auto': on a GPU,
     when its tables, N × d numbers per state the rule keeps, would take more than half the free memory)."""
     if device.type != "cuda" or cfg.client_tables == "device":
         return False
-    if cfg.client_tables == "host":
-        return True
     states = len(algorithm.rule.init_client_state({"w": torch.zeros(1)}))  # SCAFFOLD's c_i, FedDyn's ∇L_i
     width = 8 if cfg.dtype == "float64" else 4
-    free, _ = torch.cuda.mem_get_info(device)
-    return states * num_clients * d * width > TABLES_DEVICE_SHARE * free
+    free = torch.cuda.mem_get_info(device)[0] if cfg.client_tables == "auto" else 0
+    return tables_go_to_host(cfg.client_tables, states * num_clients * d * width, free)
 
 
 def _share_tensors(fed: Federation, pools: list[Federation]) -> Federation:
