@@ -75,6 +75,7 @@ QUICK_GROUP = """
 name = "int"
 rounds = {rounds}
 eval_every = 5
+eval_final_window = false
 threads = 1
 [data]
 dataset = "synthetic_chars"

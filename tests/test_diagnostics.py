@@ -59,7 +59,7 @@ def test_non_iid_clients_have_larger_G2_and_iid_server_small_xi2():
 
 
 def test_runner_logs_diagnostics_every_k_rounds(tmp_path):
-    cfg = C.validate({"rounds": 4, "diag_every": 2, "eval_every": 3,
+    cfg = C.validate({"rounds": 4, "diag_every": 2, "eval_every": 3, "eval_final_window": False,
                       "data": {"dataset": "synthetic_chars", "chars": "0123", "train_per_class": 20,
                                "test_per_class": 10, "num_clients": 4, "server_size": 8},
                       "model": {"name": "linear"},

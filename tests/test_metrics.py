@@ -18,6 +18,7 @@ from fedsl.metrics import (
     rolling,
     rounds_to_accuracy,
     summarize,
+    time_resolution,
 )
 
 
@@ -223,7 +224,7 @@ def test_first_round_reaching():
 def test_summarize_keys_and_values():
     rounds, acc = _step(50, 50)
     s = summarize(rounds, acc)
-    assert set(s) == {"final_accuracy", "rise_time", "T_0.5"}
+    assert set(s) == {"final_accuracy", "rise_time", "time_resolution", "T_0.5"}
     assert s["final_accuracy"] == pytest.approx(1.0)
     assert s["rise_time"] == 68
     # (r - 50)/20 >= 0.5 <=> r >= 60
@@ -233,12 +234,12 @@ def test_summarize_keys_and_values():
 def test_summarize_several_levels():
     rounds, acc = _step(50, 50)
     s = summarize(rounds, acc, window=20, levels=(0.25, 0.5, 0.95, 1.5))
-    assert set(s) == {"final_accuracy", "rise_time", "T_0.25", "T_0.5", "T_0.95", "T_1.5"}
+    assert set(s) == {"final_accuracy", "rise_time", "time_resolution", "T_0.25", "T_0.5", "T_0.95", "T_1.5"}
     assert s["T_0.25"] == 55   # (r - 50)/20 >= 0.25 <=> r >= 55
     assert s["T_0.5"] == 60
     assert s["T_0.95"] == 69   # 19/20
     assert s["T_1.5"] is None
-    assert set(summarize(rounds, acc, levels=())) == {"final_accuracy", "rise_time"}
+    assert set(summarize(rounds, acc, levels=())) == {"final_accuracy", "rise_time", "time_resolution"}
 
 
 def test_summarize_empty_curve():
@@ -340,3 +341,17 @@ def test_window_below_one_via_t_a_and_summarize():
         rounds_to_accuracy([1, 2], [0.1, 0.2], 0.5, window=0)
     with pytest.raises(ValueError, match="window"):
         summarize([1, 2], [0.1, 0.2], window=0)
+
+
+def test_a_windows_mean_depends_only_on_the_values_inside_it():
+    """Sparse evaluation keeps the final accuracy exact: the last window's mean from a curve evaluated every
+    round equals, bit for bit, the mean from a curve that shares only that window (a cumulative sum carries
+    the round-off of the 980 values before it, and differs in the last bits)."""
+    rng = np.random.default_rng(0)
+    acc = rng.uniform(0.3, 0.7, 1000)
+    every = list(range(1, 1001))
+    sparse = list(range(10, 981, 10)) + list(range(981, 1001))
+    sparse_acc = acc[np.asarray(sparse) - 1]
+    assert final_accuracy(every, acc) == final_accuracy(sparse, sparse_acc) == sum(acc[-20:].tolist()) / 20
+    assert rolling(every, acc)[-20:].tolist() == rolling(every[-39:], acc[-39:])[-20:].tolist()
+    assert time_resolution(sparse) == 10 and time_resolution(every) == 1 and time_resolution([5]) is None

@@ -107,6 +107,24 @@ def test_same_seed_same_metrics_whichever_executor(tmp_path):
     assert cols(rows(tmp_path / "other")) != cols(a)
 
 
+def test_sparse_evaluation_has_the_every_round_final_accuracy(tmp_path):
+    """eval_every = 5 with eval_final_window: rounds 5, 10 and each of the final window's, the same models as an
+    every-round run (evaluating draws no randomness), and the same final accuracy bit for bit."""
+    res = {}
+    for every in (1, 5):
+        cfg = C.load(tiny(tmp_path, rounds=16), [f"eval_every={every}", "rolling_window=5"])
+        res[every] = run(cfg, tmp_path / f"e{every}", log=lambda s: None, progress=False), rows(tmp_path / f"e{every}")
+    (s1, r1), (s5, r5) = res[1], res[5]
+    assert [int(r["round"]) for r in r5] == [0, 5, 10, 12, 13, 14, 15, 16]
+    by_round = {r["round"]: r["accuracy"] for r in r1}
+    assert all(by_round[r["round"]] == r["accuracy"] for r in r5)
+    assert s5["final_accuracy"] == s1["final_accuracy"] and r5[-1]["rolling_accuracy"] == r1[-1]["rolling_accuracy"]
+    assert (s1["time_resolution"], s5["time_resolution"]) == (1, 5)
+    cfg = C.load(tiny(tmp_path, rounds=16), ["eval_every=5", "rolling_window=5", "eval_final_window=false"])
+    run(cfg, tmp_path / "off", log=lambda s: None, progress=False)
+    assert [int(r["round"]) for r in rows(tmp_path / "off")] == [0, 5, 10, 15, 16]
+
+
 def test_interrupted_run_resumes_identically(tmp_path):
     cfg = C.load(tiny(tmp_path, rounds=10))
     run(cfg, tmp_path / "full", log=lambda s: None, progress=False)

@@ -7,7 +7,8 @@
 - mean and std over seeds.
 
 Curves are given as (rounds, values); rounds need not be consecutive (``eval_every``):
-the window covers the evaluated rounds r' with r - window < r' <= r.
+the window covers the evaluated rounds r' with r - window < r' <= r. Times (rise time, T_a)
+are then known to within the evaluation period: ``time_resolution``.
 """
 
 from __future__ import annotations
@@ -36,14 +37,23 @@ def _check(rounds: Sequence[int], values: Sequence[float], window: int) -> None:
 
 
 def rolling(rounds: Sequence[int], values: Sequence[float], window: int = WINDOW) -> np.ndarray:
-    """Mean of the values at rounds in (r - window, r], for each evaluated round r."""
+    """Mean of the values at rounds in (r - window, r], for each evaluated round r.
+
+    Each window is summed on its own, left to right, so a window's mean depends only on the
+    values inside it, bit for bit: a run evaluated sparsely but at every round of its final
+    window has the same final accuracy as one evaluated every round (a running cumulative sum
+    would carry the round-off of everything before the window).
+    """
     if window < 1:
         raise ValueError(f"window = {window}: expected an integer >= 1")
     r, v = _arrays(rounds, values)
-    csum = np.concatenate([[0.0], np.cumsum(v)])
     start = np.searchsorted(r, r - window, side="right")  # first index inside the window
-    end = np.arange(1, len(r) + 1)
-    return (csum[end] - csum[start]) / (end - start)
+    count = np.arange(1, len(r) + 1) - start
+    total = np.zeros(len(r))
+    for j in range(int(count.max()) if len(r) else 0):  # j-th value of each window, for those that have one
+        has = count > j
+        total[has] += v[start[has] + j]
+    return total / np.maximum(count, 1)
 
 
 def final_accuracy(rounds: Sequence[int], acc: Sequence[float], window: int = WINDOW) -> float:
@@ -78,12 +88,20 @@ def rounds_to_accuracy(rounds: Sequence[int], acc: Sequence[float], level: float
     return first_round_reaching(rounds, rolling(rounds, acc, window), level)
 
 
+def time_resolution(rounds: Sequence[int]) -> int | None:
+    """The largest gap between evaluated rounds: rise time and T_a are exact to within this many rounds
+    (a time t found on such a curve means: reached at some round in (t - resolution, t]). None if < 2 rounds."""
+    r, _ = _arrays(rounds, np.zeros(len(rounds)))
+    return int(np.diff(r).max()) if len(r) > 1 else None
+
+
 def summarize(rounds: Sequence[int], acc: Sequence[float], window: int = WINDOW,
               levels: Sequence[float] = (0.5,)) -> dict[str, float | int | None]:
-    """final_accuracy, rise_time and T_<a> for each level, as a flat dict."""
+    """final_accuracy, rise_time and T_<a> for each level, and the times' resolution, as a flat dict."""
     out: dict[str, float | int | None] = {
         "final_accuracy": final_accuracy(rounds, acc, window),
         "rise_time": rise_time(rounds, acc, window),
+        "time_resolution": time_resolution(rounds),
     }
     for a in levels:
         out[f"T_{a:g}"] = rounds_to_accuracy(rounds, acc, a, window)

@@ -248,7 +248,14 @@ class RunConfig(_Strict):
         default_factory=dict, description="dotted key -> list of values: one run per combination, e.g. "
                                           "'server.gamma' = [0.5, 1, 1.5] (× variants × seeds)")
     rounds: int = Field(ge=1, le=ROUNDS_MAX, description="T, number of rounds, at most 10^7")
-    eval_every: int = Field(1, ge=1, le=ROUNDS_MAX, description="evaluate every this many rounds (paper: 1)")
+    eval_every: int = Field(1, ge=1, le=ROUNDS_MAX, description="evaluate every this many rounds (paper: 1); T_a "
+                                                                "and rise time are then found to within this many "
+                                                                "rounds (summary.json: time_resolution)")
+    eval_final_window: bool = Field(
+        True, description="also evaluate each of the last rolling_window rounds, whatever eval_every is, so that the "
+                          "final accuracy is the paper's (the mean over every one of the last 20 rounds) at "
+                          "1/eval_every of the evaluation cost elsewhere; false = the final accuracy is the mean of "
+                          "the evaluations that fall in the window (parity-cifar10: the last 3 of every 10)")
     eval_batch_size: int = Field(100, ge=1, le=BATCH_MAX, description="evaluation batch size (at most 10^6)")
     eval_precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="evaluation's forward passes: 'float32' (as trained), or 'bfloat16' autocast "
@@ -307,6 +314,12 @@ class RunConfig(_Strict):
     server: ServerConfig = Field(ServerConfig(), description="a [server] table (server learning)")
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides, one run each, compared side by side")
+
+    def evaluates(self, done: int) -> bool:
+        """Whether the model after round ``done`` is evaluated: every ``eval_every`` rounds, the last round, and
+        (``eval_final_window``) each round of the final rolling window. The simulator and Flower both ask here."""
+        return (done % self.eval_every == 0 or done == self.rounds
+                or (self.eval_final_window and done > self.rounds - self.rolling_window))
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

@@ -424,7 +424,7 @@ class RunSession:
     def needs_eval(self, done: int) -> bool:
         """Whether the model after round ``done`` is evaluated (and recorded)."""
         c = self.cfg
-        return done % c.eval_every == 0 or done == c.rounds or bool(c.diag_every and done % c.diag_every == 0)
+        return c.evaluates(done) or bool(c.diag_every and done % c.diag_every == 0)
 
     def record(self, t: int, state: RunState, info: RoundInfo, evaluated: tuple[float, float] | None) -> bool:
         """Keep round t's result; False when the run diverged and must stop: a non-finite loss, or a
@@ -439,7 +439,8 @@ class RunSession:
                 return False
             self.rounds.append(done)
             self.accs.append(acc)
-            roll = metrics.rolling(self.rounds, self.accs, cfg.rolling_window)[-1]
+            w = cfg.rolling_window  # the window holds at most its last w evaluations (distinct rounds)
+            roll = metrics.rolling(self.rounds[-w:], self.accs[-w:], w)[-1]
             diag = cfg.diag_every and done % cfg.diag_every == 0
             self.rd.append_metrics({"round": done, "accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
                                     "wall_time": round(self.wall(), 4), "gamma": info.gamma,

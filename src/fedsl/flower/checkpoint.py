@@ -19,7 +19,7 @@ from fedsl.experiments.results import RunDir, atomic_write
 CHECKPOINT = "checkpoint.pt"
 FORMAT = "fedsl-flower-checkpoint/1"
 # Config keys a resumed run may change: they do not change the rounds' arithmetic.
-RESUMABLE_CHANGES = ("rounds", "eval_every", "checkpoint_every", "threads")
+RESUMABLE_CHANGES = ("rounds", "eval_every", "eval_final_window", "checkpoint_every", "threads")
 
 
 def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:

@@ -367,10 +367,10 @@ class FedslStrategy(Checkpointing, FedAvg):
     # ------------------------------------------------------------------ evaluation and records
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        """Central evaluation of the current model on the server's test set (every ``eval_every`` rounds)."""
+        """Central evaluation of the current model on the server's test set (the rounds ``cfg.evaluates``)."""
         cfg = self.setup.cfg
         r = self.offset + server_round
-        if r % cfg.eval_every and r != cfg.rounds or any(e["round"] == r for e in self.evaluations):
+        if not cfg.evaluates(r) or any(e["round"] == r for e in self.evaluations):
             return None
         acc, loss = self.sim.evaluate(self._params(arrays) if len(arrays) else self.state.x)
         self.evaluations.append({"round": r, "accuracy": acc, "loss": loss})
