@@ -250,15 +250,15 @@ def test_summarize_empty_curve():
 # --------------------------------------------------------------------------- mean_std
 
 
-def test_mean_std_population():
+def test_mean_std_sample():
     m, s = mean_std([1.0, 2.0, 3.0, 4.0])
     assert m == pytest.approx(2.5)
-    assert s == pytest.approx(math.sqrt(1.25))  # population std: sqrt((2.25+0.25+0.25+2.25)/4)
+    assert s == pytest.approx(math.sqrt(5 / 3))  # sample std: sqrt((2.25+0.25+0.25+2.25)/(4 - 1))
 
 
 def test_mean_std_ignores_none():
     m, s = mean_std([1.0, None, 3.0, None])
-    assert m == pytest.approx(2.0) and s == pytest.approx(1.0)
+    assert m == pytest.approx(2.0) and s == pytest.approx(math.sqrt(2))
     m, s = mean_std([None, 5])
     assert m == pytest.approx(5.0) and s == pytest.approx(0.0)
     assert all(isinstance(x, float) for x in mean_std([1, 2]))
@@ -273,7 +273,7 @@ def test_mean_std_all_none_or_empty_is_nan():
 def test_mean_std_of_rise_times_with_a_missing_seed():
     # typical use: rise times per seed, one seed never rose (None)
     m, s = mean_std([60, 70, None])
-    assert m == pytest.approx(65.0) and s == pytest.approx(5.0)
+    assert m == pytest.approx(65.0) and s == pytest.approx(math.sqrt(50))
 
 
 # --------------------------------------------------------------------------- errors

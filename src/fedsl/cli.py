@@ -126,7 +126,7 @@ def _print_tables(path: Path, title: str) -> None:
     show(run_rows(path), RUN_COLUMNS, title)
     vrows = variant_rows(path)
     if any(r["seeds"] > 1 for r in vrows):
-        show(vrows, VARIANT_COLUMNS, "mean ± std over seeds")
+        show(vrows, VARIANT_COLUMNS, "mean ± sample std over seeds")
 
 
 def _load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path],

@@ -109,8 +109,9 @@ def summarize(rounds: Sequence[int], acc: Sequence[float], window: int = WINDOW,
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float, float]:
-    """Mean and (population) std over seeds, ignoring None; (nan, nan) if nothing is left."""
+    """Mean and sample std (n − 1 in the denominator) over seeds, ignoring None; std 0 for one value (no
+    spread measured: tables then show the mean alone); (nan, nan) if nothing is left."""
     v = np.asarray([x for x in values if x is not None], dtype=np.float64)
     if len(v) == 0:
         return float("nan"), float("nan")
-    return float(v.mean()), float(v.std())
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0

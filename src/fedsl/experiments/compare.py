@@ -42,6 +42,7 @@ def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=prin
         atomic_write(out / "group.json", lambda p: p.write_text(json.dumps(
             {"name": cfg.name, "description": cfg.description, "window": cfg.rolling_window, "runs": spec,
              "sweep": list(cfg.sweep), "plot": cfg.plot, "paper": cfg.paper, "paper_claims": cfg.paper_claims,
+             "claims": [c.model_dump() for c in cfg.claims],
              "config": cfg.model_dump()}, indent=2, ensure_ascii=False)))
     summaries: dict[str, dict] = {}
     pending = {}

@@ -223,6 +223,38 @@ class ServerConfig(_Strict):
                                                                                   "(paper: B; at most 10^6)")
 
 
+CLAIM_METRICS = ("final_accuracy", "T_0.5", "rise_time")
+
+
+class Claim(_Strict):
+    """A claim of the paper that ``fedsl report`` judges from the runs (``fedsl.report.verdicts``): variant
+    ``better`` beats ``worse`` on ``metric`` (accuracy: higher; T_0.5 and rise time: fewer rounds), in each
+    sweep cell matching ``at``; or, with ``trend``, ``better``'s metric improves as the swept key grows
+    (``direction = 'down'``: as it falls)."""
+    text: str = Field(description="the paper's words")
+    better: str = Field(description="a variant of the config (its name before sweep values and seeds)")
+    worse: str | None = Field(None, description="the variant it beats (an ordering claim)")
+    trend: str | None = Field(None, description="a swept key, e.g. 'data.classes_per_client' (a trend claim)")
+    direction: Literal["up", "down"] = Field("up", description="trend: the metric improves as the key grows "
+                                                               "('up') or as it falls ('down')")
+    metric: Literal[CLAIM_METRICS] = Field("final_accuracy", description="what is compared: " + ", ".join(CLAIM_METRICS))
+    at: dict[str, Any] = Field(default_factory=dict, description="only the sweep cells with these values, e.g. "
+                                                                  "{'data.classes_per_client' = 2}")
+    seed_std: float | None = Field(None, gt=0, description="seed-to-seed sample std of the metric in this setting, "
+                                   "measured elsewhere over seed_std_seeds seeds: lets a one-seed comparison hold "
+                                   "when its difference is beyond it (else one seed is 'not shown')")
+    seed_std_seeds: int = Field(3, ge=2, le=1000, description="seeds behind seed_std (its t-test has this - 1 "
+                                                               "degrees of freedom)")
+    seed_std_source: str = Field("", description="where seed_std was measured")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Claim":
+        if (self.worse is None) == (self.trend is None):
+            raise ValueError(f"claim {self.text[:40]!r}: expected exactly one of worse = VARIANT (an ordering) or "
+                             "trend = 'swept.key' (a trend)")
+        return self
+
+
 class RunConfig(_Strict):
     name: str = Field("run", min_length=1, description=f"run name: {NAME_RULE}")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of partition, sampling, batches, dropout, init "
@@ -233,6 +265,9 @@ class RunConfig(_Strict):
         default_factory=dict, description="the paper's numbers per variant (e.g. {FSL = {final_accuracy = 0.61, "
                                           "T_0.5 = 203}}), shown beside ours by `fedsl report`")
     paper_claims: list[str] = Field(default_factory=list, description="the paper's claims for this experiment, as text")
+    claims: list[Claim] = Field(default_factory=list, description="claims `fedsl report` judges from the runs "
+                                                                  "([[claims]] tables: text, better, worse or "
+                                                                  "trend, metric, at; see Claim)")
     paper_rounds: int | None = Field(
         None, ge=1, le=ROUNDS_MAX, description="rounds of the paper's runs behind `paper` and `paper_claims` (default: "
                                                "the config's own `rounds` before --quick and --set); `fedsl report` "
@@ -550,8 +585,8 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
     if total > RUNS_MAX:
         raise ConfigError(f"sweep: {total} runs (variants × sweep points × seeds): expected at most {RUNS_MAX}; "
                           "split it into several configs")
-    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "paper_rounds", "plot",
-                                   "quick"})
+    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "claims", "paper_rounds",
+                                   "plot", "quick"})
     variants = cfg.variants or {cfg.name: {}}
     out: dict[str, tuple[str, RunConfig]] = {}
     origin: dict[str, str] = {}  # run name -> where it came from (to report two runs of one name)

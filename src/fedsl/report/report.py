@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from fedsl import metrics
 from fedsl.experiments.compare import group_runs
+from fedsl.report import verdicts
 from fedsl.report.plots import accuracy_curves, colours, plt
 from fedsl.report.tables import VARIANT_COLUMNS, fmt, markdown_table, variant_curves, variant_rows
 
@@ -238,7 +239,7 @@ def write_report(path: str | Path) -> Path:
 
     accuracy_curves(variant_curves(path), out / "curves.png", title, window)
     _bars(rows, out / "bars.png")
-    parts += [f"Rolling window {window} rounds; mean ± std over seeds where there are several.\n",
+    parts += [f"Rolling window {window} rounds; mean ± sample std (n − 1) over seeds where there are several.\n",
               markdown_table(rows, VARIANT_COLUMNS), "![accuracy](curves.png)\n", "![summary](bars.png)\n"]
 
     keys = spec.get("sweep", [])
@@ -253,6 +254,7 @@ def write_report(path: str | Path) -> Path:
         parts.append("## Non-IIDness diagnostics\n\n![diagnostics](diagnostics.png)\n")
 
     paper = spec.get("paper") or {}
+    group_note = ""
     if paper or spec.get("paper_claims"):
         parts.append("## Ours next to the paper's\n")
         paper_rounds = _paper_rounds(spec)
@@ -284,6 +286,11 @@ def write_report(path: str | Path) -> Path:
             parts.append(head + body)
         for claim in spec.get("paper_claims", []):
             parts.append(f"- Paper: {claim}" + (f" (ours: {group_note})" if group_note else ""))
+    if spec.get("claims"):
+        parts.append("\n## The paper's claims, judged from these runs\n")
+        if group_note:
+            parts.append(f"These runs are shorter than the paper's ({group_note}): a verdict is about them.\n")
+        parts.append(verdicts.markdown(verdicts.judge_group(path)))
     md = out / "report.md"
     md.write_text("\n".join(parts) + "\n")
     return md

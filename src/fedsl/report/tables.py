@@ -74,7 +74,7 @@ def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
 
 
 def variant_curves(path: Path) -> dict[str, tuple]:
-    """Variant -> (rounds, mean accuracy, mean rolling accuracy, std of rolling) over its seeds."""
+    """Variant -> (rounds, mean accuracy, mean rolling accuracy, sample std of rolling) over its seeds."""
     runs = group_runs(path)
     variant = _variant_of(path)
     grouped: dict[str, list[list[dict]]] = {}
@@ -89,7 +89,8 @@ def variant_curves(path: Path) -> dict[str, tuple]:
         rounds = [m["round"] for m in ms[0][:n]]
         acc = np.array([[r["accuracy"] for r in m[:n]] for m in ms])
         roll = np.array([[r["rolling_accuracy"] for r in m[:n]] for m in ms])
-        curves[v] = (rounds, acc.mean(0).tolist(), roll.mean(0).tolist(), roll.std(0).tolist())
+        spread = roll.std(0, ddof=1) if len(roll) > 1 else np.zeros(roll.shape[1])  # sample std over seeds
+        curves[v] = (rounds, acc.mean(0).tolist(), roll.mean(0).tolist(), spread.tolist())
     return curves
 
 
@@ -105,7 +106,7 @@ def write_comparison(path: str | Path) -> tuple[Path, Path]:
     text = (f"# {title}\n\n{spec.get('description', '')}\n\n"
             f"Final accuracy = rolling mean over {window} rounds at the last round; rise time = first round "
             "reaching 90% of it; T_0.5 = first round whose rolling accuracy reaches 0.5"
-            + (" (mean ± std over seeds)" if multi else "") + ".\n\n"
+            + (" (mean ± sample std over seeds)" if multi else "") + ".\n\n"
             + markdown_table(vrows, VARIANT_COLUMNS)
             + ("\n## Runs\n\n" + markdown_table(run_rows(path), RUN_COLUMNS) if multi else "")
             + "\n![accuracy curves](comparison.png)\n")

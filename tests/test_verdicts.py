@@ -1,0 +1,112 @@
+"""Claims judged by the stated rule (fedsl.report.verdicts), against hand-computed cases."""
+
+import csv
+import json
+import math
+
+import pytest
+from scipy import stats
+
+from fedsl.experiments import config as C
+from fedsl.experiments import presets
+from fedsl.report import verdicts as V
+
+
+def claim(**kw):
+    return C.Claim.model_validate({"text": "A beats B", "better": "A", **kw})
+
+
+def test_welch_by_hand():
+    """A = (1, 2, 3), B = (0, 0, 1): d = 5/3, SE = √(1/3 + 1/9) = 2/3, t = 2.5, Welch df = 3.2."""
+    v = V.ordering(claim(worse="B"), [1, 2, 3], [0, 0, 1], {})
+    assert v.diff == pytest.approx(5 / 3) and v.se == pytest.approx(2 / 3) and v.df == pytest.approx(3.2)
+    assert v.p == pytest.approx(stats.t.sf(2.5, 3.2)) and 0.04 < v.p < 0.05
+    assert v.verdict == "holds" and v.test == "Welch t"
+    assert V.ordering(claim(worse="B"), [0, 0, 1], [1, 2, 3], {}).verdict == "contradicted"
+    assert V.ordering(claim(worse="B"), [1, 2, 3], [0, 1, 2], {}).verdict == "not shown"  # t = 1.22
+
+
+def test_fewer_rounds_is_better_for_times():
+    c = claim(worse="B", metric="T_0.5")
+    assert V.ordering(c, [100, 110, 105], [200, 210, 190], {}).verdict == "holds"
+    assert V.ordering(c, [200, 210, 190], [100, 110, 105], {}).verdict == "contradicted"
+
+
+def test_one_seed_needs_a_measured_spread():
+    v = V.ordering(claim(worse="B"), [0.60], [0.585], {})
+    assert v.verdict == "not shown" and "no measured seed spread" in v.line()
+    # with σ = 0.01 over 3 seeds: t = 0.015 / (0.01·√2) = 1.06 on 2 df: inside the noise
+    c = claim(worse="B", seed_std=0.01, seed_std_seeds=3)
+    v = V.ordering(c, [0.60], [0.585], {})
+    assert v.p == pytest.approx(stats.t.sf(0.015 / (0.01 * math.sqrt(2)), 2)) and v.verdict == "not shown"
+    assert V.ordering(c, [0.66], [0.585], {}).verdict == "holds"  # t = 5.3, p = 0.017
+
+
+def test_equal_seeds_on_both_sides_are_decided_by_the_sign():
+    assert V.ordering(claim(worse="B"), [0.5, 0.5], [0.4, 0.4], {}).verdict == "holds"
+    assert V.ordering(claim(worse="B"), [0.5, 0.5], [0.5, 0.5], {}).verdict == "not shown"
+
+
+def test_trend_is_the_slopes_t_test():
+    c = claim(trend="data.classes_per_client")
+    xs, ys = [1, 2, 5, 10], [0.30, 0.42, 0.50, 0.60]
+    v = V.trend(c, xs, ys, {})
+    fit = stats.linregress(xs, ys)
+    assert v.diff == pytest.approx(fit.slope) and v.se == pytest.approx(fit.stderr) and v.df == 2
+    assert v.verdict == "holds" and v.p == pytest.approx(fit.pvalue / 2)
+    assert V.trend(claim(trend="k", direction="down"), xs, ys, {}).verdict == "contradicted"
+    assert V.trend(c, [1, 2], [0.3, 0.4], {}).verdict == "not shown"  # 2 points: no residual to test against
+
+
+def test_claims_need_exactly_one_of_worse_or_trend():
+    for bad in ({}, {"worse": "B", "trend": "k"}):
+        with pytest.raises(Exception, match="exactly one of worse"):
+            claim(**bad)
+
+
+def _group(tmp_path, rows, sweep=()):
+    """A group folder kept as group.json + index.csv only (as reproduction/ keeps old runs)."""
+    runs = {r["run"]: {"dir": r["run"], "variant": r["run"], "base": r["base"], "seed": r["seed"],
+                       "params": {k: r[k] for k in sweep}} for r in rows}
+    (tmp_path / "group.json").write_text(json.dumps({"name": "g", "runs": runs, "sweep": list(sweep)}))
+    cols = ["run", "variant", "seed", *sweep, "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done"]
+    with open(tmp_path / "index.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({"variant": r["run"], "status": "completed", "rounds_done": 100, **r})
+    return tmp_path
+
+
+def test_a_group_is_judged_per_cell_and_a_time_never_reached_is_the_last_round(tmp_path):
+    rows = [{"run": f"{b}-C{c}-s{s}", "base": b, "seed": s, "data.classes_per_client": c,
+             "final_accuracy": acc + 0.01 * s, "T_0.5": t}
+            for b, c, acc, t in (("FSL", 2, 0.55, 40), ("SCAFFOLD", 2, 0.30, ""), ("FSL", 10, 0.60, 30),
+                                 ("SCAFFOLD", 10, 0.60, 35))
+            for s in range(3)]
+    rows.append({"run": "pending", "base": "FSL", "seed": 9, "data.classes_per_client": 2, "status": "interrupted",
+                 "final_accuracy": 0.0})
+    path = _group(tmp_path, rows, sweep=("data.classes_per_client",))
+    runs = V.group_values(path)
+    assert len(runs) == 12  # the interrupted run is left out
+    acc = V.judge(claim(better="FSL", worse="SCAFFOLD"), runs)
+    assert {v.cell["data.classes_per_client"]: v.verdict for v in acc} == {2: "holds", 10: "not shown"}
+    assert V.overall(acc) == "holds in 1 of 2 cells"
+    only2 = V.judge(claim(better="FSL", worse="SCAFFOLD", at={"data.classes_per_client": 2}), runs)
+    assert len(only2) == 1 and V.overall(only2) == "holds"
+    times = V.judge(claim(better="FSL", worse="SCAFFOLD", metric="T_0.5", at={"data.classes_per_client": 2}), runs)
+    assert times[0].means == (40, 100)  # SCAFFOLD never reached 0.5 in its 100 rounds
+    trend = V.judge(claim(better="FSL", trend="data.classes_per_client"), runs)
+    assert trend[0].n == (6, 2) and trend[0].verdict == "holds"
+    md = V.markdown([(claim(better="FSL", worse="SCAFFOLD"), acc)])
+    assert "**holds in 1 of 2 cells**" in md and "Welch" in md and V.RULE in md
+
+
+def test_every_preset_claim_names_its_variants_and_keys():
+    for name in presets.names():
+        cfg = C.validate(presets.load(name))
+        variants = set(cfg.variants) or {cfg.name}
+        for c in cfg.claims:
+            assert {c.better, c.worse or c.better} <= variants, (name, c.text)
+            assert c.trend is None or c.trend in cfg.sweep, (name, c.text)
+            assert set(c.at) <= set(cfg.sweep), (name, c.text)
