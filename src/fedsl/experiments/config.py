@@ -237,7 +237,8 @@ class Claim(_Strict):
     trend: str | None = Field(None, description="a swept key, e.g. 'data.classes_per_client' (a trend claim)")
     direction: Literal["up", "down"] = Field("up", description="trend: the metric improves as the key grows "
                                                                "('up') or as it falls ('down')")
-    metric: Literal[CLAIM_METRICS] = Field("final_accuracy", description="what is compared: " + ", ".join(CLAIM_METRICS))
+    metric: Literal[CLAIM_METRICS] = Field("final_accuracy",
+                                           description="what is compared: " + ", ".join(CLAIM_METRICS))
     at: dict[str, Any] = Field(default_factory=dict, description="only the sweep cells with these values, e.g. "
                                                                   "{'data.classes_per_client' = 2}")
     seed_std: float | None = Field(None, gt=0, description="seed-to-seed sample std of the metric in this setting, "

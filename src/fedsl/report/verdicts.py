@@ -57,11 +57,14 @@ class Verdict:
     names: tuple[str, str] = ("", "")
 
     def line(self) -> str:
-        """One line of evidence: 'FSL-500 0.6120 vs FSL-250 0.5901 (3; 3 seeds): +0.0219 ± 0.0061, Welch t, p = 0.01'."""
+        """One line of evidence, e.g. 'FSL-500 0.6120 vs FSL-250 0.5901 (3; 3 seeds): +0.0219 ± 0.0061, Welch t,
+        p = 0.012'."""
         if self.verdict == "no runs":
             return "no runs"
         where = ", ".join(f"{k.split('.')[-1]} = {v}" for k, v in self.cell.items())
         where = f" [{where}]" if where else ""
+        if self.kind == "trend" and math.isnan(self.se):
+            return f"{self.names[0]}: {self.n[0]} runs at {self.n[1]} values of {self.names[1]}: {self.test}{where}"
         if self.kind == "trend":
             return (f"{self.names[0]}: slope {self.means[0]:+.4g} per unit of {self.names[1]} ± {self.se:.2g} "
                     f"({self.n[0]} runs, {self.n[1]} values), {self.test}, p = {_p(self.p)}{where}")
@@ -98,6 +101,17 @@ def _value(summary: dict, metric: str) -> float | None:
     return float(v)
 
 
+def base_of(entry: dict, run: str = "") -> str:
+    """A run's variant before its sweep values (group.json's "base"; older groups: the variant name less
+    its '-key=value' suffixes)."""
+    if entry.get("base"):
+        return entry["base"]
+    variant = entry.get("variant", run)
+    for key in entry.get("params", {}):
+        variant = variant.replace(f"-{key.split('.')[-1]}=", "\0", 1)
+    return variant.split("\0")[0]
+
+
 def group_values(path: str | Path) -> list[RunValue]:
     """Every finished run of the group at ``path`` (completed or diverged) with its metrics: from each run's
     summary.json, else from the group's index.csv (folders that keep only the index)."""
@@ -114,7 +128,7 @@ def group_values(path: str | Path) -> list[RunValue]:
         if summary.get("status") not in ("completed", "diverged"):
             continue
         vals = {m: v for m in HIGHER_IS_BETTER if (v := _value(summary, m)) is not None}
-        out.append(RunValue(rs.get("base", rs.get("variant", run)), rs.get("seed"), dict(rs.get("params", {})), vals))
+        out.append(RunValue(base_of(rs, run), rs.get("seed"), dict(rs.get("params", {})), vals))
     return out
 
 
@@ -185,7 +199,7 @@ def trend(claim: Any, xs: list[float], ys: list[float], cell: dict[str, Any]) ->
                 names=(claim.better, claim.trend.split(".")[-1]))
     if len(set(xs)) < 2 or len(xs) < 3:
         v.verdict = "no runs" if not xs else "not shown"
-        v.test = "fewer than 3 runs or 2 key values"
+        v.test = "too few for a trend (3 runs at 2 values at least)"
         return v
     fit = stats.linregress(np.asarray(xs, float), np.asarray(ys, float))
     sign = (1.0 if HIGHER_IS_BETTER[metric] else -1.0) * (1.0 if claim.direction == "up" else -1.0)
@@ -252,6 +266,7 @@ def markdown(judged: list[tuple[Any, list[Verdict]]]) -> str:
         return ""
     rows = ["| claim of the paper | verdict | evidence |", "|---|---|---|"]
     for claim, verdicts in judged:
-        evidence = "<br>".join(f"{v.verdict}: {v.line()}" if len(verdicts) > 1 else v.line() for v in verdicts)
+        shown = [v for v in verdicts if v.verdict != "no runs"] or verdicts[:1]  # cells this group did not run
+        evidence = "<br>".join(f"{v.verdict}: {v.line()}" if len(shown) > 1 else v.line() for v in shown)
         rows.append(f"| {claim.text} | **{overall(verdicts)}** | {evidence} |")
     return "\n".join(rows) + "\n\nRule: " + RULE + ".\n"

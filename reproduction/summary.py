@@ -1,0 +1,61 @@
+"""REPRODUCTION.md's summary table, computed from the folders in reproduction/ (fedsl.report.summary).
+
+    python reproduction/summary.py            # print the table
+    python reproduction/summary.py --write    # put it into REPRODUCTION.md between the markers
+    python reproduction/summary.py --check    # exit 1 if REPRODUCTION.md holds anything else
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+from fedsl.report.summary import cost_markdown, summary_markdown
+
+HERE = Path(__file__).resolve().parent
+DOC = HERE.parent / "REPRODUCTION.md"
+BEGIN = "<!-- summary: computed by `python reproduction/summary.py --write` from reproduction/; do not edit -->"
+END = "<!-- end of summary -->"
+COST_BEGIN = "<!-- cost: computed by `python reproduction/summary.py --write` from reproduction/; do not edit -->"
+COST_END = "<!-- end of cost -->"
+BLOCKS = ((BEGIN, END), (COST_BEGIN, COST_END))
+
+
+def tables() -> list[str]:
+    """The summary table and the cost table, as REPRODUCTION.md holds them."""
+    entries = tomllib.loads((HERE / "summary.toml").read_text())["row"]
+    return [summary_markdown(HERE, entries), cost_markdown(HERE, entries)]
+
+
+def table() -> str:
+    return tables()[0]
+
+
+def in_doc(text: str, block: int = 0) -> str:
+    """The block between a pair of markers in REPRODUCTION.md's text (0: summary, 1: cost)."""
+    begin, end = BLOCKS[block]
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    return text[start:stop].strip("\n") + "\n"
+
+
+def main(argv: list[str]) -> int:
+    ts = tables()
+    if "--write" in argv:
+        text = DOC.read_text()
+        for (begin, end), t in zip(BLOCKS, ts):
+            start, stop = text.index(begin) + len(begin), text.index(end)
+            text = text[:start] + "\n" + t + text[stop:]
+        DOC.write_text(text)
+    elif "--check" in argv:
+        if [in_doc(DOC.read_text(), i) for i in range(len(BLOCKS))] != ts:
+            print("REPRODUCTION.md's computed tables differ from what reproduction/ computes: "
+                  "run python reproduction/summary.py --write", file=sys.stderr)
+            return 1
+    else:
+        print("\n".join(ts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+"""One table over many run groups: what was run, at what scale, our numbers and the claims' verdicts.
+
+REPRODUCTION.md's summary table is this table over ``reproduction/`` (``reproduction/summary.py``
+writes it, ``tests/test_reproduction.py`` re-computes it): every number in it comes from the
+groups' files (``group.json`` and ``index.csv``, or each run's ``summary.json``), and every
+verdict from the claims of the group's preset judged by ``fedsl.report.verdicts``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from fedsl import metrics
+from fedsl.report import verdicts
+
+PAPER_SCALE = (1000, 3)  # the paper's rounds × seeds for every experiment (Section 4.1)
+_SHORT = {"local_lr": "η_l", "classes_per_client": "C", "gamma": "γ", "server_size": "n0",
+          "server_samples_per_client": "s", "clients_per_round": "S"}
+
+
+def short_variant(name: str) -> str:
+    """'FSL-local_lr=0.02-classes_per_client=2' -> 'FSL η_l=0.02 C=2'."""
+    return re.sub(r"-(\w+)=", lambda m: f" {_SHORT.get(m.group(1), m.group(1))}=", name)
+
+
+def _claims(spec: dict) -> list:
+    """The claims judged on a group: its preset's current [[claims]] (one source for old and new groups),
+    else those stored in its group.json."""
+    from fedsl.experiments import config, presets
+
+    try:
+        return config.validate(presets.load(spec.get("name", ""))).claims
+    except Exception:  # not a preset (or an old preset name): the group's own
+        return [config.Claim.model_validate(c) for c in spec.get("claims", [])]
+
+
+def scale(runs: list[verdicts.RunValue], rounds_done: list[int]) -> tuple[int, int]:
+    """(rounds, seeds): the fewest rounds any finished run completed and the most seeds of one variant/cell."""
+    per: dict[tuple, set] = {}
+    for rv in runs:
+        per.setdefault((rv.base, tuple(sorted(rv.params.items()))), set()).add(rv.seed)
+    return (min(rounds_done, default=0), max((len(s) for s in per.values()), default=0))
+
+
+def _rounds_done(path: Path) -> list[int]:
+    import csv
+
+    with open(path / "index.csv", newline="") as f:
+        return [int(float(r["rounds_done"])) for r in csv.DictReader(f)
+                if r["status"] in ("completed", "diverged") and r.get("rounds_done")]
+
+
+GRID = 8  # a group with more variants × cells than this is summed up per method: the range over its cells
+
+
+def our_numbers(path: Path) -> str:
+    """Each variant (sweep cell) of the group: final accuracy mean ± sample std over seeds, T_0.5 in brackets;
+    for a grid of more than ``GRID`` cells, each method's range of mean final accuracy over its cells."""
+    import csv
+
+    by: dict[str, list[dict]] = {}
+    with open(path / "index.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r["status"] in ("completed", "diverged"):
+                by.setdefault(r["variant"], []).append(r)
+    if len(by) > GRID:
+        runs = json.loads((path / "group.json").read_text())["runs"]
+        base = {s["variant"]: verdicts.base_of(s, r) for r, s in runs.items()}
+        ranges: dict[str, list[float]] = {}
+        for v, rows in by.items():
+            ranges.setdefault(base.get(v, v), []).append(
+                metrics.mean_std([float(r["final_accuracy"]) for r in rows if r["final_accuracy"]])[0])
+        return "; ".join(f"{b} {min(a):.3f}–{max(a):.3f} over {len(a)} cells" for b, a in ranges.items())
+    parts = []
+    for v, rows in by.items():
+        acc = metrics.mean_std([float(r["final_accuracy"]) for r in rows if r["final_accuracy"]])
+        t = [float(r["T_0.5"]) for r in rows if r.get("T_0.5")]
+        a = f"{acc[0]:.3f}" + (f" ± {acc[1]:.3f}" if len(rows) > 1 else "")
+        some = "" if len(t) == len(rows) else f" ({len(t)} of {len(rows)})"
+        tt = "—" if not t else f"{sum(t) / len(t):.0f}{some}"
+        parts.append(f"{short_variant(v)} {a} ({tt})")
+    return "; ".join(parts)
+
+
+def group_row(path: Path) -> dict[str, Any]:
+    """Scale, our numbers and the verdicts of the group at ``path``."""
+    spec = json.loads((path / "group.json").read_text())
+    runs = verdicts.group_values(path)
+    rounds, seeds = scale(runs, _rounds_done(path))
+    judged = [(c, verdicts.judge(c, runs)) for c in _claims(spec)]
+    return {"scale": (rounds, seeds), "ours": our_numbers(path),
+            "verdicts": [(c, verdicts.overall(v)) for c, v in judged if verdicts.overall(v) != "no runs"]}
+
+
+def _fmt_scale(rounds: int, seeds: int) -> str:
+    r, s = PAPER_SCALE
+    full = rounds >= r and seeds >= s
+    return f"{rounds:,} × {seeds}" + (" (full)" if full else f" ({rounds * seeds / (r * s):.0%} of {r:,} × {s})")
+
+
+def summary_markdown(root: str | Path, entries: list[dict]) -> str:
+    """The Markdown table over ``entries`` (dicts with paper, preset, folders, ran, paper_result; folders
+    relative to ``root``): one row per entry, one line per folder in the computed columns."""
+    root = Path(root)
+    lines = ["| paper | preset | what ran here | scale (rounds × seeds) | our result: final accuracy "
+             "(T_0.5) | the paper | verdicts (computed) |", "|---|---|---|---|---|---|---|"]
+    for e in entries:
+        scales, ours, judged = [], [], []
+        for folder in e["folders"]:
+            row = group_row(root / folder)
+            tag = f"`{folder}`: " if len(e["folders"]) > 1 else ""
+            scales.append(tag + _fmt_scale(*row["scale"]))
+            ours.append(tag + row["ours"])
+            judged += [f"**{v}**: {c.text}" + (f" (`{folder}`)" if len(e["folders"]) > 1 else "")
+                       for c, v in row["verdicts"]]
+        lines.append(f"| {e['paper']} | `{e['preset']}` | {e['ran']} | {'<br>'.join(scales)} | {'<br>'.join(ours)} "
+                     f"| {e['paper_result']} | {'<br>'.join(judged) or 'no claim judged'} |")
+    return "\n".join(lines) + "\n"
+
+
+def seconds_per_round(path: Path) -> float | None:
+    """Median over the group's finished runs of wall_time / rounds_done: one run's round on the machine
+    it ran on, evaluation included (at that group's eval_every)."""
+    import csv
+
+    with open(path / "index.csv", newline="") as f:
+        per = [float(r["wall_time"]) / float(r["rounds_done"]) for r in csv.DictReader(f)
+               if r["status"] == "completed" and r.get("wall_time") and r.get("rounds_done")]
+    return float(sorted(per)[len(per) // 2]) if per else None
+
+
+def full_scale_runs(preset: str) -> int:
+    """Runs of the preset at the paper's scale: its variants × sweep points × 3 seeds."""
+    from fedsl.experiments import config, presets
+
+    cfg = config.validate({**presets.load(preset), "seeds": list(range(PAPER_SCALE[1]))})
+    return config.count_runs(cfg)
+
+
+def cost_markdown(root: str | Path, entries: list[dict]) -> str:
+    """What full scale costs on the CPU these runs used: measured seconds per round × 1,000 rounds × the
+    preset's runs (× ``cpu_factor`` where our runs were reduced), and the GPU's measured or projected
+    cost as the entry states it."""
+    root = Path(root)
+    lines = ["| experiment | runs at full scale | measured s/round per run, CPU (`folder`) | CPU core-hours at full "
+             "scale | one H100/H200 |", "|---|---|---|---|---|"]
+    for e in entries:
+        if e.get("cost") is False:
+            continue
+        folder = e["folders"][0]
+        spr = seconds_per_round(root / folder)
+        runs = full_scale_runs(e["preset"])
+        factor = float(e.get("cpu_factor", 1))
+        hours = "—" if spr is None else f"{runs * PAPER_SCALE[0] * spr * factor / 3600:,.0f}"
+        note = f" × {factor:g} ({e['cpu_factor_why']})" if factor != 1 else ""
+        lines.append(f"| {e['paper']} | {runs} | {'—' if spr is None else f'{spr:.2f}'} (`{folder}`){note} | "
+                     f"{hours} | {e.get('gpu', 'not measured')} |")
+    return "\n".join(lines) + "\n"
