@@ -166,3 +166,22 @@ def test_curves_have_whole_round_ticks_and_a_legend_clear_of_the_line_ends():
         assert not (box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1), line.get_label()
     assert box.x0 >= ax.get_window_extent().x1  # beside the axes: it can hide no data
     plt.close(fig)
+
+
+def test_report_judges_the_claims_and_states_the_time_resolution(tmp_path, capsys):
+    """[[claims]] of a group are judged in report.md by the stated rule; sparse evaluation is said."""
+    cfg = tmp_path / "claims.toml"
+    cfg.write_text('seeds = [0, 1]\neval_every = 5\nrolling_window = 3\n' + tiny(tmp_path, rounds=12).read_text()
+                   + '\n[variants.FSL.algorithm]\nname = "fsl"\n[variants.FedAvg.algorithm]\nname = "fedavg"\n'
+                   + '[[claims]]\ntext = "FSL beats FedAvg"\nbetter = "FSL"\nworse = "FedAvg"\n')
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    assert main(["report", str(out)]) == 0
+    md = (out / "report" / "report.md").read_text()
+    judged = md.split("## The paper's claims, judged from these runs")[1]
+    row = next(line for line in judged.splitlines() if line.startswith("| FSL beats FedAvg |"))
+    assert "(2; 2 seeds)" in row and "Welch t" in row and any(f"**{v}**" in row for v in
+                                                              ("holds", "not shown", "contradicted"))
+    assert "Rule: one-sided tests at the 5% level" in judged
+    assert "found to within 5 rounds" in md
+    capsys.readouterr()
