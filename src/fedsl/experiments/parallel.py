@@ -21,6 +21,7 @@ import os
 import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable
 
@@ -86,16 +87,29 @@ class LocalPool:
         from fedsl.experiments.results import RunDir
         total = sum(len(n) for n, _ in units)
         n_workers = min(self.workers, len(units))
+        per = max(1, usable_cores() // self.workers)
         log(f"running {total} run{'s' if total != 1 else ''} in {n_workers} worker processes "
-            f"({max(1, usable_cores() // self.workers)} torch thread{'s' if usable_cores() // self.workers > 1 else ''} each)")
+            f"({per} torch thread{'s' if per > 1 else ''} each)")
         summaries: dict[str, dict] = {}
         pool = ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_init_worker, initargs=(self.workers, self.quiet))
         t0 = time.monotonic()
+        # One unit per worker at a time, the next submitted when one ends: a pool given every unit at
+        # once queues the next ones inside the workers' call queue, where they can no longer be cancelled,
+        # so a SIGTERM'd sweep went on to run them to the end (seen: two 20-minute runs after a SIGTERM)
+        queue = list(units)
+        futures: dict = {}
+
+        def submit():
+            names, cfgs = queue.pop(0)
+            f = pool.submit(_work, str(out), names, [c.model_dump() for c in cfgs], resume)
+            futures[f] = names
+            return f
+
         try:
-            futures = {pool.submit(_work, str(out), names, [c.model_dump() for c in cfgs], resume): names
-                       for names, cfgs in units}
-            left = set(futures)
+            for _ in range(n_workers):
+                submit()
+            left, stopped = set(futures), False
             while left:
                 done, left = wait(left, return_when=FIRST_COMPLETED)
                 for f in done:
@@ -110,6 +124,19 @@ class LocalPool:
                     for n in names:
                         log(f"[{len(summaries)}/{total} runs, {time.monotonic() - t0:.0f} s] {n}: "
                             f"{describe(got.get(n, {}))}")
+                    # a run interrupted in a worker (its SIGTERM came first, or alone): start nothing new
+                    stopped = stopped or any(got.get(n, {}).get("status") == "interrupted" for n in names)
+                    if queue and not stopped:
+                        try:
+                            left.add(submit())
+                        except BrokenProcessPool:  # a worker was killed: the pool takes no more work
+                            stopped = True
+                            log(f"the worker pool is broken: {sum(len(n) for n, _ in queue)} runs not started; "
+                                f"`fedsl resume {out}` continues")
+                            queue.clear()
+            if stopped and queue:
+                log(f"a run was interrupted: {sum(len(n) for n, _ in queue)} runs not started; "
+                    f"continue with: fedsl resume {out}")
         except BaseException:
             # Ctrl-C / SIGTERM of the driver: the workers checkpoint their runs and stop
             for p in list(getattr(pool, "_processes", {}).values()):
