@@ -335,3 +335,38 @@ def test_a_full_disk_at_a_periodic_checkpoint_does_not_stop_the_runs(tmp_path, m
     assert len(failed) == 2 and all("an interruption resumes from round 2" in m for m in failed), lines
     assert not any("one by one" in m for m in lines), lines
     assert_same_group(tmp_path / "whole", tmp_path / "full-disk")
+
+
+def _cut_in_half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # what a full disk or a partial copy leaves
+
+
+def test_a_checkpoint_cut_in_half_is_one_line_and_the_group_goes_on(tmp_path):
+    """A truncated checkpoint.pt: `fedsl resume` of the run says which file and what to do in one line (it was
+    a torch traceback); in a group the other runs go on; removing the file starts that run over."""
+    cfg_file = write_config(tmp_path, "sweep", rounds=4)
+    single = tmp_path / "single"
+    run(C.load(cfg_file, ["sweep={}"]), single, log=lambda s: None, progress=False, stop_after=2)
+    _cut_in_half(single / "checkpoint.pt")
+    res = cli("resume", str(single))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    line = res.stderr.strip()
+    assert len(line.splitlines()) == 1 and "remove it" in line
+    assert "checkpoint.pt: the checkpoint cannot be read" in line
+    (single / "checkpoint.pt").unlink()
+    res = cli("resume", str(single), "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert json.loads((single / "summary.json").read_text())["status"] == "completed"
+
+    group = tmp_path / "group"
+    assert cli("run", str(cfg_file), "--out", str(group), "--quiet").returncode == 0
+    names = list(json.loads((group / "group.json").read_text())["runs"])
+    for name in names[:2]:  # two runs left interrupted, the first with a broken checkpoint
+        s = json.loads((group / name / "summary.json").read_text())
+        (group / name / "summary.json").write_text(json.dumps({**s, "status": "interrupted"}))
+    _cut_in_half(group / names[0] / "checkpoint.pt")
+    res = cli("resume", str(group))
+    assert "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
+    assert f"{names[0]}: failed (CorruptCheckpoint:" in res.stdout and "remove it" in res.stdout, res.stdout
+    assert json.loads((group / names[1] / "summary.json").read_text())["status"] == "completed"

@@ -36,7 +36,7 @@ def _clean_errors(fn):
 
         from fedsl.data.errors import DataError, DataWarning
         from fedsl.experiments.config import ConfigError
-        from fedsl.experiments.results import FolderInUse
+        from fedsl.experiments.results import CorruptCheckpoint, FolderInUse
         shown = warnings.showwarning
 
         def one_line(message, category, filename, lineno, file=None, line=None):
@@ -48,7 +48,7 @@ def _clean_errors(fn):
             with warnings.catch_warnings():
                 warnings.showwarning = one_line
                 return fn(*args, **kwargs)
-        except (UserError, ConfigError, DataError, FolderInUse) as e:
+        except (UserError, ConfigError, DataError, FolderInUse, CorruptCheckpoint) as e:
             # one line, whatever the message quotes back (newlines in keys, ':emoji:' codes)
             msg = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(e))
             err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fedsl.experiments import runner
 from fedsl.experiments.config import RunConfig, expand_runs, get_dotted
-from fedsl.experiments.results import RunDir, atomic_write, is_group
+from fedsl.experiments.results import CorruptCheckpoint, RunDir, atomic_write, is_group
 
 FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips
 
@@ -154,7 +154,10 @@ def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool) -> list
     """
     groups: dict[tuple, list[str]] = {}
     for name, cfg in pending.items():
-        start = RunDir(out / name).checkpoint_round() if resume else None
+        try:
+            start = RunDir(out / name).checkpoint_round() if resume else None
+        except CorruptCheckpoint:  # a unit of its own: it fails there with one line, the others go on
+            start = f"unreadable {name}"
         groups.setdefault((_stack_key(cfg), start or 0), []).append(name)
     result = []
     for names in groups.values():

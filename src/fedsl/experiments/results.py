@@ -43,6 +43,10 @@ def atomic_write(path: Path, write) -> None:
         raise
 
 
+class CorruptCheckpoint(RuntimeError):
+    """A run's checkpoint.pt exists but cannot be read (the message names it and what to do)."""
+
+
 class FolderInUse(RuntimeError):
     """Another process holds a results folder's lock."""
 
@@ -163,9 +167,23 @@ class RunDir:
         """The round of the last checkpoint, read without loading the tensors (memory-mapped)."""
         if not self.checkpoint_file.is_file():
             return None
-        return int(torch.load(self.checkpoint_file, map_location="cpu", weights_only=True, mmap=True)["round"])
+        return int(self._read_checkpoint(mmap=True)["round"])
 
     def load_checkpoint(self) -> dict[str, Any] | None:
+        """The last checkpoint, or None; ``CorruptCheckpoint`` (one line: the file and what to do) when it
+        cannot be read: cut short by a full disk or a partial copy, or not a checkpoint at all."""
         if not self.checkpoint_file.is_file():
             return None
-        return torch.load(self.checkpoint_file, map_location="cpu", weights_only=True)
+        return self._read_checkpoint(mmap=False)
+
+    def _read_checkpoint(self, mmap: bool) -> dict[str, Any]:
+        try:
+            blob = torch.load(self.checkpoint_file, map_location="cpu", weights_only=True, mmap=mmap)
+            if not isinstance(blob, dict) or not isinstance(blob.get("round"), int):
+                raise ValueError("it holds no round number")
+        except Exception as e:  # noqa: BLE001 — torch raises RuntimeError, pickle/unpickling and OS errors alike
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CorruptCheckpoint(
+                f"{self.checkpoint_file}: the checkpoint cannot be read ({why[:160]}); remove it to start this "
+                "run over from round 0 (`fedsl resume` then reruns it), or put back a good copy") from None
+        return blob

@@ -242,7 +242,8 @@ def write_report(path: str | Path) -> Path:
     resolution = max((rd.read_summary().get("time_resolution") or 1 for rd in group_runs(path).values()), default=1)
     timing = (f" Rise time and T_0.5 are found to within {resolution} rounds (evaluation every {resolution}; the "
               "final window every round)." if resolution > 1 else "")
-    parts += [f"Rolling window {window} rounds; mean ± sample std (n − 1) over seeds where there are several.{timing}\n",
+    parts += [f"Rolling window {window} rounds; mean ± sample std (n − 1) over seeds where there are several."
+              f"{timing}\n",
               markdown_table(rows, VARIANT_COLUMNS), "![accuracy](curves.png)\n", "![summary](bars.png)\n"]
 
     keys = spec.get("sweep", [])
