@@ -185,3 +185,24 @@ def test_report_judges_the_claims_and_states_the_time_resolution(tmp_path, capsy
     assert "Rule: one-sided tests at the 5% level" in judged
     assert "found to within 5 rounds" in md
     capsys.readouterr()
+
+
+def test_a_group_with_runs_not_yet_finished_reports_what_it_has(tmp_path, capsys):
+    """A group kept while some runs still go (reproduction/ collects finished runs only): a variant without a
+    finished run has 0 seeds and 'did not run' beside the paper, not 'shorter: 0 of N rounds' or 'not reached'."""
+    top = 'paper = { FSL = { final_accuracy = 0.61, "T_0.5" = 203 }, FedAvg = { final_accuracy = 0.5 } }\n'
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(top + tiny(tmp_path, rounds=2).read_text()
+                   + '\n[variants.FSL.algorithm]\nname = "fsl"\n[variants.FedAvg.algorithm]\nname = "fedavg"\n')
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    for f in (out / "FedAvg").iterdir():  # as if FedAvg had not run yet
+        f.unlink()
+    assert main(["report", str(out)]) == 0
+    md = (out / "report" / "report.md").read_text()
+    assert "| FedAvg | 0 | — | — | — |" in md
+    paper = md.split("## Ours next to the paper's")[1]
+    row = next(line for line in paper.splitlines() if line.startswith("| FedAvg |"))
+    assert row.rstrip(" |").endswith("did not run") and "not reached" not in row, row
+    assert "0 of" not in md and "Not comparable" not in md
+    capsys.readouterr()

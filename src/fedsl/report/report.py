@@ -201,7 +201,9 @@ def _variant_rounds(path: Path, spec: dict) -> dict[str, int]:
     out: dict[str, int] = {}
     for r, rd in group_runs(path).items():
         v = spec["runs"].get(r, {}).get("variant", r)
-        done = rd.read_summary().get("rounds_done") or 0
+        done = rd.read_summary().get("rounds_done")
+        if done is None:  # not started (or not kept): the variant's length is that of the runs it has
+            continue
         out[v] = min(out.get(v, done), done)
     return out
 
@@ -282,19 +284,20 @@ def write_report(path: str | Path) -> Path:
             head += "|---|" + "---|---|" * len(cols) + "---|\n"
             body = ""
             for v, numbers in paper.items():
-                mine = ours.get(v, {})
-                note = length_note(done.get(v), paper_rounds, quick) if v in ours else "did not run"
+                mine = ours.get(v, {}) if ours.get(v, {}).get("seeds") else {}  # a variant with no finished run
+                note = length_note(done.get(v), paper_rounds, quick) if mine else "did not run"
                 ran = note or (f"{done[v]:,} rounds" if v in done else "")
                 body += f"| {v} | " + " | ".join(f"{_fmt_ours(mine.get(c), c) if mine else '—'} | "
                                                  f"{fmt(numbers.get(c), c)}" for c in cols) + f" | {ran} |\n"
             parts.append(head + body)
         for claim in spec.get("paper_claims", []):
             parts.append(f"- Paper: {claim}" + (f" (ours: {group_note})" if group_note else ""))
-    if spec.get("claims"):
+    claims = verdicts.claims_for(spec)
+    if claims:
         parts.append("\n## The paper's claims, judged from these runs\n")
         if group_note:
             parts.append(f"These runs are shorter than the paper's ({group_note}): a verdict is about them.\n")
-        parts.append(verdicts.markdown(verdicts.judge_group(path)))
+        parts.append(verdicts.markdown(verdicts.judge_group(path, claims)))
     md = out / "report.md"
     md.write_text("\n".join(parts) + "\n")
     return md

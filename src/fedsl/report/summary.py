@@ -26,17 +26,6 @@ def short_variant(name: str) -> str:
     return re.sub(r"-(\w+)=", lambda m: f" {_SHORT.get(m.group(1), m.group(1))}=", name)
 
 
-def _claims(spec: dict) -> list:
-    """The claims judged on a group: its preset's current [[claims]] (one source for old and new groups),
-    else those stored in its group.json."""
-    from fedsl.experiments import config, presets
-
-    try:
-        return config.validate(presets.load(spec.get("name", ""))).claims
-    except Exception:  # not a preset (or an old preset name): the group's own
-        return [config.Claim.model_validate(c) for c in spec.get("claims", [])]
-
-
 def scale(runs: list[verdicts.RunValue], rounds_done: list[int]) -> tuple[int, int]:
     """(rounds, seeds): the fewest rounds any finished run completed and the most seeds of one variant/cell."""
     per: dict[tuple, set] = {}
@@ -90,7 +79,7 @@ def group_row(path: Path) -> dict[str, Any]:
     spec = json.loads((path / "group.json").read_text())
     runs = verdicts.group_values(path)
     rounds, seeds = scale(runs, _rounds_done(path))
-    judged = [(c, verdicts.judge(c, runs)) for c in _claims(spec)]
+    judged = [(c, verdicts.judge(c, runs)) for c in verdicts.claims_for(spec)]
     return {"scale": (rounds, seeds), "ours": our_numbers(path),
             "verdicts": [(c, verdicts.overall(v)) for c, v in judged if verdicts.overall(v) != "no runs"]}
 

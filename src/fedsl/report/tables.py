@@ -36,7 +36,8 @@ def variant_rows(path: str | Path) -> list[dict]:
     variant = _variant_of(path)
     by_variant: dict[str, list[dict]] = {}
     for r, rd in group_runs(path).items():
-        by_variant.setdefault(variant[r], []).append(rd.read_summary())
+        summary = rd.read_summary()  # {} for a run not started (or not kept): not a seed of the row
+        by_variant.setdefault(variant[r], []).extend([summary] if summary.get("status") else [])
     rows = []
     for v, sums in by_variant.items():
         row: dict = {"variant": v, "seeds": len(sums)}

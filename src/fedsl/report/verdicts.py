@@ -249,13 +249,23 @@ def overall(verdicts: list[Verdict]) -> str:
     return f"holds in {n_hold} of {len(judged)} cells" + (f" ({n_con} contradicted)" if n_con else "")
 
 
+def claims_for(spec: dict) -> list:
+    """The claims to judge on a group (its group.json ``spec``): those it was run with, else, for a group
+    run before claims were stated, those of the preset of its name (none for other configs)."""
+    from fedsl.experiments import config, presets
+
+    if spec.get("claims"):
+        return [config.Claim.model_validate(c) for c in spec["claims"]]
+    if spec.get("name") not in presets.names():
+        return []
+    return config.validate(presets.load(spec["name"])).claims
+
+
 def judge_group(path: str | Path, claims: list[Any] | None = None) -> list[tuple[Any, list[Verdict]]]:
     """Each claim of the group at ``path`` (its group.json's ``claims``, or ``claims``) with its verdicts."""
-    from fedsl.experiments.config import Claim
-
     path = Path(path)
     if claims is None:
-        claims = [Claim.model_validate(c) for c in json.loads((path / "group.json").read_text()).get("claims", [])]
+        claims = claims_for(json.loads((path / "group.json").read_text()))
     runs = group_values(path)
     return [(c, judge(c, runs)) for c in claims]
 
