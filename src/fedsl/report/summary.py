@@ -55,8 +55,8 @@ def our_numbers(path: Path) -> str:
         for r in csv.DictReader(f):
             if r["status"] in ("completed", "diverged"):
                 by.setdefault(r["variant"], []).append(r)
-    if len(by) > GRID:
-        runs = json.loads((path / "group.json").read_text())["runs"]
+    runs = json.loads((path / "group.json").read_text())["runs"]
+    if len(by) > GRID and any(s.get("params") for s in runs.values()):  # a sweep's grid, not a list of methods
         base = {s["variant"]: verdicts.base_of(s, r) for r, s in runs.items()}
         ranges: dict[str, list[float]] = {}
         for v, rows in by.items():
