@@ -11,7 +11,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from fedsl.report.summary import cost_markdown, summary_markdown
+from fedsl.report.summary import cost_markdown, paper_markdown, summary_markdown
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "REPRODUCTION.md"
@@ -19,13 +19,17 @@ BEGIN = "<!-- summary: computed by `python reproduction/summary.py --write` from
 END = "<!-- end of summary -->"
 COST_BEGIN = "<!-- cost: computed by `python reproduction/summary.py --write` from reproduction/; do not edit -->"
 COST_END = "<!-- end of cost -->"
-BLOCKS = ((BEGIN, END), (COST_BEGIN, COST_END))
+TABLE1_BEGIN = ("<!-- table1: computed by `python reproduction/summary.py --write` from reproduction/table1-cifar10-full; "
+                "do not edit -->")
+TABLE1_END = "<!-- end of table1 -->"
+BLOCKS = ((BEGIN, END), (COST_BEGIN, COST_END), (TABLE1_BEGIN, TABLE1_END))
 
 
 def tables() -> list[str]:
-    """The summary table and the cost table, as REPRODUCTION.md holds them."""
+    """The summary table, the cost table and Table 1 at full scale, as REPRODUCTION.md holds them."""
     entries = tomllib.loads((HERE / "summary.toml").read_text())["row"]
-    return [summary_markdown(HERE, entries), cost_markdown(HERE, entries)]
+    return [summary_markdown(HERE, entries), cost_markdown(HERE, entries),
+            paper_markdown(HERE / "table1-cifar10-full")]
 
 
 def table() -> str:
@@ -33,7 +37,7 @@ def table() -> str:
 
 
 def in_doc(text: str, block: int = 0) -> str:
-    """The block between a pair of markers in REPRODUCTION.md's text (0: summary, 1: cost)."""
+    """The block between a pair of markers in REPRODUCTION.md's text (0: summary, 1: cost, 2: Table 1)."""
     begin, end = BLOCKS[block]
     start, stop = text.index(begin) + len(begin), text.index(end)
     return text[start:stop].strip("\n") + "\n"

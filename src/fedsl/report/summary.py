@@ -148,3 +148,45 @@ def cost_markdown(root: str | Path, entries: list[dict]) -> str:
         lines.append(f"| {e['paper']} | {runs} | {'—' if spr is None else f'{spr:.2f}'} (`{folder}`){note} | "
                      f"{hours} | {e.get('gpu', 'not measured')} |")
     return "\n".join(lines) + "\n"
+
+
+def paper_markdown(path: str | Path) -> str:
+    """A group's variants as columns, ours (mean ± sample std over finished seeds) beside the paper's numbers
+    (group.json's ``paper``, else its preset's): final accuracy, T_0.5 and rise time."""
+    import csv
+
+    from fedsl.experiments import presets
+
+    path = Path(path)
+    spec = json.loads((path / "group.json").read_text())
+    paper = spec.get("paper") or (presets.load(spec["name"]).get("paper", {}) if spec.get("name") in presets.names()
+                                  else {})
+    variants = list(dict.fromkeys(s["variant"] for s in spec["runs"].values()))
+    rows: dict[str, list[dict]] = {v: [] for v in variants}
+    with open(path / "index.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r["status"] in ("completed", "diverged"):
+                rows[r["variant"]].append(r)
+
+    def ours(v: str, col: str, digits: int) -> str:
+        vals = [float(r[col]) for r in rows[v] if r.get(col)]
+        if not rows[v]:
+            return "not yet run"
+        if not vals:
+            return "not reached"
+        m, s = metrics.mean_std(vals)
+        some = "" if len(vals) == len(rows[v]) else f", {len(vals)} of {len(rows[v])} seeds"
+        return (f"{m:.{digits}f}" + (f" ± {s:.{digits}f}" if len(vals) > 1 else "") + some)
+
+    def theirs(v: str, col: str, digits: int) -> str:
+        x = paper.get(v, {}).get(col)
+        return "—" if x is None else f"{x:.{digits}f}"
+
+    lines = ["| | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants),
+             "| seeds finished | " + " | ".join(str(len(rows[v])) for v in variants) + " |"]
+    for col, label, digits in (("final_accuracy", "final accuracy", 3), ("T_0.5", "T_0.5", 0),
+                               ("rise_time", "rise time", 0)):
+        lines.append(f"| {label}, ours | " + " | ".join(ours(v, col, digits) for v in variants) + " |")
+        if any(col in p for p in paper.values()):
+            lines.append(f"| {label}, paper | " + " | ".join(theirs(v, col, digits) for v in variants) + " |")
+    return "\n".join(lines) + "\n"
