@@ -2,12 +2,14 @@
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
 from fedsl.experiments import config as C
 from fedsl.experiments.compare import run_group
 from fedsl.report import verdicts
+from fedsl.report.tables import write_index
 
 from conftest import tiny_config
 
@@ -43,3 +45,13 @@ def test_collect_keeps_the_text_results_of_finished_runs(tmp_path):
     a, b = verdicts.judge_group(tmp_path / "g"), verdicts.judge_group(out)
     assert [v.line() for _, vs in a for v in vs] == [v.line() for _, vs in b for v in vs]
     assert json.loads((out / "group.json").read_text())["claims"][0]["better"] == "A"
+    # a kept folder whose run had not finished (here: removed) resumes on another machine: the finished runs
+    # are skipped and the missing one runs again from scratch, into the same numbers
+    shutil.rmtree(out / "B-seed1")
+    write_index(out)
+    assert "pending" in (out / "index.csv").read_text()
+    run_group(C.validate(json.loads((out / "group.json").read_text())["config"]), out, resume=True,
+              log=lambda s: None, progress=False)
+    assert (out / "B-seed1" / "metrics.csv").read_text().splitlines()[-1].split(",")[:4] == \
+        (tmp_path / "g" / "B-seed1" / "metrics.csv").read_text().splitlines()[-1].split(",")[:4]
+    assert (out / "A-seed0" / "metrics.csv").read_text() == (tmp_path / "g" / "A-seed0" / "metrics.csv").read_text()
