@@ -8,6 +8,7 @@ verdict from the claims of the group's preset judged by ``fedsl.report.verdicts`
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
@@ -34,12 +35,14 @@ def scale(runs: list[verdicts.RunValue], rounds_done: list[int]) -> tuple[int, i
     return (min(rounds_done, default=0), max((len(s) for s in per.values()), default=0))
 
 
-def _rounds_done(path: Path) -> list[int]:
-    import csv
-
+def _finished(path: Path) -> list[dict]:
+    """The rows of the group's index.csv whose run finished (completed or diverged)."""
     with open(path / "index.csv", newline="") as f:
-        return [int(float(r["rounds_done"])) for r in csv.DictReader(f)
-                if r["status"] in ("completed", "diverged") and r.get("rounds_done")]
+        return [r for r in csv.DictReader(f) if r["status"] in ("completed", "diverged")]
+
+
+def _rounds_done(path: Path) -> list[int]:
+    return [int(float(r["rounds_done"])) for r in _finished(path) if r.get("rounds_done")]
 
 
 GRID = 8  # a group with more variants × cells than this is summed up per method: the range over its cells
@@ -48,13 +51,9 @@ GRID = 8  # a group with more variants × cells than this is summed up per metho
 def our_numbers(path: Path) -> str:
     """Each variant (sweep cell) of the group: final accuracy mean ± sample std over seeds, T_0.5 in brackets;
     for a grid of more than ``GRID`` cells, each method's range of mean final accuracy over its cells."""
-    import csv
-
     by: dict[str, list[dict]] = {}
-    with open(path / "index.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            if r["status"] in ("completed", "diverged"):
-                by.setdefault(r["variant"], []).append(r)
+    for r in _finished(path):
+        by.setdefault(r["variant"], []).append(r)
     runs = json.loads((path / "group.json").read_text())["runs"]
     if len(by) > GRID and any(s.get("params") for s in runs.values()):  # a sweep's grid, not a list of methods
         base = {s["variant"]: verdicts.base_of(s, r) for r, s in runs.items()}
@@ -113,11 +112,8 @@ def summary_markdown(root: str | Path, entries: list[dict]) -> str:
 def seconds_per_round(path: Path) -> float | None:
     """Median over the group's finished runs of wall_time / rounds_done: one run's round on the machine
     it ran on, evaluation included (at that group's eval_every)."""
-    import csv
-
-    with open(path / "index.csv", newline="") as f:
-        per = [float(r["wall_time"]) / float(r["rounds_done"]) for r in csv.DictReader(f)
-               if r["status"] == "completed" and r.get("wall_time") and r.get("rounds_done")]
+    per = [float(r["wall_time"]) / float(r["rounds_done"]) for r in _finished(path)
+           if r["status"] == "completed" and r.get("wall_time") and r.get("rounds_done")]
     return float(sorted(per)[len(per) // 2]) if per else None
 
 
@@ -153,8 +149,6 @@ def cost_markdown(root: str | Path, entries: list[dict]) -> str:
 def paper_markdown(path: str | Path) -> str:
     """A group's variants as columns, ours (mean ± sample std over finished seeds) beside the paper's numbers
     (group.json's ``paper``, else its preset's): final accuracy, T_0.5 and rise time."""
-    import csv
-
     from fedsl.experiments import presets
 
     path = Path(path)
@@ -163,10 +157,8 @@ def paper_markdown(path: str | Path) -> str:
                                   else {})
     variants = list(dict.fromkeys(s["variant"] for s in spec["runs"].values()))
     rows: dict[str, list[dict]] = {v: [] for v in variants}
-    with open(path / "index.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            if r["status"] in ("completed", "diverged"):
-                rows[r["variant"]].append(r)
+    for r in _finished(path):
+        rows[r["variant"]].append(r)
 
     def ours(v: str, col: str, digits: int) -> str:
         vals = [float(r[col]) for r in rows[v] if r.get(col)]
