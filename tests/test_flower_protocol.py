@@ -1,4 +1,4 @@
-"""The Flower protocol (README, "Flower protocol"), spoken by code that is not fedsl's, in one process.
+"""The Flower protocol (docs/reference/flower-protocol.md), spoken by code that is not fedsl's, in one process.
 
 - the train message carries what a plain client needs (round, partition, η_l, E, B, K, the rule's
   keys and server state);

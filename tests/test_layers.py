@@ -1,4 +1,4 @@
-"""The package's layering (README, Architecture): no module imports from a layer above its own.
+"""The package's layering (docs/explanations/architecture.md): no module imports from a layer above its own.
 
 Read from the source with ``ast`` (nothing is imported), including imports inside functions:
 
