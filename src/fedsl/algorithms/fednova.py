@@ -49,11 +49,11 @@ class FedNova(FedAvg):
     """Clients: local SGD with heavy-ball momentum ρ (v ← ρ v + g; y ← y - η_l v, v = 0 at each round's
     start; ρ = 0 is LocalSGD exactly). Server: normalised averaging (FedAvg's stateless rule otherwise).
 
-    Attributes: global_lr: η_g (FedNova's paper: 1); rho: ρ, the clients' local momentum.
+    Attributes: global_lr: η_g; rho: ρ, the clients' local momentum (defaults: ``SPEC``; η_g as FedNova's paper).
     """
 
-    global_lr: float = 1.0
-    rho: float = 0.0
+    global_lr: float
+    rho: float
     name: str = field(default="fednova", init=False)
 
     def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
