@@ -158,7 +158,7 @@ def test_fednova_removes_fedavgs_objective_inconsistency():
 def test_normalised_update_in_float32_keeps_the_dtype():
     x = {"w": torch.zeros(3)}
     out = normalised_update(x, {"w": torch.ones(2, 3)}, torch.tensor([0.5, 0.5], dtype=torch.float64),
-                            torch.tensor([2, 2]), 1.0)
+                            torch.tensor([2, 2]), 1.0, 0.0)
     assert out["w"].dtype == torch.float32 and out["w"].tolist() == [1.0, 1.0, 1.0]
 
 
