@@ -158,7 +158,7 @@ def test_fednova_removes_fedavgs_objective_inconsistency():
 def test_normalised_update_in_float32_keeps_the_dtype():
     x = {"w": torch.zeros(3)}
     out = normalised_update(x, {"w": torch.ones(2, 3)}, torch.tensor([0.5, 0.5], dtype=torch.float64),
-                            torch.tensor([2, 2]), 1.0)
+                            torch.tensor([2, 2]), 1.0, 0.0)
     assert out["w"].dtype == torch.float32 and out["w"].tolist() == [1.0, 1.0, 1.0]
 
 
@@ -186,6 +186,51 @@ def test_make_algorithm_attaches_the_spec_and_defaults(name):
     for h in SPECS[name].hyperparams:
         assert getattr(alg.rule, h.key) == h.default
     assert getattr(alg.rule, "global_lr", None) == SPECS[name].default_global_lr(9)
+
+
+def test_a_rules_defaults_are_written_in_its_spec_only():
+    """The rules' dataclasses state no default of their own (η_g, μ, β, β1, β2, τ, α, ρ): ``make_rule`` fills
+    them in from the spec, the one place they are written (issue 27). A default in the dataclass too
+    would be a second copy that could drift from the spec and from config's."""
+    import dataclasses
+    for name, sp in SPECS.items():
+        rule = make_rule(name, sp.default_global_lr(4))
+        for f in dataclasses.fields(rule):
+            if f.init:
+                assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, (name, f.name)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_the_spec_names_the_state_its_clients_keep(name):
+    """``Spec.client_state`` is what the rule's clients keep between rounds (N × d tables each: memory
+    planning and host tables read it instead of a list of names)."""
+    rule = make_rule(name, SPECS[name].default_global_lr(4))
+    assert tuple(rule.init_client_state(P(0.0, 0.0))) == SPECS[name].client_state
+    assert SPECS[name].keeps_client_state == (name in ("scaffold", "feddyn"))
+
+
+def test_one_check_of_server_learning_and_what_it_runs():
+    """``check_server_learning`` resolves 'auto' and refuses, in one line naming the value and what is
+    expected, what does not compose: the one check config validation makes (the algorithms' own copy
+    let fsl and fsl_p "compose with FSL-p", and turned fsl + 'parallel' into FSL without a word)."""
+    from fedsl.algorithms import check_server_learning as check
+    assert [check(n, "auto", True) for n in ("fsl", "fsl_p", "ds", "fedavg")] == ["incremental", "parallel", "off", "off"]
+    assert check("scaffold", "incremental", True) == "incremental" and check("fedprox", "parallel", True) == "parallel"
+    assert check("fedavg", "off", False) == "off"
+    cases = {("fsl", "parallel", True): "server.learning = 'parallel' contradicts algorithm.name = 'fsl': expected "
+                                        "'auto'",
+             ("fsl_p", "off", True): "server.learning = 'off' contradicts algorithm.name = 'fsl_p': expected 'auto'",
+             ("fednova", "parallel", True): "server.learning = 'parallel' (FSL-p) composes with fedavg, fedprox, "
+                                            "fedavgm, fedadam; not algorithm.name = 'fednova'",
+             ("ds", "auto", False): "algorithm.name = 'ds' with server.learning = 'auto' needs server data: expected "
+                                    "data.server_size > 0 or data.server_source = 'clients' / 'dataset'",
+             ("fedavg", "incremental", False): "algorithm.name = 'fedavg' with server.learning = 'incremental' needs "
+                                               "server data: expected data.server_size > 0 or data.server_source = "
+                                               "'clients' / 'dataset'"}
+    for args, msg in cases.items():
+        with pytest.raises(ValueError) as e:
+            check(*args)
+        assert str(e.value) == msg
 
 
 def test_unknown_algorithm_names_the_known_ones():

@@ -55,30 +55,50 @@ def _own(sp: Spec, hp: dict) -> dict:
     return {**sp.defaults(), **{k: v for k, v in hp.items() if k in sp.defaults()}}
 
 
+def check_server_learning(name: str, learning: str, has_server_data: bool) -> str:
+    """The server learning algorithm ``name`` runs with under ``server.learning = learning`` ("auto": the
+    spec's own), or a ValueError of one line when they do not compose: the one check of "needs D0" and
+    "composes with FSL-p", made by config validation.
+
+    - FSL, FSL-p and DS need D0 (``needs_server_data``), and so does any server learning (``has_server_data``).
+    - FSL-p's server "client" joins the mean of updates of the rules marked ``parallel_ok`` only.
+    - FSL and FSL-p fix their own mode: ``learning`` may only be "auto" or that mode.
+    """
+    sp = spec(name)
+    if (sp.needs_server_data or learning in ("incremental", "parallel")) and not has_server_data:
+        raise ValueError(f"algorithm.name = {name!r} with server.learning = {learning!r} needs server data: "
+                         "expected data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
+    if learning == "parallel" and not sp.parallel_ok:
+        ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok and s.server_learning == "off")
+        raise ValueError(f"server.learning = 'parallel' (FSL-p) composes with {ok}; not algorithm.name = {name!r}")
+    if sp.server_learning != "off" and learning not in ("auto", sp.server_learning):
+        raise ValueError(f"server.learning = {learning!r} contradicts algorithm.name = {name!r}: expected 'auto'")
+    return sp.server_mode(learning)
+
+
 def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: ServerLearning | None,
                    weighted: bool = False, **hp) -> Algorithm:
     """Build algorithm ``name``.
 
     - fsl: FedAvg + ``server`` as incremental SL (Algorithm 1); fsl_p: FedAvg + ``server``
-      as parallel SL (FSL-p). Both require ``server``.
+      as parallel SL (FSL-p), whatever ``server.mode`` says. Both require ``server``.
     - ds: FedAvg with clients training on D_i ∪ D0 (Zhao et al. 2018).
     - any other rule: ``server``, when given, runs after its server update (e.g. SCAFFOLD + SL).
     ``hp`` holds the rules' own hyper-parameters (their specs' ``hyperparams``: mu, momentum, beta1,
-    beta2, tau, alpha, rho).
+    beta2, tau, alpha, rho; the spec's defaults for those not given). Whether ``server`` composes with
+    the rule is ``check_server_learning``'s question, asked once at config validation; here it is assumed.
     """
     sp = spec(name)
     rule = make_rule(name, global_lr, **hp)
     if sp.server_learning != "off":
-        if server is None:
-            raise ValueError(f"algorithm.name = {name!r} needs server data (data.server_size > 0)")
+        assert server is not None, f"{name} needs server learning (check_server_learning)"
         server = replace(server, mode=sp.server_learning)
-    if server is not None and server.mode == "parallel" and not sp.parallel_ok:
-        ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok)
-        raise ValueError(f"parallel server learning (FSL-p) composes with {ok}, not {name!r}")
+    assert server is None or server.mode != "parallel" or sp.parallel_ok, f"FSL-p with {name}: check_server_learning"
     return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=sp.shares_server_data,
                      spec=sp)
 
 
 __all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientResults", "LocalSGD",
            "RunState", "client_update", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule", "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
-           "ServerRule", "State", "make_algorithm", "make_rule"]
+           "ServerRule", "State", "make_algorithm", "make_rule",
+           "check_server_learning"]

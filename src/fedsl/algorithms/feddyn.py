@@ -20,9 +20,10 @@ from fedsl.core.types import Params, State
 
 @dataclass(frozen=True)
 class FedDyn(LocalSGD):
-    """Attributes: alpha: α, the regularisation weight (paper: 0.01; tuned in {0.01, 0.05, 0.1, 0.5})."""
+    """Attributes: alpha: α, the regularisation weight (default: ``SPEC``'s, the paper's; tuned there in
+    {0.01, 0.05, 0.1, 0.5})."""
 
-    alpha: float = 0.01
+    alpha: float
     name: str = field(default="feddyn", init=False)
 
     def init_server_state(self, x: Params) -> State:
@@ -51,4 +52,4 @@ class FedDyn(LocalSGD):
 
 SPEC = Spec("feddyn", FedDyn,
             (HyperParam("alpha", 0.01, "α", "FedDyn regularisation (paper: 0.01)", gt=0),), global_lr=None,
-            local_keys=("alpha",), summary="FedDyn: dynamic regularisation, h = mean ∇L_i")
+            client_state=("grad_i",), local_keys=("alpha",), summary="FedDyn: dynamic regularisation, h = mean ∇L_i")

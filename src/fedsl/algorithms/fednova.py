@@ -25,7 +25,7 @@ from fedsl.algorithms.spec import HyperParam, Spec
 from fedsl.core.types import Params, State
 
 
-def step_norm(steps: torch.Tensor, rho: float = 0.0) -> torch.Tensor:
+def step_norm(steps: torch.Tensor, rho: float) -> torch.Tensor:
     """a_i: τ_i for local SGD; [τ_i - ρ(1 - ρ^τ_i)/(1 - ρ)]/(1 - ρ) with heavy-ball momentum ρ."""
     tau = steps.to(torch.float64)
     if rho == 0:
@@ -34,7 +34,7 @@ def step_norm(steps: torch.Tensor, rho: float = 0.0) -> torch.Tensor:
 
 
 def normalised_update(x: Params, finals: Params, weights: torch.Tensor, steps: torch.Tensor,
-                      global_lr: float, rho: float = 0.0) -> Params:
+                      global_lr: float, rho: float) -> Params:
     """x + η_g · τ_eff · Σ_i p_i Δ_i / a_i (``weights`` = p_i, ``steps`` = τ_i, ``rho`` = ρ)."""
     p = weights.to(torch.float64)
     steps = steps.to(p.device)
@@ -49,11 +49,11 @@ class FedNova(FedAvg):
     """Clients: local SGD with heavy-ball momentum ρ (v ← ρ v + g; y ← y - η_l v, v = 0 at each round's
     start; ρ = 0 is LocalSGD exactly). Server: normalised averaging (FedAvg's stateless rule otherwise).
 
-    Attributes: global_lr: η_g (FedNova's paper: 1); rho: ρ, the clients' local momentum.
+    Attributes: global_lr: η_g; rho: ρ, the clients' local momentum (defaults: ``SPEC``; η_g as FedNova's paper).
     """
 
-    global_lr: float = 1.0
-    rho: float = 0.0
+    global_lr: float
+    rho: float
     name: str = field(default="fednova", init=False)
 
     def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:

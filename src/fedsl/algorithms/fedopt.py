@@ -21,13 +21,13 @@ from fedsl.core.types import Params, State
 class FedAvgM(LocalSGD):
     """v ← β v + Δ_t; x ← x + η_g v.
 
-    Attributes:
-        global_lr: η_g (default 1).
-        momentum: β (default 0.9).
+    Attributes (defaults: ``SPECS`` below):
+        global_lr: η_g.
+        momentum: β.
     """
 
-    global_lr: float = 1.0
-    momentum: float = 0.9
+    global_lr: float
+    momentum: float
     name: str = field(default="fedavgm", init=False)
 
     def init_server_state(self, x: Params) -> State:
@@ -44,16 +44,16 @@ class FedAvgM(LocalSGD):
 class FedAdam(LocalSGD):
     """m ← β1 m + (1-β1) Δ_t; v ← β2 v + (1-β2) Δ_t²; x ← x + η_g m / (√v + τ) (Reddi et al., no bias correction).
 
-    Attributes:
-        global_lr: η_g (default 0.1).
-        beta1, beta2: moment decays (0.9, 0.99).
-        tau: τ, adaptivity (1e-3).
+    Attributes (defaults: ``SPECS`` below):
+        global_lr: η_g.
+        beta1, beta2: moment decays.
+        tau: τ, adaptivity.
     """
 
-    global_lr: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
+    global_lr: float
+    beta1: float
+    beta2: float
+    tau: float
     name: str = field(default="fedadam", init=False)
 
     def init_server_state(self, x: Params) -> State:

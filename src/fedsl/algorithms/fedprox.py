@@ -16,10 +16,10 @@ class FedProx(FedAvg):
 
     Attributes:
         global_lr: η_g.
-        mu: μ, the proximal weight (μ = 0 is FedAvg exactly).
+        mu: μ, the proximal weight (μ = 0 is FedAvg exactly; default: ``SPEC``).
     """
 
-    mu: float = 0.01
+    mu: float
     name: str = field(default="fedprox", init=False)
 
     def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:

@@ -65,5 +65,5 @@ class Scaffold(LocalSGD):
 
 
 # comm_factor 2: x and c down, Δy (and, in the original, Δc) up
-SPEC = Spec("scaffold", Scaffold, sends=("c",), comm_factor=2,
+SPEC = Spec("scaffold", Scaffold, sends=("c",), client_state=("c_i",), comm_factor=2,
             summary="SCAFFOLD: control variates c - c_i correct local gradients")

@@ -16,7 +16,10 @@ from typing import Any, Callable, Literal
 @dataclass(frozen=True)
 class HyperParam:
     """A rule's own hyper-parameter: its config key (``algorithm.KEY``), default, paper symbol,
-    and the bounds config validation applies (``ge``/``gt`` below, ``lt`` above; None = none)."""
+    and the bounds config validation applies (``ge``/``gt`` below, ``lt`` above; None = none).
+
+    ``default`` is the only place the default is written: the rule's dataclass has none (``make_rule``
+    fills it in from here) and config's ``[algorithm]`` field takes it from here."""
 
     key: str
     default: float
@@ -36,15 +39,18 @@ class Spec:
         make_rule: the server rule from η_g and the hyper-parameters (keyword arguments).
         hyperparams: the rule's own hyper-parameters (config keys, defaults, symbols).
         global_lr: the default η_g: "sqrt_s" (the paper's √S), a number, or None when the
-            rule has no server step size (FedDyn).
+            rule has no server step size (FedDyn); the only place it is written.
         server_learning: "incremental" (FSL: Algorithm 1's server step after aggregation),
             "parallel" (FSL-p: the server as one more client), or "off" unless
             ``server.learning`` turns it on.
         needs_server_data: D0 is required (FSL, FSL-p, DS).
         shares_server_data: DS: clients train on D_i ∪ D0.
-        parallel_ok: FSL-p's server "client" may join this rule's mean of updates.
+        parallel_ok: FSL-p's server "client" may join this rule's mean of updates (``server.learning =
+            'parallel'``; read for rules whose ``server_learning`` is "off": FSL and FSL-p fix their own).
         sends: server state the clients read (``sent`` of the client functions), sent with the
             model in a deployment (Flower): SCAFFOLD's c (for c - c_i).
+        client_state: the state each client keeps between its rounds (``init_client_state``'s keys), one
+            table of N × d numbers each: SCAFFOLD's c_i, FedDyn's ∇L_i; () = stateless clients.
         local_keys: hyper-parameters that enter the clients' steps (stacked runs must share
             them: one vmapped step takes one value).
         comm_factor: parameters moved per client and direction, in units of d (SCAFFOLD: 2).
@@ -59,6 +65,7 @@ class Spec:
     shares_server_data: bool = False
     parallel_ok: bool = False
     sends: tuple[str, ...] = ()
+    client_state: tuple[str, ...] = ()
     local_keys: tuple[str, ...] = ()
     comm_factor: int = 1
     summary: str = field(default="", compare=False)
@@ -71,3 +78,14 @@ class Spec:
 
     def defaults(self) -> dict[str, float]:
         return {h.key: h.default for h in self.hyperparams}
+
+    @property
+    def keeps_client_state(self) -> bool:
+        """Each client keeps a table between rounds (N × d numbers per entry of ``client_state``)."""
+        return bool(self.client_state)
+
+    def server_mode(self, learning: str) -> str:
+        """The server learning this rule runs with under ``server.learning = learning``: "auto" is the
+        spec's own (FSL: "incremental", FSL-p: "parallel", the others "off"). Whether the two compose is
+        ``fedsl.algorithms.check_server_learning``'s question (config validation asks it)."""
+        return self.server_learning if learning == "auto" else learning

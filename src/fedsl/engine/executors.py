@@ -143,8 +143,7 @@ class VectorisedExecutor:
     name = "vectorised"
 
     def __init__(self, fm: FunctionalModel, compile: str = "off") -> None:
-        if compile not in COMPILE_MODES:
-            raise ValueError(f"compile = {compile!r}: expected one of {list(COMPILE_MODES)}")
+        assert compile in COMPILE_MODES, compile  # config validation checks compile
         self.fm, self.compile = fm, compile
         self._steps: dict = {}  # (client, lr batched?) -> the vmapped (and compiled) step, built once
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()  # compile = "cuda-graphs", by shape
@@ -252,18 +251,17 @@ EXECUTORS = {"sequential": SequentialExecutor, "vectorised": VectorisedExecutor,
 def make_executor(name: str, fm: FunctionalModel, device: torch.device, compile: str = "off") -> Executor:
     """``auto`` picks by device, from measurement: sequential on CPU, vectorised on CUDA.
     ``processes`` (CPU only) spreads a round's clients over worker processes (``fedsl.engine.pool``).
-    ``compile`` (``VectorisedExecutor``) captures the vectorised step with ``torch.compile``."""
+    ``compile`` (``VectorisedExecutor``) captures the vectorised step with ``torch.compile``; it needs the
+    vectorised executor, and "cuda-graphs" a CUDA device: config validation checks both (``RunConfig``, and
+    ``runner.resolve_device`` for device = 'auto'), this function assumes them."""
     if name == "auto":
         name = "vectorised" if device.type == "cuda" else "sequential"
     if name not in EXECUTORS:
         raise ValueError(f"executor = {name!r}: expected one of {['auto', *EXECUTORS]}")
     if name == "processes" and device.type != "cpu":
         raise ValueError(f"executor = 'processes' runs on CPU, not {device.type}: use 'vectorised' or 'auto' there")
-    if compile == "cuda-graphs" and device.type != "cuda":
-        raise ValueError(f"compile = 'cuda-graphs' captures CUDA graphs: expected a CUDA device, not {device.type!r}")
+    assert compile != "cuda-graphs" or device.type == "cuda", device
     if compile != "off":
-        if name != "vectorised":
-            raise ValueError(f"compile = {compile!r} captures the vectorised step: expected executor = 'vectorised' "
-                             f"(or 'auto' on a GPU), not {name!r}")
+        assert name == "vectorised", (compile, name)
         return VectorisedExecutor(fm, compile)
     return EXECUTORS[name](fm)

@@ -62,8 +62,7 @@ EVAL_PRECISIONS = ("float32", "bfloat16")
 def _precision(x: torch.Tensor, precision: str):
     """The context of an evaluation's forward passes: as trained, or under bfloat16 autocast
     (convolutions and matrix products in bf16 on tensor cores, losses and sums in float32)."""
-    if precision not in EVAL_PRECISIONS:
-        raise ValueError(f"eval_precision = {precision!r}: expected one of {list(EVAL_PRECISIONS)}")
+    assert precision in EVAL_PRECISIONS, precision  # config validation checks eval_precision
     if precision == "float32":
         return contextlib.nullcontext()
     return torch.autocast(x.device.type, dtype=torch.bfloat16)

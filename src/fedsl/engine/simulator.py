@@ -82,8 +82,7 @@ class Simulator:
     def __init__(self, fm: FunctionalModel, fed: Federation, algorithm: Algorithm, executor: Executor,
                  clients_per_round: int, seed: int, eval_batch_size: int = 500, eval_precision: str = "float32",
                  tables_on_host: bool = False) -> None:
-        if eval_precision not in EVAL_PRECISIONS:
-            raise ValueError(f"eval_precision = {eval_precision!r}: expected one of {list(EVAL_PRECISIONS)}")
+        assert eval_precision in EVAL_PRECISIONS, eval_precision  # config validation checks it
         self.fm, self.fed, self.alg, self.executor = fm, fed, algorithm, executor
         self.S, self.seed, self.eval_batch_size = clients_per_round, seed, eval_batch_size
         self.eval_precision = eval_precision

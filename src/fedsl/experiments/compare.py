@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fedsl.algorithms import SPECS
 from fedsl.experiments import runner
 from fedsl.experiments.config import RunConfig, expand_runs, get_dotted
 from fedsl.experiments.results import CorruptCheckpoint, RunDir, atomic_write, is_group
@@ -130,8 +131,8 @@ def run_bytes(cfg: RunConfig, free: float | None = None) -> float:
     ``client_tables``, which 'auto' decides from ``free``: ``runner.tables_go_to_host``) and its working
     memory (measured for the CIFAR CNN, scaled by S·B, by d for other models, by 2 for float64)."""
     d = MODEL_PARAMS.get(cfg.model.name, 4e6)  # other models: a generous bound
-    width = 8 if cfg.dtype == "float64" else 4
-    tables = (cfg.data.num_clients if cfg.algorithm.name in ("scaffold", "feddyn") else 0) * d * width
+    width = runner.number_bytes(cfg.dtype)
+    tables = runner.client_table_bytes(SPECS[cfg.algorithm.name], cfg.data.num_clients, d, cfg.dtype)
     if runner.tables_go_to_host(cfg.client_tables, tables, free if free is not None else float("inf")):
         tables = 0
     work = RUN_BYTES_MEASURED * cfg.algorithm.clients_per_round * cfg.algorithm.batch_size / 100

@@ -19,7 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from fedsl.algorithms import ALGORITHMS, SPECS, defaults
+from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
+from fedsl.engine.executors import COMPILE_MODES
+from fedsl.engine.functional import EVAL_PRECISIONS
 
 
 class ConfigError(ValueError):
@@ -293,7 +295,7 @@ class RunConfig(_Strict):
                           "1/eval_every of the evaluation cost elsewhere; false = the final accuracy is the mean of "
                           "the evaluations that fall in the window (parity-cifar10: the last 3 of every 10)")
     eval_batch_size: int = Field(100, ge=1, le=BATCH_MAX, description="evaluation batch size (at most 10^6)")
-    eval_precision: Literal["float32", "bfloat16"] = Field(
+    eval_precision: Literal[EVAL_PRECISIONS] = Field(
         "float32", description="evaluation's forward passes: 'float32' (as trained), or 'bfloat16' autocast "
                                "(opt-in; moved CIFAR-10 accuracy by <= 0.09 points and saved 4% on an H200 for the "
                                "paper's CNN: benchmarks/RESULTS-gpu.md)")
@@ -318,7 +320,7 @@ class RunConfig(_Strict):
                             "'vectorised' (vmap over clients; auto on CUDA), 'processes' (CPU: the clients split "
                             "over one worker process per usable core, one torch thread each; bit-identical to "
                             "'sequential' at threads = 1; pays when clients train for seconds, as in Scenario 1)")
-    compile: Literal["off", "cuda-graphs", "default", "reduce-overhead", "max-autotune", "aot_eager"] = Field(
+    compile: Literal[COMPILE_MODES] = Field(
         "off", description="executor = 'vectorised' (auto on CUDA): 'cuda-graphs' captures a round's K local steps "
                            "(and the server's K0) as one CUDA graph per shape and replays it: the same kernels, one "
                            "launch (Scenario 2 on a GPU); the others torch.compile the vectorised step "
@@ -394,17 +396,7 @@ class RunConfig(_Strict):
         if d.classes_per_client > len(d.chars) and d.dataset == "synthetic_chars":
             raise ValueError(
                 f"data.classes_per_client = {d.classes_per_client}: expected at most the {len(d.chars)} classes of data.chars")
-        sl = self.server.learning
-        sp = SPECS[a.name]
-        if (sp.needs_server_data or sl in ("incremental", "parallel")) and not d.has_server_data:
-            raise ValueError(f"algorithm.name = {a.name!r} with server.learning = {sl!r} needs server data: "
-                             "expected data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
-        if sl == "parallel" and not sp.parallel_ok:
-            ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok and s.server_learning == "off")
-            raise ValueError(f"server.learning = 'parallel' (FSL-p) composes with {ok}; "
-                             f"not algorithm.name = {a.name!r}")
-        if sp.server_learning != "off" and sl not in ("auto", sp.server_learning):
-            raise ValueError(f"server.learning = {sl!r} contradicts algorithm.name = {a.name!r}: expected 'auto'")
+        check_server_learning(a.name, self.server.learning, d.has_server_data)  # needs D0, composes with FSL-p
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
                              "or data.server_source = 'clients' / 'dataset'")

@@ -17,7 +17,7 @@ import torch
 
 from fedsl import metrics
 from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
-                              make_algorithm, spec)
+                              Spec, make_algorithm, spec)
 from fedsl.core import threads
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
@@ -52,12 +52,16 @@ class Prepared:
     device: torch.device
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def resolve_device(name: str, compile: str = "off") -> torch.device:
+    """The device of ``device = name`` on this machine; a ConfigError when it has none such, or when
+    ``compile = 'cuda-graphs'`` (config validation refuses it with device = 'cpu') meets an 'auto' without a GPU."""
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device = 'cuda': no CUDA device is available here; expected 'auto' or 'cpu'")
-    return torch.device(name)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if compile == "cuda-graphs" and device.type != "cuda":
+        raise ConfigError(f"compile = 'cuda-graphs' captures CUDA graphs: device = {name!r} is {device.type!r} on this "
+                          "machine: expected a machine with a CUDA device, or compile = 'off'")
+    return device
 
 
 def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | None, list[HyperParam]]:
@@ -92,7 +96,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps)
 
     server = None
-    mode = sp.server_learning if s.learning == "auto" else s.learning
+    mode = sp.server_mode(s.learning)
     if mode != "off":
         b0 = s.batch_size or a.batch_size
         if b0 > n0:
@@ -167,7 +171,7 @@ def check(cfg: RunConfig, _models_seen: set | None = None, *, keep: bool = False
     ``keep``: return what was built (the run's federation, algorithm and seeded model), for
     ``prepare(cfg, built=...)``.
     """
-    resolve_device(cfg.device)
+    resolve_device(cfg.device, cfg.compile)
     fed = build_federation(cfg.data, cfg.seed)
     algorithm, pretrain, hp = resolve(cfg, fed)
     key = (cfg.model.name, cfg.model.init, fed.num_classes, tuple(fed.input_shape))
@@ -206,7 +210,7 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     one of theirs is shared rather than held twice (a CIFAR-10 pool is 600 MB).
     ``built``: what ``check(cfg, keep=True)`` built (taken over, not built again).
     """
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, cfg.compile)
     dtype = getattr(torch, cfg.dtype)
     # process-wide: with other work on the cores, spinning OpenMP threads wait on each other
     # (measured: 2 threads 10x slower than 1 on a loaded 2-core machine); 0 = a safe automatic number
@@ -242,15 +246,24 @@ def tables_go_to_host(client_tables: str, table_bytes: float, free: float) -> bo
     return client_tables == "host" or (client_tables == "auto" and table_bytes > TABLES_DEVICE_SHARE * free)
 
 
+def number_bytes(dtype: str) -> int:
+    """Bytes of one number of ``dtype`` ("float32": 4, "float64": 8)."""
+    return getattr(torch, dtype).itemsize
+
+
+def client_table_bytes(sp: Spec, num_clients: int, d: float, dtype: str) -> float:
+    """The clients' state tables of one run of ``sp``'s rule: N × d numbers of ``dtype`` per entry of its
+    ``client_state`` (SCAFFOLD's c_i, FedDyn's ∇L_i; none for stateless clients)."""
+    return len(sp.client_state) * num_clients * d * number_bytes(dtype)
+
+
 def tables_on_host(cfg: RunConfig, device: torch.device, algorithm: Algorithm, num_clients: int, d: int) -> bool:
     """Whether a run keeps its clients' state tables in host memory (``cfg.client_tables``; 'auto': on a GPU,
     when its tables, N × d numbers per state the rule keeps, would take more than half the free memory)."""
     if device.type != "cuda" or cfg.client_tables == "device":
         return False
-    states = len(algorithm.rule.init_client_state({"w": torch.zeros(1)}))  # SCAFFOLD's c_i, FedDyn's ∇L_i
-    width = 8 if cfg.dtype == "float64" else 4
     free = torch.cuda.mem_get_info(device)[0] if cfg.client_tables == "auto" else 0
-    return tables_go_to_host(cfg.client_tables, states * num_clients * d * width, free)
+    return tables_go_to_host(cfg.client_tables, client_table_bytes(algorithm.spec, num_clients, d, cfg.dtype), free)
 
 
 def _share_tensors(fed: Federation, pools: list[Federation]) -> Federation:
