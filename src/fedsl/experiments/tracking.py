@@ -2,6 +2,7 @@
 
     tracking = ["tensorboard"]    RUN/tensorboard/events.out.tfevents.*   tensorboard --logdir RUN (or a group)
     tracking = ["mlflow"]         RUN/mlflow.db (a local SQLite store)     mlflow ui --backend-store-uri sqlite:///RUN/mlflow.db
+                                                                          (the UI needs the full `mlflow` package)
 
 (or ``fedsl run --track tensorboard``). Each needs its optional package: ``pip install 'fedsl[tensorboard]'``,
 ``pip install 'fedsl[mlflow]'``. A scalar is logged per metric under metrics.csv's column name
@@ -39,20 +40,20 @@ from typing import Any, Iterator, Sequence
 from fedsl.experiments.callbacks import Callback, RunStart
 from fedsl.experiments.config import ConfigError
 
-# tracker name -> (module it imports, the extra that installs it)
-PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+# tracker name (= the extra that installs it) -> the modules it imports (MLflow's SQLite store: SQLAlchemy, alembic)
+PACKAGES = {"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}
 FLUSH_SECONDS = 5.0  # how often unevaluated rounds' metrics reach the disk (evaluated rounds: at once)
 
 
 def require(names: Sequence[str]) -> None:
     """ConfigError (one line, naming the extra to install) when a tracker's package is missing."""
     for name in names:
-        module = PACKAGES.get(name)
-        if module is None:
+        if name not in PACKAGES:
             raise ConfigError(f"tracking = {list(names)!r}: unknown tracker {name!r}; expected 'tensorboard' or 'mlflow'")
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"tracking = {list(names)!r}: {name!r} needs the {module} package, which is not "
-                              f"installed here: pip install 'fedsl[{name}]'")
+        for module in PACKAGES[name]:
+            if importlib.util.find_spec(module) is None:
+                raise ConfigError(f"tracking = {list(names)!r}: {name!r} needs the {module} package, which is not "
+                                  f"installed here: pip install 'fedsl[{name}]'")
 
 
 def trackers(names: Sequence[str]) -> list[Callback]:
