@@ -142,6 +142,21 @@ def test_mlflow_store_holds_metrics_csv(tmp_path):
     assert not (Path.cwd() / "mlruns").exists() and not (Path.cwd() / "mlflow.db").exists()
 
 
+def test_stacked_runs_each_track_into_their_own_mlflow_store(tmp_path):
+    """Stacked runs (one process, several stores: the later ones start as copies of the first's empty schema)."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    cfgs = [C.validate(tiny_config(rounds=2, seed=s, name=f"s{s}", dtype="float64", tracking=["mlflow"]))
+            for s in (1, 2)]
+    run_stacked(cfgs, [tmp_path / "a", tmp_path / "b"], **QUIET)
+    for cfg, out in zip(cfgs, ["a", "b"]):
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / out / 'mlflow.db'}")
+        (found,) = client.search_runs([client.get_experiment_by_name("fedsl").experiment_id])
+        assert found.info.run_name == cfg.name and found.data.params["seed"] == str(cfg.seed)
+        logged = sorted(client.get_metric_history(found.info.run_id, "accuracy"), key=lambda m: m.step)
+        assert [m.value for m in logged] == [float(r["accuracy"]) for r in rows(tmp_path / out)]
+
+
 def test_cli_track_writes_tensorboard_files(tmp_path):
     pytest.importorskip("tensorboard")
     (tmp_path / "c.toml").write_text(TINY.format(rounds=2, alg="fedavg", dtype="float32", executor="auto"))
