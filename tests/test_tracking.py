@@ -8,13 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY, tiny_config
 
 from fedsl.cli import main
 from fedsl.experiments import config as C
 from fedsl.experiments.callbacks import Callback
 from fedsl.experiments.runner import run, run_stacked
-
-from conftest import TINY, tiny_config
 
 QUIET = {"log": lambda s: None, "progress": False}
 

@@ -32,9 +32,10 @@ skip them, see ``fedsl.experiments.tracking``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from fedsl.experiments.results import RunDir
 

@@ -1,8 +1,8 @@
 """Trackers: callbacks that follow a run in TensorBoard or MLflow, written under the run's folder, offline.
 
-    tracking = ["tensorboard"]    RUN/tensorboard/events.out.tfevents.*   tensorboard --logdir RUN (or a group)
-    tracking = ["mlflow"]         RUN/mlflow.db (a local SQLite store)     mlflow ui --backend-store-uri sqlite:///RUN/mlflow.db
-                                                                          (the UI needs the full `mlflow` package)
+    tracking = ["tensorboard"]  writes RUN/tensorboard/events.out.tfevents.*   see: tensorboard --logdir RUN (or group)
+    tracking = ["mlflow"]       writes RUN/mlflow.db (a local SQLite store)
+                                see: mlflow ui --backend-store-uri sqlite:///RUN/mlflow.db (needs the full `mlflow`)
 
 (or ``fedsl run --track tensorboard``). Each needs its optional package: ``pip install 'fedsl[tensorboard]'``,
 ``pip install 'fedsl[mlflow]'``. A scalar is logged per metric under metrics.csv's column name
@@ -21,9 +21,9 @@ hides the earlier copies (the resumed log starts with a restart marker at the fi
 TensorBoard's readers honour: ``purge_step``), MLflow keeps the earlier copy of each (metric, round) and
 does not log it again (its store cannot delete points). A CPU run resumes bit for bit, so both hold the
 same numbers as metrics.csv; a resumed CUDA run without ``deterministic = true`` may differ in the last
-bits there. MLflow writes rounds that were not evaluated in batches (every few seconds and at each
-evaluation), so a killed process (kill -9) may leave out the ``gamma``/``wall_time`` of its last
-unevaluated rounds.
+bits there. Both reach the disk at each evaluated round and every few seconds in between, so a process
+killed outright (kill -9) may leave out the ``gamma``/``wall_time`` of the unevaluated rounds just before its
+last checkpoint (those are not run again).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import re
 import sqlite3
 import time
 import warnings
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from fedsl.experiments.callbacks import Callback, RunStart
 from fedsl.experiments.config import ConfigError
@@ -50,7 +51,8 @@ def require(names: Sequence[str]) -> None:
     """ConfigError (one line, naming the extra to install) when a tracker's package is missing."""
     for name in names:
         if name not in PACKAGES:
-            raise ConfigError(f"tracking = {list(names)!r}: unknown tracker {name!r}; expected 'tensorboard' or 'mlflow'")
+            raise ConfigError(f"tracking = {list(names)!r}: unknown tracker {name!r}; "
+                              "expected 'tensorboard' or 'mlflow'")
         for module in PACKAGES[name]:
             if importlib.util.find_spec(module) is None:
                 raise ConfigError(f"tracking = {list(names)!r}: {name!r} needs the {module} package, which is not "
@@ -72,20 +74,21 @@ def _scalars(metrics: dict[str, Any], skip: set[str] = frozenset()) -> dict[str,
 
 
 class _Split(Callback):
-    """Logs each evaluation's metrics at its evaluation, and at round end only the round's other numbers."""
+    """Logs each evaluation's metrics at its evaluation, and at round end only the round's other numbers; asks
+    for a flush to the disk after each evaluated round (and x_0's evaluation)."""
 
     def __init__(self) -> None:
         self._evaluated: tuple[int, set[str]] = (-1, set())
 
     def on_evaluation(self, round: int, metrics: dict[str, Any]) -> None:
         self._evaluated = (round, set(metrics))
-        self.log(round, _scalars(metrics), evaluated=True)
+        self.log(round, _scalars(metrics), flush=round == 0)  # rounds 1..T: flushed at their round end
 
     def on_round_end(self, round: int, metrics: dict[str, Any]) -> None:
         r, keys = self._evaluated
-        self.log(round, _scalars(metrics, keys if r == round else set()), evaluated=False)
+        self.log(round, _scalars(metrics, keys if r == round else set()), flush=r == round)
 
-    def log(self, step: int, values: dict[str, float], evaluated: bool) -> None:
+    def log(self, step: int, values: dict[str, float], flush: bool) -> None:
         raise NotImplementedError
 
 
@@ -111,10 +114,10 @@ class TensorBoardCallback(_Split):
             rows = "\n".join(f"| {k} | {v} |" for k, v in run.hyperparameters.items())
             self.writer.add_text("hyperparameters", f"| symbol | value |\n|---|---|\n{rows}", 0)
 
-    def log(self, step: int, values: dict[str, float], evaluated: bool) -> None:
+    def log(self, step: int, values: dict[str, float], flush: bool) -> None:
         for k, v in values.items():
             self.writer.add_scalar(k, v, step)
-        if evaluated:
+        if flush:
             self.writer.flush()
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
@@ -219,13 +222,13 @@ class MLflowCallback(_Split):
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
                 c.log_batch(self.run_id, params=params[i:i + 100])
 
-    def log(self, step: int, values: dict[str, float], evaluated: bool) -> None:
+    def log(self, step: int, values: dict[str, float], flush: bool) -> None:
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
         self.pending += [Metric(k, v, now, step) for k, v in values.items()
                          if step > self.logged.get(k, -1)]
-        # one database transaction per evaluation (or every few seconds), not per round
-        if evaluated or time.monotonic() - self.last_flush > FLUSH_SECONDS:
+        # one database transaction per evaluated round (or every few seconds), not per round
+        if flush or time.monotonic() - self.last_flush > FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
