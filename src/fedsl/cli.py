@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -156,9 +157,13 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP, show_default=False),
         ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP, show_default=False),
         ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP,
-                                                    show_default=False)) -> None:
+                                                    show_default=False),
+        track: List[str] = typer.Option([], "--track", help="follow each run in 'tensorboard' or 'mlflow' too "
+                                                            "(repeatable; sets tracking = [...])")) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
     backend = _backend(parallel, ray, ray_resources, quiet)
+    if track:  # a TOML list of strings, as --set tracking=[...] would give it
+        set_ = [*set_, "tracking=[" + ", ".join(json.dumps(t) for t in track) + "]"]
     cfg = _load_config(config, preset, set_, data_dir, quick)
     if variants is not None:
         names = [v.strip() for v in variants.split(",") if v.strip()]

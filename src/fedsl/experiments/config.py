@@ -345,6 +345,10 @@ class RunConfig(_Strict):
         "auto", description="sweeps: runs advanced together as one vmapped computation (stacked runs); 'auto' = "
                             "on CUDA up to 64 that fit in memory, on CPU 1 (measured: no gain there); 1 = never; "
                             "at most 1024")
+    tracking: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list, description="trackers that follow each run as it goes, besides metrics.csv: "
+                                          "'tensorboard' (event files in RUN/tensorboard; needs fedsl[tensorboard]), "
+                                          "'mlflow' (a local store, RUN/mlflow.db; needs fedsl[mlflow])")
     description: str = Field("", description="what this run or preset is for")
     data: DataConfig = Field(description="a [data] table with at least dataset = ...")
     model: ModelConfig = Field(ModelConfig(), description="a [model] table")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -26,6 +27,8 @@ from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import RoundInfo, RunState, Simulator
 from fedsl.engine.stacked import StackedSimulator, same_tensor
+from fedsl.experiments import tracking
+from fedsl.experiments.callbacks import Callback, CallbackList, MetricsFile, RunStart
 from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.results import RunDir, is_group
 from fedsl.models import build_model
@@ -172,6 +175,7 @@ def check(cfg: RunConfig, _models_seen: set | None = None, *, keep: bool = False
     ``prepare(cfg, built=...)``.
     """
     resolve_device(cfg.device, cfg.compile)
+    tracking.require(cfg.tracking)
     fed = build_federation(cfg.data, cfg.seed)
     algorithm, pretrain, hp = resolve(cfg, fed)
     key = (cfg.model.name, cfg.model.init, fed.num_classes, tuple(fed.input_shape))
@@ -285,11 +289,12 @@ def format_hparams(hp: list[HyperParam]) -> str:
     return "\n".join(f"  {h.symbol:<9}{fmt(h.value):>12}   {h.meaning} [{h.source}]" for h in hp)
 
 
-class _Progress:
+class _Progress(Callback):
     """A rich progress bar on a terminal; plain log lines otherwise."""
 
     def __init__(self, name: str, total: int, start: int, log: Log, live: bool) -> None:
         self.log, self.total, self.name = log, total, name
+        self.start, self.t0 = start, time.perf_counter()
         self.last = "-"  # the last measured accuracy and its round, shown between evaluations
         self.bar = None
         self.every = max(1, total // 20)
@@ -313,6 +318,13 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
+
+    def on_round_end(self, round: int, metrics: dict) -> None:
+        self.update(round, metrics.get("accuracy"), (round - self.start) / max(time.perf_counter() - self.t0, 1e-9))
+
+    def on_run_end(self, summary: dict) -> None:
+        self.close()
 
 
 def checkpoint_state(ckpt: dict, dev: Callable[[dict], dict], dev_tables: Callable[[dict], dict] | None = None
@@ -344,7 +356,7 @@ class RunSession:
     """
 
     def __init__(self, cfg: RunConfig, out: str | Path, *, resume: bool, log: Log, progress: bool | None,
-                 prep: Prepared | None = None, built: Built | None = None) -> None:
+                 prep: Prepared | None = None, built: Built | None = None, callbacks: Sequence[Callback] = ()) -> None:
         self.cfg, self.log = cfg, log
         self.rd = rd = RunDir(out)
         for p in rd.remove_stale_tmp():
@@ -406,6 +418,13 @@ class RunSession:
         self.t_start = time.perf_counter()
         self.bar = _Progress(cfg.name, cfg.rounds, self.start, log,
                              sys.stdout.isatty() if progress is None else progress)
+        # metrics.csv and the progress first, then the config's trackers, then the caller's callbacks
+        self.callbacks = CallbackList([MetricsFile(rd), self.bar, *tracking.trackers(cfg.tracking), *callbacks])
+        self.callbacks.on_run_start(RunStart(
+            cfg.name, rd.path, cfg.model_dump(), cfg.rounds, resumed=resume,
+            first_round=self.start + 1 if self.state is not None else 0,
+            hyperparameters={h.symbol: h.value for h in prep.hparams}))
+        self.t_start = self.bar.t0 = time.perf_counter()  # wall_time counts the run's work, not the trackers' set-up
 
     def begin(self, state: RunState | None = None) -> None:
         """Round 0 of a new run: x_0 (``state``, or the simulator's), its accuracy, a checkpoint."""
@@ -419,8 +438,7 @@ class RunSession:
         diag = asdict(measure(sim.fm, self.state.x, sim.fed)) if cfg.diag_every else {}
         if diag:
             self.summary["initial_diagnostics"] = diag
-        self.rd.append_metrics({"round": 0, "accuracy": acc, "loss": loss, "rolling_accuracy": acc,
-                                "wall_time": 0.0, **diag})
+        self.callbacks.on_evaluation(0, {"accuracy": acc, "loss": loss, "rolling_accuracy": acc, **diag})
         if self.prep.pretrain is not None:
             self.log(f"{cfg.name}: pretrained on D0, test accuracy {self.summary['initial_accuracy']:.4f}")
         if cfg.checkpoint_every:
@@ -444,7 +462,9 @@ class RunSession:
         loss above ``loss_bound`` for ``diverge_patience`` evaluations in a row."""
         cfg, sim = self.cfg, self.sim
         self.state, self.done = state, t + 1
-        done, acc = self.done, None
+        done = self.done
+        measured = {"wall_time": round(self.wall(), 4), "gamma": info.gamma, "cos_theta": info.cos_theta,
+                    "comm_params": info.comm_params}
         if evaluated is not None:
             acc, loss = evaluated
             if not math.isfinite(loss):
@@ -455,10 +475,12 @@ class RunSession:
             w = cfg.rolling_window  # the window holds at most its last w evaluations (distinct rounds)
             roll = metrics.rolling(self.rounds[-w:], self.accs[-w:], w)[-1]
             diag = cfg.diag_every and done % cfg.diag_every == 0
-            self.rd.append_metrics({"round": done, "accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
-                                    "wall_time": round(self.wall(), 4), "gamma": info.gamma,
-                                    "cos_theta": info.cos_theta, "comm_params": info.comm_params,
-                                    **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})})
+            scores = {"accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
+                      **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})}
+            self.callbacks.on_evaluation(done, scores)
+            measured.update(scores)
+        self.callbacks.on_round_end(done, measured)  # metrics.csv's row, the progress, the trackers
+        if evaluated is not None:
             self.above = self.above + 1 if loss > self.loss_bound else 0
             if self.above >= cfg.diverge_patience:
                 self.log(f"{cfg.name}: loss {loss:.4g} above {self.loss_bound:.4g} (diverge_loss × initial loss) for "
@@ -474,11 +496,10 @@ class RunSession:
             except OSError as e:  # a full disk costs resume granularity, not the rounds in memory: train on
                 self.log(f"{cfg.name}: could not write the checkpoint of round {done} ({e}); training goes on, "
                          f"an interruption resumes from round {self.rd.checkpoint_round() or 0}")
-        self.bar.update(done, acc, (done - self.start) / max(time.perf_counter() - self.t_start, 1e-9))
         return True
 
     def finish(self, status: str) -> dict:
-        """Close the run with ``status``: a last checkpoint unless completed, and summary.json."""
+        """Close the run with ``status``: a last checkpoint unless completed, summary.json, ``on_run_end``."""
         self.bar.close()
         if status != "completed" and self.state is not None:  # keep finished rounds resumable; a diverged
             # run is never resumed (FINISHED), so it keeps no clients' tables either
@@ -492,6 +513,7 @@ class RunSession:
         self.summary.update(metrics.summarize(self.rounds, self.accs, self.cfg.rolling_window))
         self.summary.update({"status": status, "rounds_done": self.done, "wall_time": round(self.wall(), 3)})
         self.rd.write_summary(self.summary)
+        self.callbacks.on_run_end(self.summary)
         if status == "interrupted":
             # a run of a group resumes with its group (whose other runs may be unfinished too)
             group = self.rd.path.parent
@@ -501,13 +523,16 @@ class RunSession:
 
 
 def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = print,
-        progress: bool | None = None, stop_after: int | None = None, built: Built | None = None) -> dict:
+        progress: bool | None = None, stop_after: int | None = None, built: Built | None = None,
+        callbacks: Sequence[Callback] = ()) -> dict:
     """Run ``cfg`` into folder ``out`` (or continue it with ``resume``); returns summary.json's content.
 
     ``stop_after`` ends the process's work after that many rounds in this call (tests use it
     to simulate interruptions); the run stays resumable. ``built``: what ``check`` built of it.
+    ``callbacks``: told of the run's start, evaluations, rounds and end (``fedsl.experiments.callbacks``),
+    after metrics.csv, the progress and the trackers of ``cfg.tracking``.
     """
-    s = RunSession(cfg, out, resume=resume, log=log, progress=progress, built=built)
+    s = RunSession(cfg, out, resume=resume, log=log, progress=progress, built=built, callbacks=callbacks)
     status = "running"
     try:
         s.begin()
@@ -534,20 +559,22 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
 
 def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool = False, log: Log = print,
                 progress: bool | None = None, stop_after: int | None = None,
-                built: list[Built | None] | None = None) -> list[dict]:
+                built: list[Built | None] | None = None,
+                callbacks: list[Sequence[Callback]] | None = None) -> list[dict]:
     """Run several configs in lock-step with a ``StackedSimulator``: one executor call per round
     for all their clients. Each run keeps its own folder, checkpoints and summary, exactly as
     ``run`` would write them; a run that diverges leaves the stack and the others go on.
 
     The runs must be stackable (same model, algorithm kind, device, rounds) and start at the
     same round (all new, or all resumed from the same checkpoint round). ``built``: what
-    ``check`` built of each (or None).
+    ``check`` built of each (or None); ``callbacks``: each run's own callbacks (as ``run``'s).
     """
     if len(cfgs) != len(outs) or not cfgs:
         raise ValueError(f"run_stacked needs as many output folders as configs, got {len(cfgs)} and {len(outs)}")
     pools: list[Federation] = []
     sessions = [RunSession(c, o, resume=resume and RunDir(o).is_run(), log=log, progress=False,
-                           prep=prepare(c, pools, b)) for c, o, b in zip(cfgs, outs, built or [None] * len(cfgs))]
+                           prep=prepare(c, pools, b), callbacks=cb)
+                for c, o, b, cb in zip(cfgs, outs, built or [None] * len(cfgs), callbacks or [()] * len(cfgs))]
     starts = {s.start for s in sessions}
     if len(starts) > 1 or len({c.rounds for c in cfgs}) > 1:
         raise ValueError(f"stacked runs must start at one round and share T, got starts {sorted(starts)} "
