@@ -137,7 +137,7 @@ def test_line_10_of_all_runs_is_one_executor_call(executor, monkeypatch):
         lines10.append(len(starts)) if rule is LOCAL_SGD else None) or train(rule, starts, *a))
     for sim in sims:
         monkeypatch.setattr(sim, "server_sgd", lambda *a: alone.append(a))
-    states, infos = stacked.round(stacked.initial_states(), 0)
+    _, infos = stacked.round(stacked.initial_states(), 0)
     assert lines10 == [2] and alone == []  # runs 0 and 2, together
     assert [i.server_steps > 0 for i in infos] == [True, False, True]
 

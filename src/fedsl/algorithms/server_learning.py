@@ -12,6 +12,10 @@ Parallel (FSL-p, "non-incremental"): the server trains from x_t on D0 like one m
 client and its update Δ_0 is averaged in with weight w0 (default n0 / (n0 + Σ_{i∈S} n_i),
 the share of its data in the round). We keep γ·η0 as its step size so that FSL and FSL-p
 are compared at the same γ, as in the paper's appendix figures.
+
+``server_updates`` is that server half, written once, for R runs side by side: the simulator and the
+Flower strategy call it for one run (``server_update``, a stack of one); ``StackedSimulator`` for all its
+runs, passing its vmapped rule update and its one-call line 10.
 """
 
 from __future__ import annotations

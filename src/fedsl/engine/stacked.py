@@ -150,19 +150,18 @@ class StackedSimulator:
         mine = [sim.client_rows(st.clients, w) for sim, st, w in zip(self.sims, states, works)]
         rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in states[0].clients.items()}
         finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows, sent)
-        results, at = [], 0
-        for w, s in zip(works, sizes):
-            results.append(ClientResults({n: v[at:at + s] for n, v in finals.items()}, w.sizes, w.steps))
-            at += s
+        parts = {n: v.split(sizes) for n, v in finals.items()}  # each run's rows (views; one call per tensor)
+        results = [ClientResults({n: p[r] for n, p in parts.items()}, w.sizes, w.steps) for r, w in enumerate(works)]
         rule_updates = None
         if self.batched_server and len(set(sizes)) == 1:
             def rule_updates():
                 return self._rule_updates(states, works, finals, sizes[0])
 
-        def line10(runs: list[int], x_bars: list[Params], _t: int, lrs: list[float]) -> list[tuple[Params, int]]:
+        def line10(runs: list[int], x_bars: list[Params], _t: int, server_lrs: list[float]
+                   ) -> list[tuple[Params, int]]:
             # the K0 steps of every run with line 10 in one executor call, on round t's batches planned ahead
             assert runs == host.sl_runs, f"line 10 for runs {runs}, planned for {host.sl_runs}"
-            out = self.executor.train(LOCAL_SGD, x_bars, host.server_plan, self.x, self.y, lrs)[0]
+            out = self.executor.train(LOCAL_SGD, x_bars, host.server_plan, self.x, self.y, server_lrs)[0]
             return [({n: v[j] for n, v in out.items()}, k0) for j, k0 in enumerate(host.server_steps)]
         # Algorithm 1's server half of every run (the same function a single run calls), batched
         ends = sl.server_updates([sim.alg for sim in self.sims], states, results, t, [sim.server for sim in self.sims],
