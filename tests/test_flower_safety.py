@@ -220,7 +220,7 @@ def test_a_round_whose_replies_are_all_dropped_applies_no_client_update(one_thre
     state = sim.initial_state()
     x, sl = state.x, sim.alg.server_learning
     for t in range(cfg.rounds):
-        x, _ = sim.server_sgd(x, t, sl.gamma_schedule.value(t, state.gamma) * sl.lr)
+        x, _ = sim.server_sgd(x, t, sl.gamma_at(t, state.gamma) * sl.lr)
     assert max_diff(strategy.state.x, x) == 0.0
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from conftest import random_federation, run_rounds
 from fedsl.algorithms import GammaSchedule, LocalTraining, ServerLearning, make_algorithm
+from fedsl.algorithms.server_learning import initial_gamma
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel
@@ -25,63 +26,75 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_constant():
-    s = GammaSchedule("constant", 0.7)
-    assert [s.value(t) for t in (0, 1, 5, 999)] == [0.7] * 4
+    s = GammaSchedule("constant")
+    assert [s.value(t, 0.7) for t in (0, 1, 5, 999)] == [0.7] * 4
 
 
 def test_step():
-    s = GammaSchedule("step", 0.8, every=10, factor=0.5)
-    assert [s.value(t) for t in (0, 9, 10, 19, 20, 25, 30)] == pytest.approx([0.8, 0.8, 0.4, 0.4, 0.2, 0.2, 0.1])
+    s = GammaSchedule("step", every=10, factor=0.5)
+    assert [s.value(t, 0.8) for t in (0, 9, 10, 19, 20, 25, 30)] == pytest.approx([0.8, 0.8, 0.4, 0.4, 0.2, 0.2, 0.1])
 
 
 def test_linear():
-    s = GammaSchedule("linear", 1.0, final=0.2, rounds=5)  # from γ at t = 0 to final at t = T - 1
-    assert [s.value(t) for t in range(5)] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2])
-    assert s.value(10) == pytest.approx(0.2)  # stays at final after T
-    assert GammaSchedule("linear", 1.0, final=0.0, rounds=1).value(0) == 1.0  # T = 1 does not divide by 0
+    s = GammaSchedule("linear", final=0.2, rounds=5)  # from γ at t = 0 to final at t = T - 1
+    assert [s.value(t, 1.0) for t in range(5)] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2])
+    assert s.value(10, 1.0) == pytest.approx(0.2)  # stays at final after T
+    assert GammaSchedule("linear", final=0.0, rounds=1).value(0, 1.0) == 1.0  # T = 1 does not divide by 0
 
 
 def test_cosine():
-    s = GammaSchedule("cosine", 1.0, final=0.1, rounds=5)
+    s = GammaSchedule("cosine", final=0.1, rounds=5)
     half = lambda u: 0.1 + 0.9 * (1 + math.cos(math.pi * u)) / 2  # noqa: E731
-    assert [s.value(t) for t in range(5)] == pytest.approx([1.0, half(0.25), 0.55, half(0.75), 0.1])
-    assert s.value(1) == pytest.approx(0.1 + 0.9 * (1 + math.sqrt(0.5)) / 2)
-    assert s.value(9) == pytest.approx(0.1)
+    assert [s.value(t, 1.0) for t in range(5)] == pytest.approx([1.0, half(0.25), 0.55, half(0.75), 0.1])
+    assert s.value(1, 1.0) == pytest.approx(0.1 + 0.9 * (1 + math.sqrt(0.5)) / 2)
+    assert s.value(9, 1.0) == pytest.approx(0.1)
 
 
 def test_inv_sqrt():
-    s = GammaSchedule("inv_sqrt", 2.0)
-    assert [s.value(t) for t in (0, 3, 8, 99)] == pytest.approx([2.0, 1.0, 2 / 3, 0.2])
+    s = GammaSchedule("inv_sqrt")
+    assert [s.value(t, 2.0) for t in (0, 3, 8, 99)] == pytest.approx([2.0, 1.0, 2 / 3, 0.2])
 
 
 def test_adaptive_value_is_the_running_gamma():
-    s = GammaSchedule("adaptive", 0.9)
-    assert s.value(0) == 0.9 and s.value(7, 0.3) == 0.3
+    s = GammaSchedule("adaptive")
+    assert s.value(0, 0.9) == 0.9 and s.value(7, 0.9, 0.3) == 0.3
 
 
 def test_adaptive_rule():
-    s = GammaSchedule("adaptive", 1.0, threshold=0.1, shrink=0.5)
-    assert s.adapt(1.0, 0.05) == 0.5  # cos θ below the threshold: shrink
-    assert s.adapt(1.0, -0.9) == 0.5
-    assert s.adapt(0.5, float("nan")) == 0.25  # no angle (zero update): shrink
-    assert s.adapt(0.5, float("inf")) == 0.25
-    assert s.adapt(0.25, 0.1) == 0.5  # at the threshold counts as agreement: recover by 1/shrink
-    assert s.adapt(0.5, 0.9) == 1.0
-    assert s.adapt(1.0, 0.9) == 1.0  # ... up to γ
-    assert s.adapt(0.8, 0.9) == 1.0
+    s = GammaSchedule("adaptive", threshold=0.1, shrink=0.5)
+    assert s.adapt(1.0, 1.0, 0.05) == 0.5  # cos θ below the threshold: shrink
+    assert s.adapt(1.0, 1.0, -0.9) == 0.5
+    assert s.adapt(1.0, 0.5, float("nan")) == 0.25  # no angle (zero update): shrink
+    assert s.adapt(1.0, 0.5, float("inf")) == 0.25
+    assert s.adapt(1.0, 0.25, 0.1) == 0.5  # at the threshold counts as agreement: recover by 1/shrink
+    assert s.adapt(1.0, 0.5, 0.9) == 1.0
+    assert s.adapt(1.0, 1.0, 0.9) == 1.0  # ... up to γ
+    assert s.adapt(1.0, 0.8, 0.9) == 1.0
+    assert s.adapt(0.6, 0.5, 0.9) == 0.6  # up to this γ
     g, seen = 1.0, []
     for cos in (-1, -1, -1, 1, 1, 1, 1):
-        g = s.adapt(g, cos)
+        g = s.adapt(1.0, g, cos)
         seen.append(g)
     assert seen == [0.5, 0.25, 0.125, 0.25, 0.5, 1.0, 1.0]
-    assert GammaSchedule("adaptive", 1.0, shrink=0.8).adapt(1.0, -0.2) == pytest.approx(0.8)
+    assert GammaSchedule("adaptive", shrink=0.8).adapt(1.0, 1.0, -0.2) == pytest.approx(0.8)
 
 
 def test_server_learning_measures_angle_when_asked_or_adaptive():
     assert not ServerLearning(1.0, 0.1, 4, 1).measures_angle
     assert ServerLearning(1.0, 0.1, 4, 1, log_angle=True).measures_angle
-    assert ServerLearning(1.0, 0.1, 4, 1, schedule=GammaSchedule("adaptive", 1.0)).measures_angle
-    assert ServerLearning(0.6, 0.1, 4, 1).gamma_schedule == GammaSchedule("constant", 0.6)
+    assert ServerLearning(1.0, 0.1, 4, 1, schedule=GammaSchedule("adaptive")).measures_angle
+    assert ServerLearning(0.6, 0.1, 4, 1).gamma_schedule == GammaSchedule("constant")
+
+
+def test_gamma_is_stored_once_in_server_learning():
+    """γ is ``ServerLearning.gamma``; the schedule only says how γ_t moves from it, and γ_0 follows it."""
+    linear = GammaSchedule("linear", final=0.0, rounds=3)
+    assert not hasattr(linear, "gamma")
+    assert ServerLearning(0.6, 0.1, 4, 1, schedule=linear).gamma_at(1, None) == pytest.approx(0.3)
+    alg = make_algorithm("fedavg", LocalTraining(0.1, 5), 1.0, ServerLearning(0.6, 0.1, 4, 1, schedule=GammaSchedule(
+        "adaptive")))
+    assert initial_gamma(alg) == 0.6  # the adaptive schedule's running γ starts at γ
+    assert initial_gamma(make_algorithm("fedavg", LocalTraining(0.1, 5), 1.0, ServerLearning(0.6, 0.1, 4, 1))) is None
 
 
 # ---------------------------------------------------------------- through the simulator
@@ -120,7 +133,7 @@ _rounds = run_rounds
 
 
 def _adaptive(gamma=1.0, threshold=0.0, shrink=0.5, lr=0.1, steps=None):
-    return ServerLearning(gamma, lr, 5, 1, steps=steps, schedule=GammaSchedule("adaptive", gamma, threshold=threshold,
+    return ServerLearning(gamma, lr, 5, 1, steps=steps, schedule=GammaSchedule("adaptive", threshold=threshold,
                                                                                 shrink=shrink))
 
 
@@ -128,8 +141,8 @@ def _follows_rule(sl, st0_gamma, infos, final_gamma):
     sched = sl.gamma_schedule
     assert infos[0].gamma == st0_gamma
     for prev, cur in zip(infos, infos[1:]):
-        assert cur.gamma == sched.adapt(prev.gamma, prev.cos_theta)
-    assert final_gamma == sched.adapt(infos[-1].gamma, infos[-1].cos_theta)
+        assert cur.gamma == sched.adapt(sl.gamma, prev.gamma, prev.cos_theta)
+    assert final_gamma == sched.adapt(sl.gamma, infos[-1].gamma, infos[-1].cos_theta)
     assert all(-1.0 - 1e-12 <= i.cos_theta <= 1.0 + 1e-12 for i in infos)
 
 
@@ -209,7 +222,7 @@ def test_angle_only_when_asked():
 def test_scheduled_gamma_is_the_server_step():
     """Linear γ from 1 to 0 over T = 3 rounds: the last round's SL step γ_2·η0 = 0 leaves x̄ as is."""
     fed = random_federation(SIZES, n0=10, dtype=torch.float64)
-    sl = ServerLearning(1.0, 0.1, 5, 1, schedule=GammaSchedule("linear", 1.0, final=0.0, rounds=3))
+    sl = ServerLearning(1.0, 0.1, 5, 1, schedule=GammaSchedule("linear", final=0.0, rounds=3))
     sim, alone = _sim(fed, sl), _sim(fed, None)
     st, infos = _rounds(sim, 2)
     assert [i.gamma for i in infos] == [1.0, 0.5]

@@ -11,6 +11,7 @@ import torch
 
 from conftest import clone_state, flat_state, random_federation, run_rounds, tiny_config
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
+from fedsl.algorithms.base import LOCAL_SGD
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
@@ -91,19 +92,26 @@ def test_stacked_fslp_ds_adaptive(executor, exact):
     fed = random_federation(SIZES, seed=0)
     _compare(lambda: [_sim("fedavg", fed, executor, mode="parallel", seed=s) for s in (1, 2)], exact=exact)
     _compare(lambda: [_sim("ds", fed, executor, gamma=None, seed=s) for s in (1, 2)], exact=exact)
-    adaptive = GammaSchedule(kind="adaptive", gamma=1.0, shrink=0.5)
+    adaptive = GammaSchedule(kind="adaptive", shrink=0.5)
     _compare(lambda: [_sim("fedavg", fed, executor, schedule=adaptive, seed=s) for s in (1, 2)], exact=exact)
 
 
-def test_server_update_is_batched_only_when_the_runs_share_it():
+def test_server_update_is_batched_only_when_the_runs_share_it(monkeypatch):
     """One vmapped rule update needs the rule's numbers, N and the weighting shared, and no per-run
     extra (FSL-p's server client, the angle); otherwise each run aggregates on its own."""
     fed = random_federation(SIZES, seed=0)
     other_n = random_federation(SIZES[:6], seed=1)
-    adaptive = GammaSchedule(kind="adaptive", gamma=1.0, shrink=0.5)
+    adaptive = GammaSchedule(kind="adaptive", shrink=0.5)
+    calls = []
+    vmapped = StackedSimulator._rule_updates
+    monkeypatch.setattr(StackedSimulator, "_rule_updates", lambda self, *a: calls.append(1) or vmapped(self, *a))
 
     def batched(*sims):
-        return StackedSimulator(list(sims)).batched_server
+        """Whether round 0 of the stacked runs took the engine's one vmapped rule update."""
+        calls.clear()
+        stacked = StackedSimulator(list(sims))
+        stacked.round(stacked.initial_states(), 0)
+        return len(calls) == 1
     v = VectorisedExecutor
     assert batched(_sim("scaffold", fed, v, seed=1), _sim("scaffold", fed, v, seed=2, lr=0.05, gamma=None))
     assert not batched(_sim("fedavg", fed, v), _sim("fedavg", other_n, v))  # N differs
@@ -113,6 +121,25 @@ def test_server_update_is_batched_only_when_the_runs_share_it():
     b.alg = type(b.alg)(**{**b.alg.__dict__, "rule": type(b.alg.rule)(global_lr=2.0)})  # η_g differs
     assert not batched(a, b)
     assert not batched(_sim("fedavg", fed, SequentialExecutor), _sim("fedavg", fed, SequentialExecutor))
+
+
+@pytest.mark.parametrize("executor", [SequentialExecutor, VectorisedExecutor])
+def test_line_10_of_all_runs_is_one_executor_call(executor, monkeypatch):
+    """The stacked round goes through the same server half as a single run (``server_updates``), with line 10
+    of every run with server learning in one executor call on the batches planned ahead, none run by run."""
+    fed = random_federation(SIZES, seed=0)
+    sims = [_sim("fedavg", fed, executor, seed=1), _sim("fedavg", fed, executor, seed=2, gamma=None),
+            _sim("fedavg", fed, executor, seed=3, gamma=1.5)]
+    stacked = StackedSimulator(sims)
+    lines10, alone = [], []
+    train = stacked.executor.train
+    monkeypatch.setattr(stacked.executor, "train", lambda rule, starts, *a: (
+        lines10.append(len(starts)) if rule is LOCAL_SGD else None) or train(rule, starts, *a))
+    for sim in sims:
+        monkeypatch.setattr(sim, "server_sgd", lambda *a: alone.append(a))
+    _, infos = stacked.round(stacked.initial_states(), 0)
+    assert lines10 == [2] and alone == []  # runs 0 and 2, together
+    assert [i.server_steps > 0 for i in infos] == [True, False, True]
 
 
 def test_host_work_made_ahead_is_taken_and_changes_nothing(monkeypatch):

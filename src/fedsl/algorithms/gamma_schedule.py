@@ -24,8 +24,9 @@ Kind = Literal["constant", "step", "linear", "cosine", "inv_sqrt", "adaptive"]
 
 @dataclass(frozen=True)
 class GammaSchedule:
+    """How γ_t moves from γ over the rounds; γ itself is ``ServerLearning.gamma`` (stored once)."""
+
     kind: Kind = "constant"
-    gamma: float = 1.0  # γ (γ_0)
     final: float = 0.0  # linear / cosine end value
     every: int = 100  # step: rounds between decays
     factor: float = 0.5  # step: decay factor
@@ -33,9 +34,9 @@ class GammaSchedule:
     threshold: float = 0.0  # adaptive: smallest cos θ_t that counts as agreement
     shrink: float = 0.5  # adaptive: γ ← shrink·γ on disagreement
 
-    def value(self, t: int, current: float | None = None) -> float:
-        """γ_t for round t (0-based); ``current`` is the adaptive schedule's running γ."""
-        g = self.gamma
+    def value(self, t: int, gamma: float, current: float | None = None) -> float:
+        """γ_t for round t (0-based) from γ = ``gamma``; ``current`` is the adaptive schedule's running γ."""
+        g = gamma
         if self.kind == "constant":
             return g
         if self.kind == "step":
@@ -48,8 +49,9 @@ class GammaSchedule:
             return g / math.sqrt(t + 1)
         return g if current is None else current  # adaptive
 
-    def adapt(self, current: float, cos_theta: float) -> float:
-        """The adaptive rule's γ for the next round, given this round's cos θ_t."""
+    def adapt(self, gamma: float, current: float, cos_theta: float) -> float:
+        """The adaptive rule's γ for the next round, given this round's γ_t = ``current`` and cos θ_t; it
+        recovers at most up to γ = ``gamma``."""
         if not math.isfinite(cos_theta) or cos_theta < self.threshold:
             return current * self.shrink
-        return min(self.gamma, current / self.shrink)
+        return min(gamma, current / self.shrink)

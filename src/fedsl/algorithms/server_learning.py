@@ -12,12 +12,16 @@ Parallel (FSL-p, "non-incremental"): the server trains from x_t on D0 like one m
 client and its update Δ_0 is averaged in with weight w0 (default n0 / (n0 + Σ_{i∈S} n_i),
 the share of its data in the round). We keep γ·η0 as its step size so that FSL and FSL-p
 are compared at the same γ, as in the paper's appendix figures.
+
+``server_updates`` is that server half, written once, for R runs side by side: the simulator and the
+Flower strategy call it for one run (``server_update``, a stack of one); ``StackedSimulator`` for all its
+runs, passing its vmapped rule update and its one-call line 10.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,8 +66,17 @@ class ServerLearning:
         return self.gamma > 0 and self.steps != 0
 
     @property
+    def incremental(self) -> bool:
+        """Whether every round ends with line 10 (on, incremental mode): an engine may plan its K0 batches ahead."""
+        return self.active and self.mode == "incremental"
+
+    @property
     def gamma_schedule(self) -> GammaSchedule:
-        return self.schedule or GammaSchedule("constant", self.gamma)
+        return self.schedule or GammaSchedule("constant")
+
+    def gamma_at(self, t: int, current: float | None) -> float:
+        """γ_t of round t; ``current`` is the run's running γ (``RunState.gamma``, the adaptive schedule's)."""
+        return self.gamma_schedule.value(t, self.gamma, current)
 
     @property
     def measures_angle(self) -> bool:
@@ -122,18 +135,29 @@ class ServerMetrics:
     server_steps: int  # K0 taken (0 without server learning)
 
 
-def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t: int,
-              server: ServerSide) -> Aggregated:
+def initial_gamma(alg: Algorithm) -> float | None:
+    """γ_0 of a run's state (``RunState.gamma``): the adaptive schedule's running γ starts at γ; the other
+    schedules keep none (their γ_t is a function of t alone)."""
+    sl = alg.server_learning
+    return sl.gamma if sl is not None and sl.gamma_schedule.kind == "adaptive" else None
+
+
+def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t: int, server: ServerSide,
+              updated: tuple[Params, State] | None = None) -> Aggregated:
     """Lines 8-9 of round t: γ_t, FSL-p's server update beside the clients', cos θ_t, the rule's update.
 
     ``results`` None: no client update reached the server this round; x̄ = x_t and the rule's state
-    stays (a deployment's round whose replies were all lost or unusable).
+    stays (a deployment's round whose replies were all lost or unusable). ``updated``: the rule's update
+    (x̄_t, its new state) already computed by the engine (``RuleUpdates``; only when ``_rule_alone``).
     """
-    if results is None:
-        return aggregated(alg, state, t, state.x, state.algo)
     sl = alg.server_learning
     on = sl is not None and sl.active
-    gamma = sl.gamma_schedule.value(t, state.gamma) if on else None
+    gamma = sl.gamma_at(t, state.gamma) if on else None
+    incremental = sl is not None and sl.incremental
+    if results is None:
+        return Aggregated(state.x, state.algo, gamma, None, 0, incremental)
+    if updated is not None:
+        return Aggregated(*updated, gamma, None, 0, incremental)
     x, finals = state.x, results.params
     device = next(iter(x.values())).device
     weights = to_device(client_weights(results.sizes, alg.weighted), device)  # queued, no GPU sync
@@ -151,37 +175,15 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     steps = tensor_on(results.steps, device)
     x_bar, algo = alg.rule.server_update(x, state.algo, finals, weights, RoundContext(alg.local.lr, steps,
                                                                                        server.num_clients))
-    return Aggregated(x_bar, algo, gamma, cos, server_steps, runs_line10(alg))
+    return Aggregated(x_bar, algo, gamma, cos, server_steps, incremental)
 
 
-def per_run_only(alg: Algorithm) -> bool:
-    """Whether lines 8-9 of ``alg``'s round need more than the rule's ``server_update``: FSL-p's server
-    update beside the clients', or cos θ_t (a full gradient on D0). Otherwise an engine may compute
-    the rule's update of several stacked runs in one call and record it with ``aggregated``."""
+def _rule_alone(alg: Algorithm) -> bool:
+    """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone: no FSL-p server update
+    beside the clients', no cos θ_t (a full gradient on D0). Only then may the engine's ``RuleUpdates`` stand
+    in for them."""
     sl = alg.server_learning
-    return sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle)
-
-
-def aggregated(alg: Algorithm, state: RunState, t: int, x_bar: Params, algo: State) -> Aggregated:
-    """Round t's ``Aggregated`` record from the rule's update (x̄_t and its new state) computed by the
-    caller: γ_t, and whether line 10 is to run. For rounds ``per_run_only`` is False for (and rounds
-    without client updates: x̄ = x_t)."""
-    sl = alg.server_learning
-    on = sl is not None and sl.active
-    gamma = sl.gamma_schedule.value(t, state.gamma) if on else None
-    return Aggregated(x_bar, algo, gamma, None, 0, runs_line10(alg))
-
-
-def runs_line10(alg: Algorithm) -> bool:
-    """Whether ``alg``'s rounds end with line 10 (incremental server learning on): the same every round, so
-    an engine may plan the server's K0 batches of a round ahead of it."""
-    sl = alg.server_learning
-    return sl is not None and sl.active and sl.mode == "incremental"
-
-
-def line10_lr(alg: Algorithm, agg: Aggregated) -> float:
-    """Line 10's step size γ_t·η0."""
-    return agg.gamma * alg.server_learning.lr
+    return not (sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle))
 
 
 def finish(alg: Algorithm, state: RunState, agg: Aggregated, x_next: Params, server_steps: int
@@ -194,19 +196,56 @@ def finish(alg: Algorithm, state: RunState, agg: Aggregated, x_next: Params, ser
     sl = alg.server_learning
     gamma = state.gamma
     if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive" and agg.cos is not None:
-        gamma = sl.gamma_schedule.adapt(agg.gamma, agg.cos)
+        gamma = sl.gamma_schedule.adapt(sl.gamma, agg.gamma, agg.cos)
     return RunState(x_next, agg.algo, gamma, state.clients), ServerMetrics(agg.gamma, agg.cos, server_steps)
+
+
+RuleUpdates = Callable[[], list[tuple[Params, State]]]
+"""The rule's update (lines 8-9 without FSL-p or cos θ_t) of every run of a stack in one call: each run's
+(x̄_t, new server state). An engine offers it when the runs share the rule's numbers (one vmapped call)."""
+
+Line10 = Callable[[list[int], list[Params], int, list[float]], list[tuple[Params, int]]]
+"""Line 10 of several runs in one call: (the runs, their x̄_t, t, their step sizes γ_t·η0) -> each one's
+(x_{t+1}, K0). An engine offers it to run the K0 server steps of all runs in one executor call."""
 
 
 def server_update(alg: Algorithm, state: RunState, results: ClientResults | None, t: int,
                   server: ServerSide) -> tuple[RunState, ServerMetrics]:
-    """The server's round t: the rule's update (lines 8-9, FSL-p beside it), then server learning
-    on D0 from x̄ (line 10: K0 steps of γ_t·η0), then γ's adaptation."""
-    agg = aggregate(alg, state, results, t, server)
-    x_next, k0 = agg.x_bar, agg.server_steps
-    if agg.incremental:
-        x_next, k0 = server.train(agg.x_bar, t, line10_lr(alg, agg))  # Algorithm 1, line 10
-    return finish(alg, state, agg, x_next, k0)
+    """The server's round t of one run: ``server_updates`` of a stack of one."""
+    return server_updates([alg], [state], [results], t, [server])[0]
+
+
+def server_updates(algs: Sequence[Algorithm], states: Sequence[RunState], results: Sequence[ClientResults | None],
+                   t: int, servers: Sequence[ServerSide], rule_updates: RuleUpdates | None = None,
+                   line10: Line10 | None = None) -> list[tuple[RunState, ServerMetrics]]:
+    """Algorithm 1's server half, round t, for R runs side by side (a single run is a stack of one):
+    each run's rule update (lines 8-9: FedAvg's x̄ = x + η_g·mean Δ_i; FSL-p beside it), then server
+    learning on D0 from x̄ (line 10: K0 steps of γ_t·η0), then γ's adaptation.
+
+    Args:
+        algs, states, results, servers: each run's algorithm, state x_t, clients' replies (None: none
+            reached the server) and engine side (N, n0, LocalSGD on D0, ∇f0).
+        rule_updates: the engine's rule update of all runs in one call, used when every run replied and
+            every run's lines 8-9 are the rule's update alone (default: run by run).
+        line10: the engine's line 10 of several runs in one call (default: run by run, ``server.train``).
+    """
+    if rule_updates is not None and all(r is not None for r in results) and all(_rule_alone(a) for a in algs):
+        updated: Sequence[tuple[Params, State] | None] = rule_updates()
+    else:
+        updated = [None] * len(algs)
+    aggs = [aggregate(alg, st, res, t, srv, up) for alg, st, res, srv, up in zip(algs, states, results, servers,
+                                                                                updated)]
+    nexts = [(a.x_bar, a.server_steps) for a in aggs]
+    runs = [r for r, a in enumerate(aggs) if a.incremental]
+    if runs:  # Algorithm 1, line 10: x_{t+1} = LocalSGD(x̄_t, γ_t·η0, K0, D0)
+        lrs = [aggs[r].gamma * algs[r].server_learning.lr for r in runs]
+        if line10 is None:
+            outs = [servers[r].train(aggs[r].x_bar, t, lr) for r, lr in zip(runs, lrs)]
+        else:
+            outs = line10(runs, [aggs[r].x_bar for r in runs], t, lrs)
+        for r, out in zip(runs, outs):
+            nexts[r] = out
+    return [finish(alg, st, a, x, k0) for alg, st, a, (x, k0) in zip(algs, states, aggs, nexts)]
 
 
 def angle(x: Params, finals: Params, weights: torch.Tensor, g0: Params) -> float:

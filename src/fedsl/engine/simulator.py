@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fedsl.algorithms.base import Algorithm, ClientResults, LocalTraining, RunState, State
-from fedsl.algorithms.server_learning import Pretraining, ServerMetrics, ServerSide, server_update
+from fedsl.algorithms.server_learning import Pretraining, ServerMetrics, ServerSide, initial_gamma, server_update
 from fedsl.core import rng
 from fedsl.core.transfer import to_device
 from fedsl.core.types import Params
@@ -135,14 +135,12 @@ class Simulator:
     def initial_state(self, pretrain: Pretraining | None = None) -> RunState:
         """Round 0: x_0 (optionally pretrained), the server's and every client's initial state, γ_0."""
         x = self.initial_params(pretrain)
-        sl = self.alg.server_learning
-        gamma = sl.gamma if sl is not None and sl.gamma_schedule.kind == "adaptive" else None
         rule, n = self.alg.rule, self.fed.num_clients
         # the clients' states as [N, ...] tables: the round updates the sampled clients' rows in place,
         # since copying N×d numbers (2 GB for 1,000 CIFAR clients) would cost more than the round
         clients = {k: {p: v.to(self.tables_device).unsqueeze(0).expand(n, *v.shape).clone() for p, v in g.items()}
                    for k, g in rule.init_client_state(x).items()}
-        return RunState(x, rule.init_server_state(x), gamma, clients)
+        return RunState(x, rule.init_server_state(x), initial_gamma(self.alg), clients)
 
     def round(self, state: RunState, t: int) -> tuple[RunState, RoundInfo]:
         """x_{t+1} (and the algorithm's state) from x_t: one round of the algorithm.

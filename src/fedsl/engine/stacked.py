@@ -25,7 +25,7 @@ from torch.func import vmap
 from fedsl.algorithms import server_learning as sl
 from fedsl.algorithms.base import LOCAL_SGD, ClientResults, RoundContext, client_weights
 from fedsl.core.transfer import tensor_on, to_device
-from fedsl.core.types import Params
+from fedsl.core.types import Params, State
 from fedsl.engine.functional import evaluate_each, evaluate_many
 from fedsl.engine.plan import BatchPlan, concat_plans
 from fedsl.engine.simulator import ClientWork, RoundInfo, RunState, Simulator
@@ -100,11 +100,12 @@ class StackedSimulator:
         self._ahead: HostWork | None = None  # a round's host work made ahead (``prepare``)
         # The rule's update (lines 8-9) of all runs in one vmapped call when they share the rule's numbers,
         # N and the weighting: per run it was R × dozens of small kernels, the host's largest share of a
-        # stacked GPU round (benchmarks/RESULTS-gpu.md). The sequential executor keeps the per-run path,
+        # stacked GPU round (benchmarks/RESULTS-gpu.md). ``server_updates`` takes it unless a run needs
+        # more than the rule's update (FSL-p, cos θ_t). The sequential executor keeps the per-run path,
         # which is bit-identical to runs one by one.
         self.batched_server = first.executor.name == "vectorised" and all(
             sim.alg.rule == first.alg.rule and sim.alg.weighted == first.alg.weighted
-            and sim.fed.num_clients == first.fed.num_clients and not sl.per_run_only(sim.alg) for sim in sims)
+            and sim.fed.num_clients == first.fed.num_clients for sim in sims)
 
     @staticmethod
     def _incompatible(a: Simulator, b: Simulator, shapes: dict) -> str:
@@ -149,27 +150,24 @@ class StackedSimulator:
         mine = [sim.client_rows(st.clients, w) for sim, st, w in zip(self.sims, states, works)]
         rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in states[0].clients.items()}
         finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows, sent)
+        parts = {n: v.split(sizes) for n, v in finals.items()}  # each run's rows (views; one call per tensor)
+        results = [ClientResults({n: p[r] for n, p in parts.items()}, w.sizes, w.steps) for r, w in enumerate(works)]
+        rule_updates = None
         if self.batched_server and len(set(sizes)) == 1:
-            aggs = self._aggregate_stacked(states, works, finals, t, sizes[0])
-        else:
-            aggs, at = [], 0
-            for sim, st, w, s in zip(self.sims, states, works, sizes):
-                results = ClientResults({n: v[at:at + s] for n, v in finals.items()}, w.sizes, w.steps)
-                aggs.append(sl.aggregate(sim.alg, st, results, t, sim.server))
-                at += s
-        news = [a.x_bar for a in aggs]
-        server_steps = [a.server_steps for a in aggs]
-        sl_runs = host.sl_runs  # the runs whose aggs[r].incremental (sl.runs_line10: the same every round)
-        if sl_runs:  # Algorithm 1, line 10, for every run with server learning on, in one call
-            sl_lrs = [sl.line10_lr(self.sims[r].alg, aggs[r]) for r in sl_runs]
-            out = self.executor.train(LOCAL_SGD, [aggs[r].x_bar for r in sl_runs], host.server_plan, self.x, self.y,
-                                      sl_lrs)[0]
-            for j, r in enumerate(sl_runs):
-                news[r] = {n: v[j] for n, v in out.items()}
-                server_steps[r] = host.server_steps[j]
+            def rule_updates():
+                return self._rule_updates(states, works, finals, sizes[0])
+
+        def line10(runs: list[int], x_bars: list[Params], _t: int, server_lrs: list[float]
+                   ) -> list[tuple[Params, int]]:
+            # the K0 steps of every run with line 10 in one executor call, on round t's batches planned ahead
+            assert runs == host.sl_runs, f"line 10 for runs {runs}, planned for {host.sl_runs}"
+            out = self.executor.train(LOCAL_SGD, x_bars, host.server_plan, self.x, self.y, server_lrs)[0]
+            return [({n: v[j] for n, v in out.items()}, k0) for j, k0 in enumerate(host.server_steps)]
+        # Algorithm 1's server half of every run (the same function a single run calls), batched
+        ends = sl.server_updates([sim.alg for sim in self.sims], states, results, t, [sim.server for sim in self.sims],
+                                 rule_updates, line10)
         out_states, infos, at = [], [], 0
-        for sim, st, w, a, nw, k0, s in zip(self.sims, states, works, aggs, news, server_steps, sizes):
-            new, metrics = sl.finish(sim.alg, st, a, nw, k0)
+        for sim, w, (new, metrics), s in zip(self.sims, works, ends, sizes):
             mine = {k: {n: v[at:at + s] for n, v in g.items()} for k, g in new_rows.items()}
             new, info = sim.end_round(new, w, mine, metrics)
             out_states.append(new)
@@ -193,17 +191,19 @@ class StackedSimulator:
         plan = concat_plans([w.plan for w in works], self.offsets).to(first.device, first.dtype)
         ids = to_device(torch.cat([w.ids_t for w in works]), first.device).split([len(w.ids) for w in works])
         works = [replace(w, ids_t=i) for w, i in zip(works, ids)]
-        sl_runs = [r for r, sim in enumerate(self.sims) if sl.runs_line10(sim.alg)]
+        servers = [sim.alg.server_learning for sim in self.sims]
+        sl_runs = [r for r, server in enumerate(servers) if server is not None and server.incremental]
         if not sl_runs:
             return HostWork(t, works, plan, [], None, [])
         plans = [self.sims[r].server_plan(t, host=True) for r in sl_runs]
         server_plan = concat_plans(plans, [self.offsets[r] for r in sl_runs]).to(first.device, first.dtype)
         return HostWork(t, works, plan, sl_runs, server_plan, [p.steps[0] for p in plans])
 
-    def _aggregate_stacked(self, states: list[RunState], works: list, finals: Params, t: int, s: int
-                           ) -> list[sl.Aggregated]:
-        """Lines 8-9 of every run: the rule's ``server_update`` vmapped over the runs, each with its own
-        x_t, server state, S clients' models, weights w_i, K_i and η_l (``batched_server``)."""
+    def _rule_updates(self, states: list[RunState], works: list, finals: Params, s: int
+                      ) -> list[tuple[Params, State]]:
+        """The rule's ``server_update`` of every run (lines 8-9) vmapped over the runs, each with its own
+        x_t, server state, S clients' models, weights w_i, K_i and η_l (``batched_server``): each run's
+        (x̄_t, new server state)."""
         first, r = self.sims[0], len(self.sims)
         device, rule, n_clients = first.device, first.alg.rule, first.fed.num_clients
         x = {n: torch.stack([st.x[n] for st in states]) for n in states[0].x}
@@ -216,9 +216,8 @@ class StackedSimulator:
         def update(x, algo, finals, weights, steps, lr):
             return rule.server_update(x, algo, finals, weights, RoundContext(lr, steps, n_clients))
         x_bar, new_algo = vmap(update)(x, algo, clients, weights, steps, lrs)
-        return [sl.aggregated(sim.alg, st, t, {n: v[j] for n, v in x_bar.items()},
-                              {k: {n: v[j] for n, v in g.items()} for k, g in new_algo.items()})
-                for j, (sim, st) in enumerate(zip(self.sims, states))]
+        return [({n: v[j] for n, v in x_bar.items()}, {k: {n: v[j] for n, v in g.items()} for k, g in new_algo.items()})
+                for j in range(r)]
 
     def evaluate(self, params: list[Params], runs: list[int] | None = None) -> list[tuple[float, float]]:
         """(accuracy, loss) of each model on its run's test set; ``params[j]`` is run ``runs[j]``'s

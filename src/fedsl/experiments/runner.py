@@ -116,7 +116,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         note("γ·η0", "server learning rate", s.gamma * eta0, None, "derived")
         if mode == "parallel":
             note("w0", "FSL-p server weight", s.weight, s.weight, "n0/(n0+Σn_i)")
-        schedule = GammaSchedule(s.gamma_schedule, s.gamma, s.gamma_final, s.gamma_every, s.gamma_factor,
+        schedule = GammaSchedule(s.gamma_schedule, s.gamma_final, s.gamma_every, s.gamma_factor,
                                  cfg.rounds, s.gamma_threshold, s.gamma_shrink)
         if s.gamma_schedule != "constant":
             note("γ_t", "γ schedule", s.gamma_schedule, True)

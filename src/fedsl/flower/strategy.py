@@ -55,7 +55,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 from fedsl.algorithms.base import ClientResults, RunState
-from fedsl.algorithms.server_learning import ServerMetrics, server_update
+from fedsl.algorithms.server_learning import ServerMetrics, initial_gamma, server_update
 from fedsl.core import rng
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.results import atomic_write
@@ -109,9 +109,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         self.setup, self.sim, self.alg = setup, setup.sim, setup.algorithm
         if state is None:
             x = self.sim.initial_params(setup.pretrain)
-            sl = self.alg.server_learning
-            gamma = sl.gamma if sl is not None and sl.gamma_schedule.kind == "adaptive" else None
-            state = RunState(x, self.alg.rule.init_server_state(x), gamma)
+            state = RunState(x, self.alg.rule.init_server_state(x), initial_gamma(self.alg))
         # the server keeps the server state only: each client keeps its own (``fedsl.flower.client``)
         self.state = RunState(state.x, state.algo, state.gamma)
         self.assigned: dict[int, int] = dict(setup.options.node_partitions)  # node-partitions (empty: first claim)
