@@ -154,7 +154,8 @@ class StackedSimulator:
         else:
             aggs, at = [], 0
             for sim, st, w, s in zip(self.sims, states, works, sizes):
-                results = ClientResults({n: v[at:at + s] for n, v in finals.items()}, w.sizes, w.steps)
+                results = ClientResults({n: v[at:at + s] for n, v in finals.items()}, w.sizes, w.steps,
+                                         tuple(w.ids.tolist()))
                 aggs.append(sl.aggregate(sim.alg, st, results, t, sim.server))
                 at += s
         news = [a.x_bar for a in aggs]

@@ -221,6 +221,11 @@ class ServerConfig(_Strict):
     pretrain_lr: float = Field(defaults.PRETRAIN_LR, gt=0, description="pretraining learning rate (paper: 0.01)")
     pretrain_batch_size: int | None = Field(None, ge=1, le=BATCH_MAX, description="pretraining batch size "
                                                                                   "(paper: B; at most 10^6)")
+    finetune_epochs: int = Field(0, ge=0, le=EPOCHS_MAX, description="the 'FedAvg, then fine-tune on D0' "
+                                 "control: epochs of SGD on D0 after the last round, its test accuracy in summary.json "
+                                 "as final_accuracy_finetuned (0 = none; at most 10,000)")
+    finetune_lr: float | None = Field(None, gt=0, description="step size of the fine-tuning on D0 (default: η_l); "
+                                                              "its batch size is B0")
 
 
 CLAIM_METRICS = ("final_accuracy", "T_0.5", "rise_time")
@@ -405,6 +410,9 @@ class RunConfig(_Strict):
                              f"not algorithm.name = {a.name!r}")
         if sp.server_learning != "off" and sl not in ("auto", sp.server_learning):
             raise ValueError(f"server.learning = {sl!r} contradicts algorithm.name = {a.name!r}: expected 'auto'")
+        if self.server.finetune_epochs and not d.has_server_data:
+            raise ValueError(f"server.finetune_epochs = {self.server.finetune_epochs} fine-tunes on D0: expected "
+                             "data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
                              "or data.server_source = 'clients' / 'dataset'")
