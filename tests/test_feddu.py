@@ -219,3 +219,19 @@ def test_finetune_after_the_last_round(tmp_path):
     assert stacked[0]["final_accuracy_finetuned"] == s["final_accuracy_finetuned"]
     assert "final_accuracy_finetuned" in stacked[1]
     assert finetune(sim, _cfg("fedavg"), x_t) is None
+
+
+def test_feddu_resumes_bit_identically(tmp_path):
+    """FedDU keeps no state beyond the model (its label counts are remade, its γ_t recomputed): a run stopped
+    after 2 rounds and resumed ends where an uninterrupted one does, γ_t included."""
+    cfg = _cfg("feddu", rounds=4)
+    whole = run(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
+    run(cfg, tmp_path / "cut", log=lambda m: None, progress=False, stop_after=2)
+    cut = run(cfg, tmp_path / "cut", resume=True, log=lambda m: None, progress=False)
+    assert cut["status"] == whole["status"] == "completed" and cut["final_accuracy"] == whole["final_accuracy"]
+    rows = [(tmp_path / d / "metrics.csv").read_text().splitlines() for d in ("whole", "cut")]
+    gammas = [[r.split(",")[5] for r in rs[1:]] for rs in rows]
+    assert gammas[0] == gammas[1] and any(g not in ("", "0.0") for g in gammas[0])
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["params"]
+    b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["params"]
+    assert all(torch.equal(a[n], b[n]) for n in a)
