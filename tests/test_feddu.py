@@ -74,8 +74,10 @@ def test_feddu_gamma_by_hand():
     assert rule.server_gamma(0.8, x_bar, results, 1, sl, 4, counts, acc) == pytest.approx(0.2)
     assert seen == [x_bar]  # acc_t is x̄_t's
     assert rule.server_gamma(0.8, x_bar, None, 1, sl, 4, counts, acc) == 0.0  # no client update: no server step
-    iid = replace(results, ids=(2,))  # a round of IID clients: α_t = 0, and no accuracy is measured
+    iid = replace(results, sizes=[4], steps=(4,), ids=(2,))  # a round of IID clients: α_t = 0, and no accuracy is measured
     assert rule.server_gamma(0.8, x_bar, iid, 1, sl, 4, counts, acc) == 0.0 and len(seen) == 1
+    with pytest.raises(ValueError, match="ClientResults.ids must name them"):
+        rule.server_gamma(0.8, x_bar, replace(results, ids=()), 1, sl, 4, counts, acc)
 
 
 def test_label_counts_and_k0():
@@ -190,6 +192,12 @@ def test_decay_above_one_and_missing_d0_are_one_line():
     data["algorithm"]["feddu_decay"] = 1.5
     with pytest.raises(ConfigError, match=r"^algorithm.feddu_decay = 1.5: expected a number in \(0, 1\]"):
         check(validate(data))
+    data = tiny_config(alg="feddu")
+    data["server"] = {"gamma_schedule": "adaptive"}
+    with pytest.raises(ConfigError, match="^server.gamma_schedule = 'adaptive' adapts γ .* FedDU sets γ_t itself"):
+        validate(data)
+    data["server"] = {"gamma_schedule": "cosine", "gamma_final": 0.1}  # other schedules multiply in
+    assert validate(data).server.gamma_schedule == "cosine"
     for alg, server in (("feddu", {}), ("d0_only", {}), ("fedavg", {"finetune_epochs": 2})):
         data = tiny_config(alg=alg)
         data["data"]["server_size"] = 0

@@ -171,8 +171,10 @@ class FedDU(FedAvg):
                      n0: int, counts: LabelCounts, d0_accuracy: Callable[[Params], float]) -> float:
         """γ_t for line 10 from round t's clients (``results``: ids, n_i, K_i) and x̄_t; ``gamma`` is the
         schedule's γ_t (default the constant γ). No client update: 0."""
-        if results is None or not len(results.ids):
+        if results is None:
             return 0.0
+        if len(results.ids) != len(results.sizes):
+            raise ValueError("FedDU reads the label counts of the round's clients: ClientResults.ids must name them")
         overall = counts.overall
         d_round = noniid_degree(counts.pooled(results.ids), overall)
         d_server = noniid_degree(counts.server, overall)

@@ -410,6 +410,9 @@ class RunConfig(_Strict):
                              f"not algorithm.name = {a.name!r}")
         if sp.server_learning != "off" and sl not in ("auto", sp.server_learning):
             raise ValueError(f"server.learning = {sl!r} contradicts algorithm.name = {a.name!r}: expected 'auto'")
+        if a.name == "feddu" and self.server.gamma_schedule == "adaptive":
+            raise ValueError("server.gamma_schedule = 'adaptive' adapts γ from cos θ_t, and FedDU sets γ_t itself: "
+                             "expected another schedule with algorithm.name = 'feddu'")
         if self.server.finetune_epochs and not d.has_server_data:
             raise ValueError(f"server.finetune_epochs = {self.server.finetune_epochs} fine-tunes on D0: expected "
                              "data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
