@@ -17,27 +17,30 @@ and how good the aggregated model already is:
 - τ̄_t: the mean number of local steps K_i the round's clients took.
 - decay ∈ (0, 1] (``algorithm.feddu_decay``; the authors' code's default 0.99, its README's runs 0.999).
 
-What is the paper's and what is our reading. The paper's dynamic server update (FedDUAP Section 4.1,
-the τ_eff equation; FedDUMAP Section 4.1 restates it) sets the server's effective number of steps to
-τ_eff = f'(acc)·n0·D(P'_t)/(n0·D(P'_t) + n'_t·D(P_0))·decay^t·τ̄ with D the Jensen-Shannon non-IID
-degree against the global distribution. We could not retrieve the paper's text here to cite its
-equation numbers; the formula above is checked against the authors' code (PaddleFL,
-``python/paddle_fl/mobile/fedDUAP/flearn/experiments/central.py``, ``server_train``: α =
-(1 - acc)·n0·D_clients/(n0·D_clients + n'·D_server)·decay^t with acc measured on the shared data,
-``data/util.py``: JS divergence in bits), i.e. f'(acc) = 1 - acc and no further constant. Ours:
-- How τ_eff becomes an update. The authors' code trains E_c epochs on D0 from x̄ and moves x̄ by
-  α_t of the way (x̄ + α_t (x_server - x̄)); the paper speaks of τ_eff steps. We keep FSL's line 10
-  (K0 planned SGD steps on D0, the same batches in every runtime, so stacked runs and Flower stay
-  bit-identical) and scale its step size: γ_t = γ·τ_eff/K0 makes the K0 steps travel about as far
-  as τ_eff steps of γ·η0 (to first order in the step size), and K0 = τ̄ gives the authors' α_t
-  interpolation to first order. The cap min(1, ·) mirrors the code's min(actual_iter, server_iter).
-- η0 defaults to η_l for FedDU (the paper's server steps use the clients' step size; ``runner``);
+What is the paper's and what is our reading. We could not retrieve the papers' text here (only their
+abstracts), so we cite no equation numbers. The rule for α_t is taken from the authors' code (PaddleFL,
+``python/paddle_fl/mobile/fedDUAP/flearn/experiments/central.py``, ``server_train``: α = (1 - acc)·
+n0·D_clients/(n0·D_clients + n'·D_server)·decay^t, acc measured on the shared data, server_iter =
+α·avg_iter; ``data/util.py``: D = JS divergence in bits against the clients' overall label
+distribution), which matches the papers' description (the server's number of update steps adapted
+from the non-IID degrees of the server's and the devices' data, Jensen-Shannon, the model's accuracy
+and a decay; FedDUMAP: "normalized server gradients and adaptive steps"). The paper's name for
+α·τ̄ is τ_eff, its f'(acc) is 1 - acc in the code; we add no further constant (the code's is 1; γ
+plays that role). Ours:
+- How τ_eff becomes an update. The authors' code trains E_c epochs on D0 from x̄ (K_s steps) and moves
+  x̄ by α_t of the way (x̄ + α_t (x_server - x̄)); the papers speak of a number of server steps. We keep
+  FSL's line 10 (K0 planned SGD steps on D0, the same batches in every runtime, so stacked runs and
+  Flower stay bit-identical) and scale its step size: γ_t = γ·τ_eff/K0 makes the K0 steps travel about
+  as far as τ_eff steps of γ·η0 (to first order in the step size), which is the authors' update to
+  first order when their K_s equals τ̄. The cap min(1, ·) mirrors the code's min(actual_iter,
+  server_iter).
+- η0 defaults to η_l for FedDU (the authors' code trains the server with the clients' lr; ``runner``);
   γ (``server.gamma``, default 1) is an overall factor, and any γ schedule multiplies in.
 - A round without client updates (a deployment whose replies were all lost) has no P'_t: γ_t = 0.
 - Cost: one forward pass over D0 per round (acc_t). The label counts of the clients are the
-  simulator's; a deployment's server would need each client's label histogram (a privacy cost the
-  paper accepts: the server "knows" the devices' distributions); fedsl's Flower server rebuilds the
-  federation from the seed and reads them there.
+  simulator's (the authors' code reads them from the partition too); a deployment's server would need
+  each client's label histogram (a privacy cost); fedsl's Flower server rebuilds the federation from
+  the seed and reads them there.
 
 "D0 only" (``d0_only``): a control, not a method. The clients are sampled and train as in FedAvg, but
 their updates are dropped: x̄_t = x_t, then line 10 as FSL's, so the model sees D0 alone with the same
