@@ -12,12 +12,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
 from conftest import random_federation, run_rounds, tiny_config
+
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
-from fedsl.algorithms.base import ClientResults, RunState
-from fedsl.algorithms.feddu import (FedDU, LabelCounts, effective_steps, js_divergence, label_counts, line10_gamma,
-                                    noniid_degree, server_share, server_steps)
+from fedsl.algorithms.base import ClientResults
+from fedsl.algorithms.feddu import (
+    FedDU,
+    LabelCounts,
+    effective_steps,
+    js_divergence,
+    label_counts,
+    line10_gamma,
+    noniid_degree,
+    server_share,
+    server_steps,
+)
 from fedsl.algorithms.server_learning import server_update
 from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel
@@ -74,7 +83,7 @@ def test_feddu_gamma_by_hand():
     assert rule.server_gamma(0.8, x_bar, results, 1, sl, 4, counts, acc) == pytest.approx(0.2)
     assert seen == [x_bar]  # acc_t is x̄_t's
     assert rule.server_gamma(0.8, x_bar, None, 1, sl, 4, counts, acc) == 0.0  # no client update: no server step
-    iid = replace(results, sizes=[4], steps=(4,), ids=(2,))  # a round of IID clients: α_t = 0, and no accuracy is measured
+    iid = replace(results, sizes=[4], steps=(4,), ids=(2,))  # IID clients: α_t = 0, no accuracy measured
     assert rule.server_gamma(0.8, x_bar, iid, 1, sl, 4, counts, acc) == 0.0 and len(seen) == 1
     with pytest.raises(ValueError, match="ClientResults.ids must name them"):
         rule.server_gamma(0.8, x_bar, replace(results, ids=()), 1, sl, 4, counts, acc)
