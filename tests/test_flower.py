@@ -8,6 +8,7 @@ context, and bad configs refused with one line naming the value.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -106,6 +107,8 @@ def test_fsl_is_bit_identical_to_the_simulator(one_thread):
     ("ds", {}),  # clients train on D_i ∪ D0
     ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5}),  # unequal n_i: plain mean of Δ_i
     ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5, "algorithm.weighted": True}),
+    ("feddu", {}),  # γ_t from the replies' partitions, x̄_t's accuracy on D0
+    ("d0_only", {}),  # the clients' updates dropped, line 10 alone
 ])
 def test_algorithms_on_flower_match_the_simulator(one_thread, name, extra):
     rc = {**BASE, "algorithm.name": name, "rounds": 4, **extra}
@@ -127,6 +130,21 @@ def test_algorithms_on_flower_match_the_simulator(one_thread, name, extra):
             if stored is not None:
                 row = {n: torch.from_numpy(a.numpy()) for n, a in stored.items()}
                 assert max_diff(row, {n: v[pid] for n, v in table.items()}) == 0.0
+
+
+def test_feddu_gamma_and_finetune_match_the_simulator(one_thread, tmp_path):
+    """FedDU's γ_t on Flower are the simulator's; server.finetune_epochs fine-tunes the final model on D0 in
+    ``finish`` and writes its accuracy to done.json, as ``fedsl run`` writes it to summary.json."""
+    rc = {**BASE, "algorithm.name": "feddu", "rounds": 3, "server.finetune_epochs": 2, "out-dir": str(tmp_path)}
+    strategy, _ = run_flower(rc)
+    expected, infos = run_simulator(rc)
+    assert [h["gamma"] for h in strategy.history] == pytest.approx([i.gamma for i in infos], rel=1e-12)
+    assert any(h["gamma"] > 0 for h in strategy.history)
+    strategy.finish()
+    done = json.loads((tmp_path / "done.json").read_text())
+    cfg, _ = parse_run_config(rc)
+    sim = prepare(cfg).sim
+    assert done["final_accuracy_finetuned"] == sim.evaluate(sim.finetune(expected.x, 2, 0.05, 10))[0]
 
 
 def test_the_plain_mean_is_not_weighted_by_example_count(one_thread):

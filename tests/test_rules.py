@@ -173,7 +173,7 @@ def test_every_algorithm_has_one_spec_and_config_reads_it():
             assert AlgorithmConfig.model_fields[h.key].default == h.default
         for k in sp.local_keys:
             assert k in sp.defaults()
-    assert {n for n, s in SPECS.items() if s.needs_server_data} == {"fsl", "fsl_p", "ds"}
+    assert {n for n, s in SPECS.items() if s.needs_server_data} == {"fsl", "fsl_p", "ds", "feddu", "d0_only"}
     assert SPECS["scaffold"].sends == ("c",) and SPECS["scaffold"].comm_factor == 2
 
 

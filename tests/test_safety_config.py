@@ -269,7 +269,7 @@ TOO_BIG = [
     ("algorithm.clients_per_round", 10**9), ("algorithm.batch_size", 10**9), ("algorithm.local_epochs", 10**9),
     ("algorithm.local_steps", 10**9), ("server.gamma_every", 10**8), ("server.batch_size", 10**9),
     ("server.epochs", 10**9), ("server.steps", 10**9), ("server.pretrain_epochs", 10**9),
-    ("server.pretrain_batch_size", 10**9),
+    ("server.pretrain_batch_size", 10**9), ("server.finetune_epochs", 10**9),
 ]
 
 

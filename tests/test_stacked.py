@@ -23,9 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SIZES = [9, 31, 17, 24, 12, 30, 16, 20]
 HP = {"fedprox": {"mu": 0.3}, "feddyn": {"alpha": 0.1}, "fedadam": {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
-      "fedavgm": {"momentum": 0.9}, "fednova": {"rho": 0.5}}
+      "fedavgm": {"momentum": 0.9}, "fednova": {"rho": 0.5}, "feddu": {"feddu_decay": 0.9}}
 GLOBAL_LR = {"fedavg": 1.7, "fedprox": 1.7, "fedadam": 0.1, "scaffold": 1.7, "feddyn": 1.0, "ds": 1.7, "fedavgm": 1.0,
-             "fednova": 1.0}
+             "fednova": 1.0, "feddu": 1.7, "d0_only": 1.7}
 
 
 def _sim(name, fed, executor, *, lr=0.1, batch=8, gamma=0.8, mode="incremental", seed=11, model="mlp",
@@ -94,6 +94,30 @@ def test_stacked_fslp_ds_adaptive(executor, exact):
     _compare(lambda: [_sim("ds", fed, executor, gamma=None, seed=s) for s in (1, 2)], exact=exact)
     adaptive = GammaSchedule(kind="adaptive", shrink=0.5)
     _compare(lambda: [_sim("fedavg", fed, executor, schedule=adaptive, seed=s) for s in (1, 2)], exact=exact)
+
+
+@pytest.mark.parametrize("executor,exact", [(SequentialExecutor, True), (VectorisedExecutor, False)])
+@pytest.mark.parametrize("name", ["feddu", "d0_only"])
+def test_stacked_server_data_rivals(name, executor, exact, monkeypatch):
+    """FedDU (its γ_t from each run's own clients, x̄_t and D0) and the D0-only control stack too; FedDU's
+    rounds aggregate run by run (its γ_t is per run), and its γ_t are the ones the runs take alone."""
+    fed_a = random_federation(SIZES, seed=0)
+    fed_b = random_federation(SIZES[::-1], seed=1)
+
+    def sims():
+        return [_sim(name, fed_a, executor, seed=11), _sim(name, fed_a, executor, seed=12, lr=0.05, gamma=1.5),
+                _sim(name, fed_b, executor, seed=13, gamma=0.3)]
+    calls = []
+    vmapped = StackedSimulator._rule_updates
+    monkeypatch.setattr(StackedSimulator, "_rule_updates", lambda self, *a: calls.append(1) or vmapped(self, *a))
+    stacked, states = _compare(sims, exact=exact)
+    # FedDU's γ_t needs each run's own x̄_t, so its runs never take the one vmapped rule update
+    assert bool(calls) == (name == "d0_only" and executor is VectorisedExecutor)
+    if name == "feddu":
+        _, infos = stacked.round(states, 3)
+        alone = [run_rounds(sim, 4)[1][-1].gamma for sim in sims()]
+        assert [i.gamma for i in infos] == pytest.approx(alone, rel=1e-10)
+        assert all(0 < g for g in alone)
 
 
 def test_server_update_is_batched_only_when_the_runs_share_it(monkeypatch):

@@ -4,6 +4,8 @@
 - ``fsl``: FedAvg + K0 server SGD steps on D0 with step γ·η0 (Algorithm 1).
 - ``fsl_p``: FedAvg + the server as one more weighted client (non-incremental SL).
 - ``ds``: FedAvg where clients train on D_i ∪ D0 (data sharing).
+- ``feddu``: FedAvg + line 10 with a step γ_t set each round by FedDU's rule (FedDUAP);
+  ``d0_only``: the control that drops the clients' updates and keeps line 10 (``feddu.py``).
 - ``scaffold``, ``feddyn``, ``fedprox``, ``fedavgm``, ``fedadam``, ``fednova``: the baselines;
   any of them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedsl.algorithms import fedavg, feddyn, fednova, fedopt, fedprox, scaffold
+from fedsl.algorithms import fedavg, feddu, feddyn, fednova, fedopt, fedprox, scaffold
 from fedsl.algorithms.base import (Algorithm, ClientResults, LocalSGD, LocalTraining, RoundContext, RunState,
                                   ServerRule, State, client_update)
 from fedsl.algorithms.fedavg import FedAvg
@@ -30,7 +32,7 @@ from fedsl.algorithms.server_learning import Pretraining, ServerLearning
 from fedsl.algorithms.spec import HyperParam, Spec
 
 # Every algorithm's spec, by name; a new algorithm adds its module here.
-SPECS: dict[str, Spec] = {s.name: s for s in (*fedavg.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC,
+SPECS: dict[str, Spec] = {s.name: s for s in (*fedavg.SPECS, *feddu.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC,
                                                 feddyn.SPEC, fednova.SPEC)}
 ALGORITHMS = tuple(SPECS)
 

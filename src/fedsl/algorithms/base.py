@@ -80,11 +80,13 @@ class ClientResults:
         params: the final models x_i, stacked [S, ...].
         sizes: n_i, the clients' data sizes (D_i ∪ D0 for DS), for weighted means and FSL-p's w0.
         steps: K_i, the local steps each client took.
+        ids: the clients' ids i (FedDU reads their label counts; empty where the caller does not say).
     """
 
     params: Params
     sizes: list[int]
     steps: tuple[int, ...]
+    ids: tuple[int, ...] = ()
 
 
 def sgd(y: Params, g: Params, lr) -> Params:

@@ -28,6 +28,7 @@ from typing import Literal
 import torch
 
 from fedsl.algorithms.base import Algorithm, ClientResults, RoundContext, RunState, client_weights
+from fedsl.algorithms.feddu import LabelCounts
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
@@ -108,12 +109,16 @@ class ServerSide:
         train: ``train(x, t, lr) -> (x', K0)``: LocalSGD on D0 with step ``lr`` over round t's
             K0 batches (the engine's batch plan; the same batches whatever the runtime).
         f0_grad: ∇f0(x), the full gradient of the server loss (the angle diagnostic).
+        d0_accuracy: the accuracy of a model on D0 (FedDU's acc_t).
+        label_counts: the clients' and D0's class counts (FedDU's non-IID degrees), made when first read.
     """
 
     num_clients: int
     n0: int
     train: Callable[[Params, int, float], tuple[Params, int]]
     f0_grad: Callable[[Params], Params]
+    d0_accuracy: Callable[[Params], float] | None = None
+    label_counts: Callable[[], LabelCounts] | None = None
 
 
 @dataclass
@@ -155,6 +160,8 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     gamma = sl.gamma_at(t, state.gamma) if on else None
     incremental = sl is not None and sl.incremental
     if results is None:
+        if gamma is not None and dynamic(alg):
+            gamma = dynamic_gamma(alg, gamma, state.x, None, t, server)
         return Aggregated(state.x, state.algo, gamma, None, 0, incremental)
     if updated is not None:
         return Aggregated(*updated, gamma, None, 0, incremental)
@@ -175,6 +182,8 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     steps = tensor_on(results.steps, device)
     x_bar, algo = alg.rule.server_update(x, state.algo, finals, weights, RoundContext(alg.local.lr, steps,
                                                                                        server.num_clients))
+    if on and dynamic(alg):
+        gamma = dynamic_gamma(alg, gamma, x_bar, results, t, server)
     return Aggregated(x_bar, algo, gamma, cos, server_steps, incremental)
 
 
@@ -183,7 +192,21 @@ def _rule_alone(alg: Algorithm) -> bool:
     beside the clients', no cos θ_t (a full gradient on D0). Only then may the engine's ``RuleUpdates`` stand
     in for them."""
     sl = alg.server_learning
-    return not (sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle))
+    return not (sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle or dynamic(alg)))
+
+
+def dynamic(alg: Algorithm) -> bool:
+    """Whether the rule sets line 10's γ_t from the round itself (FedDU: ``feddu.FedDU.server_gamma``)."""
+    return hasattr(alg.rule, "server_gamma")
+
+
+def dynamic_gamma(alg: Algorithm, gamma: float, x_bar: Params, results: ClientResults | None, t: int,
+                  server: ServerSide) -> float:
+    """The rule's γ_t for line 10 (FedDU), from the schedule's ``gamma``, x̄_t and the round's clients."""
+    if server.d0_accuracy is None or server.label_counts is None:
+        raise ValueError(f"algorithm {alg.name!r} needs the server's D0 accuracy and label counts from the engine")
+    return alg.rule.server_gamma(gamma, x_bar, results, t, alg.server_learning, server.n0, server.label_counts(),
+                                 server.d0_accuracy)
 
 
 def finish(alg: Algorithm, state: RunState, agg: Aggregated, x_next: Params, server_steps: int

@@ -18,6 +18,7 @@ DROPOUT = 100  # added to a batch stream to get its dropout-key stream
 PARTITION = 6
 SERVER_DATA = 7
 TEST_SUBSET = 8
+FINETUNE = 9  # the fine-tuning on D0 after the last round (server.finetune_epochs)
 
 
 def rng(seed: int, *stream: int) -> np.random.Generator:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fedsl.algorithms.base import Algorithm, ClientResults, LocalTraining, RunState, State
+from fedsl.algorithms.feddu import LabelCounts, label_counts
 from fedsl.algorithms.server_learning import Pretraining, ServerMetrics, ServerSide, initial_gamma, server_update
 from fedsl.core import rng
 from fedsl.core.transfer import to_device
@@ -100,6 +101,7 @@ class Simulator:
             self.fed = replace(fed, x=fed.x.contiguous(memory_format=torch.channels_last),
                                x_test=fed.x_test.contiguous(memory_format=torch.channels_last))
         self.num_params = sum(p.numel() for p in fm.module.parameters())
+        self._label_counts: LabelCounts | None = None
 
     def initial_params(self, pretrain: Pretraining | None = None) -> Params:
         """x_0: the model's initialisation, optionally pretrained on D0 (before round 1)."""
@@ -152,7 +154,8 @@ class Simulator:
         state = replace(state, x=self.layout(state.x))
         work = self.sample(t)
         finals, rows = self.train_clients(state, work, t)
-        new, metrics = server_update(self.alg, state, ClientResults(finals, work.sizes, work.steps), t, self.server)
+        results = ClientResults(finals, work.sizes, work.steps, tuple(work.ids.tolist()))
+        new, metrics = server_update(self.alg, state, results, t, self.server)
         return self.end_round(new, work, rows, metrics)
 
     # A round in phases, so that ``StackedSimulator`` can run the clients (and the server's SGD)
@@ -208,8 +211,21 @@ class Simulator:
 
     @property
     def server(self) -> ServerSide:
-        """N, n0, LocalSGD on D0 and ∇f0: what the server half needs from the engine."""
-        return ServerSide(self.fed.num_clients, self.fed.n0, self.server_sgd, self.f0_gradient)
+        """N, n0, LocalSGD on D0, ∇f0, the accuracy on D0 and the label counts: what the server half needs."""
+        return ServerSide(self.fed.num_clients, self.fed.n0, self.server_sgd, self.f0_gradient, self.d0_accuracy,
+                          self.label_counts)
+
+    def d0_accuracy(self, x: Params) -> float:
+        """The accuracy of ``x`` on D0 (FedDU's acc_t)."""
+        idx = torch.as_tensor(self.fed.server, device=self.device)
+        return evaluate(self.fm, self.layout(x), self.fed.x[idx], self.fed.y[idx], self.eval_batch_size,
+                        self.eval_precision)[0]
+
+    def label_counts(self) -> LabelCounts:
+        """The clients' (D_i, or D_i ∪ D0 for DS) and D0's class counts, made once."""
+        if self._label_counts is None:
+            self._label_counts = label_counts(self.fed.y, self.client_data, self.fed.server, self.fed.num_classes)
+        return self._label_counts
 
     def f0_gradient(self, x: Params) -> Params:
         """∇f0(x) on all of D0 (dropout off)."""
@@ -221,6 +237,13 @@ class Simulator:
         plan = self.server_plan(t)
         x = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, lr))
         return x, plan.steps[0]
+
+    def finetune(self, params: Params, epochs: int, lr: float, batch_size: int) -> Params:
+        """``epochs`` epochs of SGD on D0 from ``params`` (step ``lr``, batches of ``batch_size``): the
+        'FedAvg, then fine-tune on D0' control after the last round; its batches from (seed, FINETUNE)."""
+        plan = make_plan([self.fed.server], [SERVER_ID], batch_size, epochs, None, self.seed, -1,
+                         rng.FINETUNE).to(self.device, self.dtype)
+        return self._one(self.executor.local_sgd(self.layout(params), plan, self.fed.x, self.fed.y, lr))
 
     def server_plan(self, t: int, host: bool = False) -> BatchPlan:
         """Round t's K0 batches of D0 (``StackedSimulator`` runs those of many runs in one call; ``host``:

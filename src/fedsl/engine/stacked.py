@@ -151,7 +151,8 @@ class StackedSimulator:
         rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in states[0].clients.items()}
         finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows, sent)
         parts = {n: v.split(sizes) for n, v in finals.items()}  # each run's rows (views; one call per tensor)
-        results = [ClientResults({n: p[r] for n, p in parts.items()}, w.sizes, w.steps) for r, w in enumerate(works)]
+        results = [ClientResults({n: p[r] for n, p in parts.items()}, w.sizes, w.steps, tuple(w.ids.tolist()))
+                   for r, w in enumerate(works)]
         rule_updates = None
         if self.batched_server and len(set(sizes)) == 1:
             def rule_updates():

@@ -223,6 +223,11 @@ class ServerConfig(_Strict):
     pretrain_lr: float = Field(defaults.PRETRAIN_LR, gt=0, description="pretraining learning rate (paper: 0.01)")
     pretrain_batch_size: int | None = Field(None, ge=1, le=BATCH_MAX, description="pretraining batch size "
                                                                                   "(paper: B; at most 10^6)")
+    finetune_epochs: int = Field(0, ge=0, le=EPOCHS_MAX, description="the 'FedAvg, then fine-tune on D0' "
+                                 "control: epochs of SGD on D0 after the last round, its test accuracy in summary.json "
+                                 "as final_accuracy_finetuned (0 = none; at most 10,000)")
+    finetune_lr: float | None = Field(None, gt=0, description="step size of the fine-tuning on D0 (default: η_l); "
+                                                              "its batch size is B0")
 
 
 CLAIM_METRICS = ("final_accuracy", "T_0.5", "rise_time")
@@ -401,6 +406,12 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"data.classes_per_client = {d.classes_per_client}: expected at most the {len(d.chars)} classes of data.chars")
         check_server_learning(a.name, self.server.learning, d.has_server_data)  # needs D0, composes with FSL-p
+        if a.name == "feddu" and self.server.gamma_schedule == "adaptive":
+            raise ValueError("server.gamma_schedule = 'adaptive' adapts γ from cos θ_t, and FedDU sets γ_t itself: "
+                             "expected another schedule with algorithm.name = 'feddu'")
+        if self.server.finetune_epochs and not d.has_server_data:
+            raise ValueError(f"server.finetune_epochs = {self.server.finetune_epochs} fine-tunes on D0: expected "
+                             "data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
                              "or data.server_source = 'clients' / 'dataset'")

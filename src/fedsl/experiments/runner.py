@@ -20,6 +20,7 @@ from fedsl import metrics
 from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
                               Spec, make_algorithm, spec)
 from fedsl.core import threads
+from fedsl.core.types import Params
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
 from fedsl.diagnostics import measure
@@ -111,8 +112,11 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
                    s.epochs, "paper default ⌈n/(N·n0)·E_c⌉")
         k0 = s.steps if s.steps is not None else e_s * math.ceil(n0 / b0)
         note("K0", "server steps per round", k0, s.steps, "derived: E_s·⌈n0/B0⌉")
-        eta0 = s.lr or (defaults.server_lr(S, a.local_lr, k, k0) if k0 > 0 else 0.0)
-        note("η0", "server base step size", eta0, s.lr, "paper default √S·η_l·K/K0")
+        if a.name == "feddu":  # FedDUAP's server steps take the clients' step size (algorithms/feddu.py)
+            eta0 = note("η0", "server base step size", s.lr or a.local_lr, s.lr, "FedDU default η_l")
+        else:
+            eta0 = s.lr or (defaults.server_lr(S, a.local_lr, k, k0) if k0 > 0 else 0.0)
+            note("η0", "server base step size", eta0, s.lr, "paper default √S·η_l·K/K0")
         note("γ·η0", "server learning rate", s.gamma * eta0, None, "derived")
         if mode == "parallel":
             note("w0", "FSL-p server weight", s.weight, s.weight, "n0/(n0+Σn_i)")
@@ -129,12 +133,29 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
+    if s.finetune_epochs:
+        note("E_ft", "fine-tuning epochs on D0 after round T", s.finetune_epochs, True)
+        note("η_ft", "fine-tuning step size", s.finetune_lr or a.local_lr, s.finetune_lr, "default η_l")
     pretrain = None
     if s.pretrain:
         pb = s.pretrain_batch_size or a.batch_size
         pretrain = Pretraining(s.pretrain_epochs, s.pretrain_lr, min(pb, n0))
         note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, True)
     return algorithm, pretrain, hp
+
+
+def finetune(sim: Simulator, cfg: RunConfig, x: Params) -> dict | None:
+    """The 'FedAvg, then fine-tune on D0' control: ``server.finetune_epochs`` epochs of SGD on D0 from the
+    final model ``x`` (step ``server.finetune_lr``, default η_l; batches of B0 = ``server.batch_size`` or B, at
+    most n0), then one test evaluation. The summary fields it gives (None: no fine-tuning configured)."""
+    s, a = cfg.server, cfg.algorithm
+    if not s.finetune_epochs:
+        return None
+    lr = s.finetune_lr or a.local_lr
+    batch = min(s.batch_size or a.batch_size, sim.fed.n0)
+    acc, loss = sim.evaluate(sim.finetune(x, s.finetune_epochs, lr, batch))
+    return {"final_accuracy_finetuned": acc, "final_loss_finetuned": loss,
+            "finetune": {"epochs": s.finetune_epochs, "lr": lr, "batch_size": batch}}
 
 
 def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
@@ -511,6 +532,12 @@ class RunSession:
                 self.log(f"{self.cfg.name}: could not write the checkpoint of round {self.done} ({e}); "
                          "it resumes from its last checkpoint")
         self.summary.update(metrics.summarize(self.rounds, self.accs, self.cfg.rolling_window))
+        if status == "completed" and self.state is not None:
+            tuned = finetune(self.sim, self.cfg, self.state.x)  # after round T only (server.finetune_epochs)
+            if tuned is not None:
+                self.summary.update(tuned)
+                self.log(f"{self.cfg.name}: fine-tuned on D0 for {tuned['finetune']['epochs']} epochs: test "
+                         f"accuracy {tuned['final_accuracy_finetuned']:.4f}")
         self.summary.update({"status": status, "rounds_done": self.done, "wall_time": round(self.wall(), 3)})
         self.rd.write_summary(self.summary)
         self.callbacks.on_run_end(self.summary)

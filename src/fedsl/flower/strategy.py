@@ -59,6 +59,7 @@ from fedsl.algorithms.server_learning import ServerMetrics, initial_gamma, serve
 from fedsl.core import rng
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.results import atomic_write
+from fedsl.experiments.runner import finetune
 from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
 from fedsl.flower.config import FlowerSetup
 from fedsl.flower.records import from_record, local_keys, state_to_record, to_record
@@ -124,6 +125,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         self.received: list[dict[str, Any]] = []
         self.evaluations: list[dict[str, Any]] = []
         self._pending: dict[str, Any] | None = None
+        self.finetuned: dict[str, Any] | None = None  # the fine-tuning control's result (``finish``)
         self._started = False
 
     def _params(self, record: ArrayRecord):
@@ -352,7 +354,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         results = None
         if ids:
             results = ClientResults({n: torch.stack([finals[i][0][n] for i in ids]) for n in state.x},
-                                    [finals[i][1] for i in ids], tuple(finals[i][2] for i in ids))
+                                    [finals[i][1] for i in ids], tuple(finals[i][2] for i in ids), tuple(ids))
         new, metrics = server_update(self.alg, state, results, t, sim.server)
         if results is not None and not (_finite(new.x) and all(_finite(v) for v in new.algo.values())):
             # finite replies whose aggregate (or server learning from it) overflows
@@ -404,9 +406,14 @@ class FedslStrategy(Checkpointing, FedAvg):
                     "algo": {k: {n: v.cpu() for n, v in g.items()} for k, g in self.state.algo.items()},
                     "gamma": self.state.gamma, "rounds": len(self.history)}
             atomic_write(d / "final.pt", lambda p: torch.save(blob, p))
-            atomic_write(d / "done.json", lambda p: p.write_text(json.dumps({"status": "completed",
-                                                                               "rounds": len(self.history)})))
+            done = {"status": "completed", "rounds": len(self.history), **(self.finetuned or {})}
+            atomic_write(d / "done.json", lambda p: p.write_text(json.dumps(done)))
 
     def finish(self) -> None:
-        """Write the final model (``final.pt``) and ``done.json`` to ``out-dir``."""
+        """Write the final model (``final.pt``) and ``done.json`` to ``out-dir``; with ``server.finetune_epochs``,
+        first the 'FedAvg, then fine-tune on D0' control (``runner.finetune``), its accuracy in done.json."""
+        self.finetuned = finetune(self.sim, self.setup.cfg, self.state.x)
+        if self.finetuned is not None:
+            log(INFO, "fedsl: fine-tuned on D0 for %d epochs: test accuracy %.4f",
+                self.finetuned["finetune"]["epochs"], self.finetuned["final_accuracy_finetuned"])
         self._write(final=True)
