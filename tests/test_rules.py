@@ -35,7 +35,7 @@ def rows(*v):  # one client's state row {"w": ...}
 
 def quadratic_grad(centre: float):
     """The gradient of f(y) = ½‖y - centre‖² (what the engine would hand a client step)."""
-    return lambda y, batch: {"w": y["w"] - centre}
+    return lambda y, batch, aux: {"w": y["w"] - centre}
 
 
 def test_fedavg_is_x_plus_eta_g_times_the_mean_update():
@@ -212,7 +212,7 @@ def test_heavy_ball_clients_move_by_eta_times_a_i_on_a_constant_gradient():
     from fedsl.algorithms.fednova import step_norm
     rule, lr = make_rule("fednova", 1.0, rho=0.6), 0.1
     for tau in (1, 3, 7):
-        y, _, m = client_update(rule, P(0.0), {}, {}, range(tau), lambda y, b: {"w": torch.tensor([2.0])}, lr)
+        y, _, m = client_update(rule, P(0.0), {}, {}, range(tau), lambda y, b, aux: {"w": torch.tensor([2.0])}, lr)
         a = step_norm(torch.tensor([tau]), 0.6).item()
         assert m["steps"] == tau and y["w"].item() == pytest.approx(-lr * a * 2.0, abs=1e-14)
     assert step_norm(torch.tensor([4]), 0.0).item() == 4.0
