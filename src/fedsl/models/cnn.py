@@ -27,9 +27,9 @@ class Classifier(nn.Sequential):
     """
 
     def __init__(self, *layers: nn.Module, head_layers: int = 1) -> None:
-        super().__init__(*layers)
-        if not 1 <= head_layers < len(layers):
-            raise ValueError(f"head_layers = {head_layers}: expected 1 <= head_layers < {len(layers)} layers")
+        super().__init__(*layers)  # (a slice of a Classifier passes one OrderedDict: nn.Sequential's __getitem__)
+        if head_layers < 1:
+            raise ValueError(f"head_layers = {head_layers}: expected at least 1 (the last linear layer)")
         self.head_layers = head_layers
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
