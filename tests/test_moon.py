@@ -228,6 +228,11 @@ def test_moon_with_a_model_without_representation_is_a_one_line_config_error(tmp
         run(cfg, tmp_path / "r", log=lambda s: None, progress=False)
     data["model"] = {"name": "mlp"}
     check(C.validate(data))  # a model with a representation passes
+    fed = random_federation(SIZES, seed=0)  # the Python API, without the runner: the rule says it in one line
+    fm = _fm(fed, "linear")
+    sim = Simulator(fm, fed, make_algorithm("moon", LocalTraining(0.1, 8), 1.0, None), SequentialExecutor(fm), 4, 0)
+    with pytest.raises(ValueError, match=r"^algorithm 'moon' reads the model's representation z: expected"):
+        sim.round(sim.initial_state(), 0)
 
 
 def test_built_in_models_expose_a_representation_that_composes_to_forward():
@@ -262,3 +267,20 @@ def test_captured_moon_step_equals_the_eager_one_float64():
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
     fa, fb = flat_state(a), flat_state(b)
     assert all(torch.allclose(fa[k], fb[k], rtol=0, atol=1e-12) for k in fa)
+
+
+def test_moon_on_flower_matches_the_simulator(one_thread, flower_task_identity):
+    """On Flower each client keeps its previous model in its ClientApp's context.state: the same rounds."""
+    pytest.importorskip("flwr")
+    from conftest import max_diff
+    from test_flower import BASE, run_flower, run_simulator
+    rc = {**BASE, "algorithm.name": "moon", "rounds": 3}
+    strategy, grid = run_flower(rc)
+    expected, infos = run_simulator(rc)
+    assert [h["trained"] for h in strategy.history] == [i.clients.tolist() for i in infos]
+    assert max_diff(strategy.state.x, expected.x) == 0.0 and strategy.state.clients == {}
+    for ctx in grid.contexts.values():
+        stored = ctx.state.array_records.get("fedsl.prev")
+        if stored is not None:
+            row = {n: torch.from_numpy(a.numpy()) for n, a in stored.items()}
+            assert max_diff(row, {n: v[ctx.node_config["partition-id"]] for n, v in expected.clients["prev"].items()}) == 0

@@ -60,6 +60,9 @@ class Moon(FedAvg):
 
     def local_loss(self, y: Params, aux: State, batch: LocalBatch) -> torch.Tensor:
         """μ · Σ_j w_j ℓ_con,j, with ℓ_con = log(e^{s_g/τ} + e^{s_p/τ}) - s_g/τ (the paper's -log softmax)."""
+        if batch.features is None:  # the runner refuses such a config before any work; this guards direct use
+            raise ValueError("algorithm 'moon' reads the model's representation z: expected a model with methods "
+                             "features(x) -> z and head(z) -> logits (fedsl.models.has_representation)")
         z = batch.features.flatten(1)
         glob = F.cosine_similarity(z, batch.represent(aux["global"]).flatten(1), dim=-1) / self.moon_tau
         prev = F.cosine_similarity(z, batch.represent(aux["prev"]).flatten(1), dim=-1) / self.moon_tau
