@@ -2,7 +2,8 @@
 model-contrastive term to their local loss.
 
 Client i, from y = x_t, minimises on each batch (weights w_j = 1/b)
-    CE(y) + μ · Σ_j w_j ℓ_con,j,   ℓ_con = -log( e^{sim(z, z_glob)/τ} / (e^{sim(z, z_glob)/τ} + e^{sim(z, z_prev)/τ}) )
+    CE(y) + μ · Σ_j w_j ℓ_con,j,
+    ℓ_con = -log( e^{sim(z, z_glob)/τ} / (e^{sim(z, z_glob)/τ} + e^{sim(z, z_prev)/τ}) )
 where z is y's representation of sample j (the model's ``features``: the input of its last linear
 layer), z_glob that of the round's global model x_t, z_prev that of the client's previous local
 model (its final model of its last participation, a row of an [N, d] table like SCAFFOLD's c_i) and

@@ -115,7 +115,7 @@ def client_gradient(fm: FunctionalModel, client: LocalSGD) -> ClientLoss:
              key: torch.Tensor | None) -> torch.Tensor:
         if fm.has_representation:
             logits, z = fm.forward_parts(params, x, key)
-            represent = lambda p: fm.represent(p, x)  # noqa: E731 - the batch's inputs, bound here
+            represent = lambda p: fm.represent(p, x)  # the batch's inputs, bound here
         else:
             logits, z, represent = fm.forward(params, x, key), None, None
         ce = (F.cross_entropy(logits, labels, reduction="none") * w).sum()
