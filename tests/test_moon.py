@@ -285,3 +285,19 @@ def test_moon_on_flower_matches_the_simulator(one_thread, flower_task_identity):
             row = {n: torch.from_numpy(a.numpy()) for n, a in stored.items()}
             pid = ctx.node_config["partition-id"]
             assert max_diff(row, {n: v[pid] for n, v in expected.clients["prev"].items()}) == 0.0
+
+
+def test_moon_on_worker_processes_is_bit_identical_to_sequential():
+    """executor = 'processes': the workers build the same hooked gradient (the rule travels pickled)."""
+    from fedsl.engine.pool import ProcessPoolExecutor
+    fed = random_federation(SIZES, seed=0)
+    finals = []
+    for make in (SequentialExecutor, lambda fm: ProcessPoolExecutor(fm, workers=2)):
+        fm = _fm(fed)
+        ex = make(fm)
+        try:
+            sim = Simulator(fm, fed, make_algorithm("moon", LocalTraining(0.1, 8), 1.0, None), ex, 4, seed=1)
+            finals.append(run_rounds(sim, 2)[0])
+        finally:
+            getattr(ex, "close", lambda: None)()
+    assert _equal_states(*finals)

@@ -74,10 +74,12 @@ class SequentialExecutor:
 
     def _gradient(self, client: LocalSGD):
         """``client_update``'s ``grad(y, batch, aux)`` for ``client``'s loss."""
-        if client not in self._grads:
+        # one entry for every rule without a term: a process-pool worker unpickles a new rule object each call
+        key = client if client.local_loss is not None else None
+        if key not in self._grads:
             g = client_gradient(self.fm, client)
-            self._grads[client] = lambda params, batch, aux: g(params, aux, *batch)
-        return self._grads[client]
+            self._grads[key] = lambda params, batch, aux: g(params, aux, *batch)
+        return self._grads[key]
 
     def train(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
               lr: Lr, states: State | None = None, sent: list[State] | None = None) -> tuple[Params, State]:
