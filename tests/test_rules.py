@@ -35,7 +35,7 @@ def rows(*v):  # one client's state row {"w": ...}
 
 def quadratic_grad(centre: float):
     """The gradient of f(y) = ½‖y - centre‖² (what the engine would hand a client step)."""
-    return lambda y, batch: {"w": y["w"] - centre}
+    return lambda y, batch, aux: {"w": y["w"] - centre}
 
 
 def test_fedavg_is_x_plus_eta_g_times_the_mean_update():
@@ -206,7 +206,7 @@ def test_the_spec_names_the_state_its_clients_keep(name):
     planning and host tables read it instead of a list of names)."""
     rule = make_rule(name, SPECS[name].default_global_lr(4))
     assert tuple(rule.init_client_state(P(0.0, 0.0))) == SPECS[name].client_state
-    assert SPECS[name].keeps_client_state == (name in ("scaffold", "feddyn"))
+    assert SPECS[name].keeps_client_state == (name in ("scaffold", "feddyn", "moon"))
 
 
 def test_one_check_of_server_learning_and_what_it_runs():
@@ -221,7 +221,7 @@ def test_one_check_of_server_learning_and_what_it_runs():
                                         "'auto'",
              ("fsl_p", "off", True): "server.learning = 'off' contradicts algorithm.name = 'fsl_p': expected 'auto'",
              ("fednova", "parallel", True): "server.learning = 'parallel' (FSL-p) composes with fedavg, fedprox, "
-                                            "fedavgm, fedadam; not algorithm.name = 'fednova'",
+                                            "fedavgm, fedadam, moon; not algorithm.name = 'fednova'",
              ("ds", "auto", False): "algorithm.name = 'ds' with server.learning = 'auto' needs server data: expected "
                                     "data.server_size > 0 or data.server_source = 'clients' / 'dataset'",
              ("fedavg", "incremental", False): "algorithm.name = 'fedavg' with server.learning = 'incremental' needs "
@@ -257,7 +257,7 @@ def test_heavy_ball_clients_move_by_eta_times_a_i_on_a_constant_gradient():
     from fedsl.algorithms.fednova import step_norm
     rule, lr = make_rule("fednova", 1.0, rho=0.6), 0.1
     for tau in (1, 3, 7):
-        y, _, m = client_update(rule, P(0.0), {}, {}, range(tau), lambda y, b: {"w": torch.tensor([2.0])}, lr)
+        y, _, m = client_update(rule, P(0.0), {}, {}, range(tau), lambda y, b, aux: {"w": torch.tensor([2.0])}, lr)
         a = step_norm(torch.tensor([tau]), 0.6).item()
         assert m["steps"] == tau and y["w"].item() == pytest.approx(-lr * a * 2.0, abs=1e-14)
     assert step_norm(torch.tensor([4]), 0.0).item() == 4.0

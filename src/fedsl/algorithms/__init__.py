@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedsl.algorithms import fedavg, feddu, feddyn, fednova, fedopt, fedprox, scaffold
+from fedsl.algorithms import fedavg, feddu, feddyn, fednova, fedopt, fedprox, moon, scaffold
 from fedsl.algorithms.base import (Algorithm, ClientResults, LocalSGD, LocalTraining, RoundContext, RunState,
                                   ServerRule, State, client_update)
 from fedsl.algorithms.fedavg import FedAvg
@@ -33,7 +33,7 @@ from fedsl.algorithms.spec import HyperParam, Spec
 
 # Every algorithm's spec, by name; a new algorithm adds its module here.
 SPECS: dict[str, Spec] = {s.name: s for s in (*fedavg.SPECS, *feddu.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC,
-                                                feddyn.SPEC, fednova.SPEC)}
+                                                feddyn.SPEC, fednova.SPEC, moon.SPEC)}
 ALGORITHMS = tuple(SPECS)
 
 

@@ -22,6 +22,13 @@ The server half is ``server_update``; it reads the clients' models, never their 
 keeps its own: a row of an [N, ...] table in the simulator, ``context.state`` on a Flower node).
 ``sent`` is the part of the server state the clients read (the spec's ``sends``: SCAFFOLD's c).
 
+A rule may also change the loss a client differentiates: ``local_loss(y, aux, batch) -> term``
+(None by default) is added by the engine to the batch's cross-entropy inside the function it takes
+the gradient of (vmapped over clients, captured in CUDA graphs like the rest of a step). It is a
+pure function of the local model y, what ``client_init`` fixed for the round (``aux``: x_t, the
+client's state, ``sent``) and the batch with the model's outputs on it (``LocalBatch``: logits,
+representation z, and z of the same inputs under other parameters, e.g. x_t). MOON is one.
+
 ``LocalSGD`` is the paper's client (plain SGD, no state); rules inherit it and override what
 differs. Variants of the paper are compositions: FSL = FedAvg + incremental server learning;
 FSL-p = FedAvg + the server as one more client; DS = FedAvg on D_i ∪ D0; server learning composes
@@ -89,6 +96,29 @@ class ClientResults:
     ids: tuple[int, ...] = ()
 
 
+@dataclass
+class LocalBatch:
+    """One batch as a rule's ``local_loss`` sees it (built by the engine at every local step).
+
+    Attributes:
+        inputs: the batch's inputs [b, ...].
+        labels: their labels [b].
+        weights: w_j = 1/b on real samples, 0 on padding: a term Σ_j w_j ℓ_j is the batch mean,
+            weighted as the cross-entropy is.
+        logits: the local model y's outputs [b, classes] (training mode: the step's dropout mask).
+        features: y's representation z [b, ...] (the model's ``features``; None for a model without one).
+        represent: z of the same inputs under other parameters (e.g. x_t), without dropout (a frozen
+            model, as MOON evaluates its global and previous models); None for a model without one.
+    """
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    weights: torch.Tensor
+    logits: torch.Tensor
+    features: torch.Tensor | None = None
+    represent: Callable[[Params], torch.Tensor] | None = None
+
+
 def sgd(y: Params, g: Params, lr) -> Params:
     """y - η·g."""
     return {n: p - lr * g[n] for n, p in y.items()}
@@ -121,8 +151,13 @@ class LocalSGD:
     """The paper's client (Algorithm 1, lines 4-6): K steps y ← y - η_l·g(y) from y = x_t; no state.
 
     Server rules inherit it and override what differs (their own server state, a corrected
-    step, a client state); see the module docstring for the three client functions.
+    step, a client state, a term of the local loss); see the module docstring for the three client
+    functions and ``local_loss``.
     """
+
+    # A rule's term of the local loss, ``local_loss(y, aux, batch: LocalBatch) -> 0-d tensor``, or None: the
+    # model's cross-entropy alone (see the module docstring). A method in the rules that have one (MOON).
+    local_loss: Callable[[Params, State, LocalBatch], torch.Tensor] | None = None
 
     def init_server_state(self, x: Params) -> State:
         """The server's state at round 0 (default: none)."""
@@ -155,7 +190,8 @@ def client_update(client: LocalSGD, x: Params, state: State, sent: State, batche
         state: this client's state (its row of the tables; {} for stateless clients).
         sent: the server state the clients read (SCAFFOLD's c).
         batches: the client's batches of D_i, in order (K_i of them).
-        grad: the gradient of the model's loss on a batch, ``grad(y, batch)`` (the engine's).
+        grad: the gradient of the client's loss on a batch at y, ``grad(y, batch, aux)`` (the engine's: the
+            model's cross-entropy plus the rule's ``local_loss`` term, which reads ``aux``).
         lr: η_l.
     Returns:
         (x_i, the client's new state, metrics: ``steps`` = K_i).
@@ -163,7 +199,7 @@ def client_update(client: LocalSGD, x: Params, state: State, sent: State, batche
     carry, aux = client.client_init(x, state, sent)
     steps = 0
     for batch in batches:
-        carry = client.client_step(carry, aux, grad(carry["y"], batch), lr)
+        carry = client.client_step(carry, aux, grad(carry["y"], batch, aux), lr)
         steps += 1
     x_i, new_state = client.client_final(x, state, sent, carry, steps, lr)
     return x_i, new_state, {"steps": steps}
@@ -173,6 +209,7 @@ class ServerRule(Protocol):
     """An algorithm's two halves (``LocalSGD`` gives the client half of the paper's client)."""
 
     name: str
+    local_loss: Callable[[Params, State, LocalBatch], torch.Tensor] | None
 
     def init_server_state(self, x: Params) -> State: ...
 

@@ -54,6 +54,8 @@ class Spec:
         local_keys: hyper-parameters that enter the clients' steps (stacked runs must share
             them: one vmapped step takes one value).
         comm_factor: parameters moved per client and direction, in units of d (SCAFFOLD: 2).
+        needs_representation: the rule's ``local_loss`` reads the model's representation z (MOON): a
+            model without one (``fedsl.models.has_representation``) is a configuration error.
     """
 
     name: str
@@ -68,6 +70,7 @@ class Spec:
     client_state: tuple[str, ...] = ()
     local_keys: tuple[str, ...] = ()
     comm_factor: int = 1
+    needs_representation: bool = False
     summary: str = field(default="", compare=False)
 
     def default_global_lr(self, clients_per_round: int) -> float | None:

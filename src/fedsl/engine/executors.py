@@ -1,7 +1,9 @@
 """Executors: run the client half of an algorithm for the planned clients of a round.
 
 Both run ``algorithms.base.client_update`` (``client_init``, a ``client_step`` per batch,
-``client_final``) with the model's gradient; they differ only in how clients are scheduled:
+``client_final``) with the gradient of the client's loss (the model's cross-entropy, plus the rule's
+``local_loss`` term if it has one: ``functional.client_gradient``); they differ only in how clients
+are scheduled:
 - ``SequentialExecutor``: ``client_update`` itself, one client after another over its real
   steps (no padding). On a small CPU this was as fast or faster than vmap (measured, issue 2/6).
 - ``VectorisedExecutor``: the clients step together, ``torch.func.vmap`` of the three client
@@ -20,12 +22,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from torch.func import grad, vmap
+from torch.func import vmap
 
 from fedsl.algorithms.base import LOCAL_SGD, LocalSGD, client_update
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
-from fedsl.engine.functional import FunctionalModel
+from fedsl.engine.functional import ClientLoss, FunctionalModel, client_gradient
 from fedsl.engine.plan import BatchPlan
 
 Lr = float | Sequence[float] | torch.Tensor  # one η for all clients, or one per client
@@ -68,10 +70,16 @@ class SequentialExecutor:
 
     def __init__(self, fm: FunctionalModel) -> None:
         self.fm = fm
-        self._grad = grad(fm.loss)
+        self._grads: dict = {}  # the client's gradient (``client_gradient``), by rule, built once
 
-    def _gradient(self, params: Params, batch: tuple) -> Params:
-        return self._grad(params, *batch)
+    def _gradient(self, client: LocalSGD):
+        """``client_update``'s ``grad(y, batch, aux)`` for ``client``'s loss."""
+        # one entry for every rule without a term: a process-pool worker unpickles a new rule object each call
+        key = client if client.local_loss is not None else None
+        if key not in self._grads:
+            g = client_gradient(self.fm, client)
+            self._grads[key] = lambda params, batch, aux: g(params, aux, *batch)
+        return self._grads[key]
 
     def train(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
               lr: Lr, states: State | None = None, sent: list[State] | None = None) -> tuple[Params, State]:
@@ -91,7 +99,7 @@ class SequentialExecutor:
             lr_j = lrs[j] if isinstance(lrs, Sequence) else lrs
             # the caller's tensors as they are: their memory layout picks the convolution algorithm
             x_i, row, _ = client_update(client, starts[j], _rows(states, j), sent[j] if sent else {},
-                                        self._batches(plan, j, x, y), self._gradient, lr_j)
+                                        self._batches(plan, j, x, y), self._gradient(client), lr_j)
             finals.append(x_i)
             rows.append(row)
         return finals, rows
@@ -163,10 +171,10 @@ class VectorisedExecutor:
 
     def _step(self, client: LocalSGD, masked: bool):
         """One step of every client; ``masked``: a zero-weight (padded) batch leaves its carry as it is."""
-        loss_grad = grad(self.fm.loss)
+        loss_grad: ClientLoss = client_gradient(self.fm, client)
 
         def step(carry, aux, xb, yb, wb, kb, lr):
-            new = client.client_step(carry, aux, loss_grad(carry["y"], xb, yb, wb, kb), lr)
+            new = client.client_step(carry, aux, loss_grad(carry["y"], aux, xb, yb, wb, kb), lr)
             if not masked:
                 return new
             live = wb.sum() > 0

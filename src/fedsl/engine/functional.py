@@ -1,20 +1,25 @@
 """A torch.nn.Module seen as a pure function of its parameters (torch.func).
 
 Parameters travel as ``dict[name, Tensor]``; a stacked (vmapped) set has a leading
-client dimension on every tensor. The executors take ``torch.func.grad`` of ``loss`` below
-and hand it to the algorithm's client step (``algorithms.base``).
+client dimension on every tensor. The executors take ``torch.func.grad`` of the client's loss
+(``client_gradient``: ``loss`` below, plus the rule's ``local_loss`` term when it has one) and
+hand it to the algorithm's client step (``algorithms.base``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedsl.core.types import Params
+from fedsl.algorithms.base import LocalBatch, LocalSGD
+from fedsl.core.types import Params, State
+from fedsl.models import has_representation
 from fedsl.models.dropout import replace_dropout
 
 
@@ -31,14 +36,33 @@ def check_model(model: nn.Module) -> None:
         raise ValueError(f"model has buffers {extra}: expected a model whose only state is its parameters")
 
 
+class _Parts(nn.Module):
+    """``model`` called through its representation (``functional_call`` calls a module's forward only)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, part: str):
+        z = self.model.features(x)
+        return z if part == "features" else (self.model.head(z), z)
+
+
 class FunctionalModel:
-    """Wraps ``model`` (dropout made key-driven) as a pure function of its parameters, with a pure loss."""
+    """Wraps ``model`` (dropout made key-driven) as a pure function of its parameters, with a pure loss.
+
+    ``has_representation``: the model exposes its representation z (``features``/``head`` methods,
+    ``fedsl.models.has_representation``), which ``forward_parts`` and ``represent`` return.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         check_model(model)
         self.key_names = replace_dropout(model)
         self.module = model
         self.names = [n for n, _ in model.named_parameters()]
+        self.has_representation = has_representation(model)
+        self._parts = _Parts(model) if self.has_representation else None
+        self._frozen: _Parts | None = None  # an evaluation-mode copy for ``represent``, made by ``freeze``
 
     def params(self) -> Params:
         return {n: p.detach().clone() for n, p in self.module.named_parameters()}
@@ -54,6 +78,50 @@ class FunctionalModel:
 
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)
+
+    def forward_parts(self, params: Params, x: torch.Tensor, key: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, z): ``forward`` computed as head(features(x)), the same layers in the same order."""
+        buffers = {f"model.{n}": key for n in self.key_names} if key is not None else {}
+        return functional_call(self._parts, {**{f"model.{n}": p for n, p in params.items()}, **buffers}, (x, "both"))
+
+    def freeze(self) -> None:
+        """Make the evaluation-mode copy ``represent`` runs (once, outside any vmap or capture: its own
+        ``training`` flag stays False whatever ``train`` sets, so no dropout reaches it)."""
+        if self._frozen is None and self._parts is not None:
+            self._frozen = copy.deepcopy(self._parts).train(False)
+
+    def represent(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        """z of ``x`` under ``params``, dropout off (``freeze`` first)."""
+        assert self._frozen is not None, "FunctionalModel.freeze() makes the copy represent runs"
+        return functional_call(self._frozen, {f"model.{n}": p for n, p in params.items()}, (x, "features"))
+
+
+ClientLoss = Callable[..., Params]  # grad(y, aux, inputs, labels, weights, key) -> the gradient at y
+
+
+def client_gradient(fm: FunctionalModel, client: LocalSGD) -> ClientLoss:
+    """The gradient the client steps on, ``g(y, aux, inputs, labels, weights, key)``: of ``fm.loss`` for rules
+    without a ``local_loss``; for one with it, of the weighted cross-entropy plus the rule's term, where the
+    logits come from ``forward_parts`` (the same operations as ``forward``) when the model has a representation.
+    A pure function of its arguments: the executors vmap it over clients and capture it in CUDA graphs."""
+    term = client.local_loss
+    if term is None:
+        plain = grad(fm.loss)
+        return lambda y, aux, *batch: plain(y, *batch)
+    fm.freeze()
+
+    def loss(params: Params, aux: State, x: torch.Tensor, labels: torch.Tensor, w: torch.Tensor,
+             key: torch.Tensor | None) -> torch.Tensor:
+        if fm.has_representation:
+            logits, z = fm.forward_parts(params, x, key)
+            represent = lambda p: fm.represent(p, x)  # the batch's inputs, bound here
+        else:
+            logits, z, represent = fm.forward(params, x, key), None, None
+        ce = (F.cross_entropy(logits, labels, reduction="none") * w).sum()
+        return ce + term(params, aux, LocalBatch(x, labels, w, logits, z, represent))
+
+    return grad(loss)
 
 
 EVAL_PRECISIONS = ("float32", "bfloat16")

@@ -166,6 +166,14 @@ def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
         raise ConfigError(str(e)) from None
 
 
+def check_representation(cfg: RunConfig, algorithm: Algorithm, fm: FunctionalModel) -> None:
+    """A rule whose local loss reads the model's representation z (MOON) needs a model that exposes one."""
+    if algorithm.spec is not None and algorithm.spec.needs_representation and not fm.has_representation:
+        raise ConfigError(f"algorithm.name = {cfg.algorithm.name!r} reads the model's representation, but model.name = "
+                          f"{cfg.model.name!r} has none: expected a model with methods features(x) -> z and "
+                          "head(z) -> logits (the built-in mlp, small_cnn, cifar_cnn, emnist_cnn; not linear)")
+
+
 @dataclass
 class Built:
     """What ``check`` built of a run, on the CPU, for ``prepare`` to take over (once: ``prepare``
@@ -205,6 +213,8 @@ def check(cfg: RunConfig, _models_seen: set | None = None, *, keep: bool = False
         fm = make_model(cfg, fed)
         if _models_seen is not None:
             _models_seen.add(key)
+    if algorithm.spec is not None and algorithm.spec.needs_representation:
+        check_representation(cfg, algorithm, fm or make_model(cfg, fed))
     return Built(fed, algorithm, pretrain, hp, fm) if keep else None
 
 
@@ -251,6 +261,7 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
         fm = make_model(cfg, fed)
     else:
         fed, algorithm, pretrain, hp, fm = built.fed, built.algorithm, built.pretrain, built.hparams, built.fm
+    check_representation(cfg, algorithm, fm)
     fm.module.to(device=device, dtype=dtype)
     executor = make_executor(cfg.executor, fm, device, cfg.compile)
     on_device = fed.to(device, dtype)

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from fedsl.models.cnn import cifar_cnn, emnist_cnn, mlp, small_cnn
+from fedsl.models.cnn import Classifier, cifar_cnn, emnist_cnn, mlp, small_cnn
 from fedsl.models.dropout import KeyedDropout, replace_dropout
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -144,9 +144,16 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed:
     return model
 
 
+def has_representation(model: nn.Module) -> bool:
+    """Whether ``model`` exposes its representation z: methods ``features(x) -> z`` and ``head(z) -> logits``
+    with ``forward(x) = head(features(x))`` (the built-in models but ``linear``: ``cnn.Classifier``).
+    Submodules that happen to be named ``features`` or ``head`` (torchvision's VGG) do not count."""
+    return all(inspect.ismethod(getattr(model, m, None)) for m in ("features", "head"))
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
 __all__ = ["MODELS", "INITS", "ALLOW_IMPORT_ENV", "DENIED_MODULES", "import_problem", "build_model", "keras_init_", "count_parameters", "emnist_cnn", "cifar_cnn",
-           "small_cnn", "mlp", "KeyedDropout", "replace_dropout"]
+           "small_cnn", "mlp", "KeyedDropout", "replace_dropout", "Classifier", "has_representation"]
