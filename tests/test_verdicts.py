@@ -107,6 +107,27 @@ def test_every_preset_claim_names_its_variants_and_keys():
         cfg = C.validate(presets.load(name))
         variants = set(cfg.variants) or {cfg.name}
         for c in cfg.claims:
-            assert {c.better, c.worse or c.better} <= variants, (name, c.text)
+            # a variant fine-tuned on D0 after its last round is judged as NAME+FT too
+            finetuned = {v + V.FINETUNED for v, over in cfg.variants.items() if (over.get("server") or {}).get(
+                "finetune_epochs") or cfg.server.finetune_epochs}
+            assert {c.better, c.worse or c.better} <= variants | finetuned, (name, c.text)
             assert c.trend is None or c.trend in cfg.sweep, (name, c.text)
             assert set(c.at) <= set(cfg.sweep), (name, c.text)
+
+
+def test_a_run_fine_tuned_on_d0_is_judged_as_its_own_variant_too(tmp_path):
+    """server.finetune_epochs: the run counts as itself (its rounds' final accuracy) and as NAME+FT (the
+    fine-tuned model's), so "FSL beats FedAvg then fine-tuned" is a plain ordering claim."""
+    rows = [{"run": f"{b}-s{s}", "base": b, "seed": s, "final_accuracy": acc + 0.01 * s}
+            for b, acc in (("FSL", 0.60), ("FedAvg", 0.50)) for s in range(3)]
+    path = _group(tmp_path, rows)
+    for s in range(3):  # summary.json of the FedAvg runs, with the fine-tuned accuracy
+        (tmp_path / f"FedAvg-s{s}").mkdir()
+        (tmp_path / f"FedAvg-s{s}" / "summary.json").write_text(json.dumps(
+            {"status": "completed", "final_accuracy": 0.50 + 0.01 * s, "final_accuracy_finetuned": 0.55 + 0.01 * s}))
+    runs = V.group_values(path)
+    ft = sorted(r.values["final_accuracy"] for r in runs if r.base == "FedAvg+FT")
+    assert ft == pytest.approx([0.55, 0.56, 0.57])
+    assert len(runs) == 9
+    assert V.judge(claim(better="FedAvg+FT", worse="FedAvg"), runs)[0].verdict == "holds"
+    assert V.judge(claim(better="FSL", worse="FedAvg+FT"), runs)[0].verdict == "holds"

@@ -37,6 +37,9 @@ RULE = ("one-sided tests at the 5% level over seeds: Welch's t-test for an order
         "t-test against the setting's measured seed std with one seed, the slope's t-test for a trend; "
         "'holds' (p < 0.05 in the claimed direction), 'contradicted' (p < 0.05 against it), else 'not shown'")
 HIGHER_IS_BETTER = {"final_accuracy": True, "T_0.5": False, "rise_time": False}
+# A run fine-tuned on D0 after its last round (server.finetune_epochs) is also judged as the variant
+# "NAME+FT", whose final accuracy is the fine-tuned model's (summary.json: final_accuracy_finetuned).
+FINETUNED = "+FT"
 
 
 @dataclass
@@ -114,7 +117,8 @@ def base_of(entry: dict, run: str = "") -> str:
 
 def group_values(path: str | Path) -> list[RunValue]:
     """Every finished run of the group at ``path`` (completed or diverged) with its metrics: from each run's
-    summary.json, else from the group's index.csv (folders that keep only the index)."""
+    summary.json, else from the group's index.csv (folders that keep only the index). A run fine-tuned on D0
+    after its last round counts twice: as itself and as the variant ``NAME+FT`` (``FINETUNED``)."""
     path = Path(path)
     spec = json.loads((path / "group.json").read_text())
     index = {}
@@ -129,6 +133,9 @@ def group_values(path: str | Path) -> list[RunValue]:
             continue
         vals = {m: v for m in HIGHER_IS_BETTER if (v := _value(summary, m)) is not None}
         out.append(RunValue(base_of(rs, run), rs.get("seed"), dict(rs.get("params", {})), vals))
+        if summary.get("final_accuracy_finetuned") not in (None, ""):  # server.finetune_epochs: its own variant
+            out.append(RunValue(base_of(rs, run) + FINETUNED, rs.get("seed"), dict(rs.get("params", {})),
+                                {"final_accuracy": float(summary["final_accuracy_finetuned"])}))
     return out
 
 
