@@ -46,6 +46,7 @@ def test_numbers_equal_diagnostics_measure_at_x0_and_the_step_is_the_runs():
     # the condition and the first-order prediction are one inequality
     assert a.condition == (2 * a.dot_F_f0 > a.L * a.server_lr * a.gradf0_norm2) == (a.predicted_gain > 0)
     assert a.predicted_gain == pytest.approx(a.server_lr * a.dot_F_f0 - a.L * a.server_lr ** 2 * a.gradf0_norm2 / 2)
+    assert a.server_steps == 4 and a.round_gain_rel == pytest.approx(4 * a.predicted_gain_rel)
 
 
 def test_assess_server_data_equals_measure_on_a_random_federation():
@@ -151,9 +152,8 @@ def test_candidates_from_variants_and_override_splitting():
 
 
 def _write(tmp_path, data) -> str:
-    import tomli_w
-    p = tmp_path / "c.toml"
-    p.write_bytes(tomli_w.dumps(data).encode())
+    p = tmp_path / f"c{len(list(tmp_path.glob('c*.json')))}.json"  # configs may be JSON too
+    p.write_text(json.dumps(data))
     return str(p)
 
 
@@ -205,3 +205,21 @@ def test_no_candidates_and_bad_options_are_one_line_errors(tmp_path, config_file
     assert main(["data", "assess", fedavg, "-c", "a:data.server_size=10", "--out", str(tmp_path / "o")]) == 2
     assert "takes no server step on D0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_verdicts_name_their_reason():
+    from dataclasses import replace
+    good = A.Assessment("d", [], 10, [5, 5], xi2=1.0, G2=4.0, cos_F_f0=0.9, dot_F_f0=2.0, gradF_norm2=2.0,
+                        gradf0_norm2=2.5, L=10.0, server_lr=0.01, condition=True, condition_margin=3.75,
+                        predicted_gain=0.019, predicted_gain_rel=0.19, measured_gain=0.02, measured_gain_rel=0.2,
+                        F=2.3, server_steps=2, round_gain_rel=0.38, verdict="", reason="")
+    assert A.judge(good)[0] == A.LIKELY
+    verdict, reason = A.judge(replace(good, xi2=5.0))
+    assert verdict == A.UNCLEAR and "ξ² = 5 > G² = 4" in reason
+    verdict, reason = A.judge(replace(good, condition=False))
+    assert verdict == A.UNLIKELY and "condition fails" in reason
+    verdict, reason = A.judge(replace(good, cos_F_f0=-0.1, dot_F_f0=-0.2))
+    assert verdict == A.UNLIKELY and "angle ≥ 90°" in reason
+    ranked = A.rank([replace(good, name="a", round_gain_rel=-1.0), replace(good, name="b"),
+                     replace(good, name="c", round_gain_rel=float("nan"))])
+    assert [(r.name, r.rank) for r in ranked] == [("b", 1), ("a", 2), ("c", 3)]

@@ -11,6 +11,7 @@ shared starting point x (x_0, or x_R after R FedAvg rounds, which do not read D0
     normalised by ‖∇F‖²/(2L), the decrease the descent lemma guarantees for the best step along
     −∇F itself (so 1 = as good as a full-gradient step on the clients' data), and the measured
     one-step change F(x) − F(x − η∇f0) (exact, a forward pass over the clients' data).
+    Candidates are ranked per round: K0 times the normalised one-step prediction (see ``rank``).
 
 L is estimated as the spectral norm of ∇²F(x): power iteration with Hessian-vector products
 (forward-over-reverse autodiff, exact, no finite differences) on a uniform subsample of the
@@ -46,7 +47,7 @@ from fedsl.data.errors import DataError
 from fedsl.data.federation import Federation
 from fedsl.diagnostics import client_gradients_sum
 from fedsl.engine.functional import FunctionalModel, full_gradient
-from fedsl.experiments.config import ConfigError, RunConfig, apply_overrides, validate
+from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, apply_overrides, validate
 
 # The keys a candidate may change: D0 and the server step's own settings. Anything else (the
 # clients, the model, the seed) would change F or x_0 and make the candidates incomparable.
@@ -92,6 +93,8 @@ class Assessment:
     measured_gain: float  # F(x) − F(x − η∇f0)
     measured_gain_rel: float  # measured_gain / (‖∇F‖²/(2L))
     F: float  # F(x)
+    server_steps: int  # K0, the server's steps per round
+    round_gain_rel: float  # K0 · predicted_gain_rel: a round's K0 steps, first-order (∇f0, ∇F held at x)
     verdict: str
     reason: str
     rank: int = 0
@@ -273,8 +276,9 @@ def judge(a: Assessment) -> tuple[str, str]:
 
 
 def assess_server_data(fm: FunctionalModel, x: Params, fed: Federation, server_lr: float, side: ClientSide,
-                       name: str = "D0", overrides: list[str] | None = None) -> Assessment:
-    """One candidate D0 (``fed.server``) at x, with the clients' shared quantities ``side``."""
+                       name: str = "D0", overrides: list[str] | None = None, server_steps: int = 1) -> Assessment:
+    """One candidate D0 (``fed.server``) at x, with the clients' shared quantities ``side``; ``server_lr`` = γ·η0,
+    ``server_steps`` = K0 (the run's steps per round, for the per-round prediction)."""
     if not fed.n0:
         raise ConfigError(f"candidate {name!r}: D0 is empty: expected data.server_size > 0 or "
                           "data.server_source = 'clients' / 'dataset'")
@@ -293,14 +297,17 @@ def assess_server_data(fm: FunctionalModel, x: Params, fed: Federation, server_l
     stepped = {k: x[k] - eta * g0[k] for k in x}
     measured = side.F - mean_loss(fm, stepped, fed.x[union], fed.y[union])
     a = Assessment(name, list(overrides or []), fed.n0, fed.server_histogram(), xi2, side.G2, cos, dot, nF, n0, L,
-                   eta, margin > 0, margin, pred, pred / best, measured, measured / best, side.F, "", "")
+                   eta, margin > 0, margin, pred, pred / best, measured, measured / best, side.F, server_steps,
+                   server_steps * pred / best, "", "")
     a.verdict, a.reason = judge(a)
     return a
 
 
 def rank(results: list[Assessment]) -> list[Assessment]:
-    """Best first: by the normalised predicted one-step gain (the condition's margin, in units of F)."""
-    key = [(-r.predicted_gain_rel if math.isfinite(r.predicted_gain_rel) else math.inf) for r in results]
+    """Best first: by the predicted gain of a round's K0 server steps, K0·ΔF_pred/(‖∇F‖²/(2L)). Per round, not
+    per step: the paper's defaults make a round's server movement K0·η0 the same for every n0 (η0 ∝ 1/K0),
+    so one step of a small D0 is longer than one of a large D0, and per step the small D0 would look better."""
+    key = [(-r.round_gain_rel if math.isfinite(r.round_gain_rel) else math.inf) for r in results]
     order = sorted(range(len(results)), key=lambda i: key[i])
     out = [results[i] for i in order]
     for i, r in enumerate(out, 1):
@@ -318,10 +325,11 @@ def _fingerprint(fed: Federation) -> str:
     return h.hexdigest()
 
 
-def _server_lr(hparams) -> float:
-    for h in hparams:
-        if h.symbol == "γ·η0":
-            return float(h.value)
+def _server_step(hparams) -> tuple[float, int]:
+    """(γ·η0, K0) as the runner resolved them."""
+    found = {h.symbol: h.value for h in hparams}
+    if "γ·η0" in found:
+        return float(found["γ·η0"]), int(found["K0"])
     raise ConfigError("the config's algorithm takes no server step on D0: expected an algorithm with server "
                       "learning, e.g. algorithm.name = 'fsl' (the step size γ·η0 is the run's own)")
 
@@ -347,8 +355,8 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
     if cfg.server.pretrain:
         raise ConfigError("server.pretrain = true: x_0 would then depend on each candidate's D0; assess compares "
                           "candidates at one x_0: expected server.pretrain = false")
-    if not 0 <= warmup_rounds <= cfg.rounds:
-        raise ConfigError(f"--warmup-rounds {warmup_rounds}: expected 0 to the config's rounds ({cfg.rounds})")
+    if not 0 <= warmup_rounds <= ROUNDS_MAX:
+        raise ConfigError(f"--warmup-rounds {warmup_rounds}: expected 0 to {ROUNDS_MAX} FedAvg rounds")
     cfgs = [candidate_config(cfg, c) for c in candidates]
     sides: dict[str, tuple[Params, ClientSide]] = {}
     results = []
@@ -378,7 +386,8 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
                 f"G² = {sides[key][1].G2:.4g}, L ≈ {sides[key][1].L:.4g} ({sides[key][1].power_iters} power "
                 f"iterations on {sides[key][1].hessian_samples} samples)")
         x, side = sides[key]
-        a = assess_server_data(sim.fm, x, sim.fed, _server_lr(hparams), side, cand.name, cand.overrides)
+        lr, k0 = _server_step(hparams)
+        a = assess_server_data(sim.fm, x, sim.fed, lr, side, cand.name, cand.overrides, k0)
         a.extra = {"warmup_rounds": warmup_rounds, "power_iterations": side.power_iters,
                    "hessian_samples": side.hessian_samples, "clients": key[:12],
                    "wall_time": round(time.perf_counter() - t0, 3)}
@@ -392,7 +401,7 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
 
 
 COLUMNS = ("rank", "name", "n0", "xi2", "G2", "cos_F_f0", "L", "server_lr", "condition", "condition_margin",
-           "predicted_gain", "predicted_gain_rel", "measured_gain", "measured_gain_rel", "verdict", "reason")
+           "predicted_gain", "predicted_gain_rel", "server_steps", "round_gain_rel", "measured_gain", "measured_gain_rel", "verdict", "reason")
 
 
 def write(results: list[Assessment], out: Path, meta: dict) -> tuple[Path, Path]:
