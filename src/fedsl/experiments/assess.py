@@ -269,10 +269,12 @@ def judge(a: Assessment) -> tuple[str, str]:
         return UNLIKELY, (f"condition fails: 2⟨∇F,∇f0⟩ = {2 * a.dot_F_f0:.3g} ≤ L·γη0·‖∇f0‖² = "
                           f"{a.L * a.server_lr * a.gradf0_norm2:.3g}: the server step is too long for this D0")
     if a.xi2 > a.G2:
-        return UNCLEAR, (f"one step helps (predicted {a.predicted_gain_rel:.2f} of a full step on F), but ξ² = "
+        return UNCLEAR, (f"one step helps (predicted {a.predicted_gain_rel:.2f} of a full step on F, "
+                         f"{a.round_gain_rel:.2f} per round), but ξ² = "
                          f"{a.xi2:.3g} > G² = {a.G2:.3g}: D0's gradient is farther from ∇F than a mean client's")
     return LIKELY, (f"acute angle (cos {a.cos_F_f0:.2f}), condition holds, ξ² = {a.xi2:.3g} ≤ G² = {a.G2:.3g}; "
-                    f"predicted {a.predicted_gain_rel:.2f} of a full step on F")
+                    f"predicted {a.predicted_gain_rel:.2f} of a full step on F per step, {a.round_gain_rel:.2f} per "
+                    f"round (K0 = {a.server_steps})")
 
 
 def assess_server_data(fm: FunctionalModel, x: Params, fed: Federation, server_lr: float, side: ClientSide,
