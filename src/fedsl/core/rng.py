@@ -18,6 +18,13 @@ DROPOUT = 100  # added to a batch stream to get its dropout-key stream
 PARTITION = 6
 SERVER_DATA = 7
 TEST_SUBSET = 8
+TOY = 9  # the images of data.dataset = 'toy' (fedsl.data.toy)
+
+# Seed offsets, for generators that take one integer seed rather than a stream tuple
+# (``data.synthetic.make_font_chars``): ``offset_seed(seed, FONT_TEST)``. Fixed numbers too:
+# they define which font images a seed draws.
+FONT_TEST = 10_007    # synthetic_chars' test split (its training split uses the seed itself)
+FONT_SERVER = 20_011  # data.server_dataset = 'synthetic_chars': D0 drawn from the run's seed
 
 
 def rng(seed: int, *stream: int) -> np.random.Generator:
@@ -26,6 +33,11 @@ def rng(seed: int, *stream: int) -> np.random.Generator:
     # id -1 = server) to distinct large ones.
     entropy = [int(v) % 2**64 for v in (seed, *stream)]
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+
+
+def offset_seed(seed: int, offset: int) -> int:
+    """The integer seed of the named stream ``offset`` (``FONT_TEST``, ``FONT_SERVER``) of ``seed``."""
+    return seed + offset
 
 
 def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> np.ndarray:

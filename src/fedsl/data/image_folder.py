@@ -421,4 +421,16 @@ def load_image_folder_dataset(root: str | Path, *, class_names: Sequence[str] | 
     if tr.x.shape[1:] != te.x.shape[1:]:
         raise DataError(f"{root}: train images are {tr.x.shape[1:]} but test images are {te.x.shape[1:]} "
                         "(height, width, channels); give size=(height, width) and mode= to make them agree")
-    return ArrayDataset(tr, te)
+    return ArrayDataset(tr, te, classes_checked=True)
+
+
+def is_split_folder(root: Path) -> bool:
+    """Whether ``root`` has the train/ and test/ sub-folders of an image folder dataset."""
+    return (root / "train").is_dir() and (root / "test").is_dir()
+
+
+def load(d, root: Path) -> ArrayDataset:
+    """The registry's loader of ``data.dataset = 'image_folder'`` (``fedsl.data.registry``)."""
+    if not is_split_folder(root):
+        raise DataError(f"data.data_dir = {str(root)!r}: expected train/<class>/ and test/<class>/ sub-folders")
+    return load_image_folder_dataset(root)
