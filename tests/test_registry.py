@@ -122,3 +122,19 @@ def test_dataset_checks_keep_their_messages():
     validate({**base, "data": {"dataset": "toy", "chars": "0123", "classes_per_client": 5}})  # chars: not toy's
     with pytest.raises(ConfigError, match=r"^data.classes = 'paper45' is for dataset 'emnist', not 'toy'$"):
         validate({**base, "data": {"dataset": "toy", "classes": "paper45"}})
+
+
+def test_label_and_font_generators_are_the_ones_they_replaced():
+    """core/rng.py's per_label and font_images took over np.random.default_rng([seed, label]) (carve_emnist,
+    per_class_subset) and default_rng(seed) (make_font_chars): every carve, D0 subset and font image stays."""
+    from fedsl.core.rng import font_images, per_label
+    from fedsl.data.image_folder import per_class_subset
+    for seed in (0, 3, 2**40 + 1):
+        for label in (0, 7, 122):
+            np.testing.assert_array_equal(per_label(seed, label).integers(0, 2**62, 20),
+                                          np.random.default_rng([seed, label]).integers(0, 2**62, 20))
+        np.testing.assert_array_equal(font_images(seed).uniform(size=20), np.random.default_rng(seed).uniform(size=20))
+    labels = np.repeat(np.arange(3), 10)
+    old = np.sort(np.concatenate([np.sort(np.random.default_rng([5, c]).choice(np.flatnonzero(labels == c), 4,
+                                                                                replace=False)) for c in range(3)]))
+    np.testing.assert_array_equal(per_class_subset(labels, 4, 5), old)

@@ -35,6 +35,22 @@ def rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
 
 
+# Draws keyed without a stream id, older than the ids above and kept as they are (an id would
+# change every image they pick or render); ``np.random.default_rng([seed, label])`` is the same
+# generator as ``rng(seed, label)``, and ``default_rng(seed)`` as ``rng(seed)``.
+
+
+def per_label(seed: int, label: int) -> np.random.Generator:
+    """The draw for one class ``label`` (value as stored in the files): which images ``carve_emnist`` and
+    ``per_class_subset`` keep. One generator per class, so a class's pick does not depend on the others."""
+    return rng(seed, label)
+
+
+def font_images(seed: int) -> np.random.Generator:
+    """Every random choice of ``make_font_chars`` (font, rotation, size, shift, stroke, elastic warp)."""
+    return rng(seed)
+
+
 def offset_seed(seed: int, offset: int) -> int:
     """The integer seed of the named stream ``offset`` (``FONT_TEST``, ``FONT_SERVER``) of ``seed``."""
     return seed + offset

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsl.core.rng import per_label
 from fedsl.data.arrays import ArrayDataset, ImageSet
 from fedsl.data.download import fetch
 from fedsl.data.errors import DataError, download_hint
@@ -332,7 +333,7 @@ def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Ite
     train_idx, test_idx = [], []
     for i in keep:
         members = np.flatnonzero(full.y == i)
-        rng = np.random.default_rng([int(seed), int(values[i])])
+        rng = per_label(int(seed), int(values[i]))
         pick = members[rng.permutation(len(members))[:need]]  # up to: what the class has
         train_idx.append(pick[:train_per_class])
         test_idx.append(pick[train_per_class:])

@@ -44,6 +44,7 @@ from typing import Iterable, Literal, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
+from fedsl.core.rng import per_label
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
 from fedsl.data.errors import DataError, warn_missing_classes
 
@@ -156,7 +157,7 @@ def per_class_subset(labels: np.ndarray, per_class: int | None, seed: int) -> np
     for label in np.unique(labels):
         idx = np.flatnonzero(labels == label)
         if len(idx) > per_class:
-            rng = np.random.default_rng([seed, int(label)])
+            rng = per_label(seed, int(label))
             idx = np.sort(rng.choice(idx, size=per_class, replace=False))
         keep.append(idx)
     return np.sort(np.concatenate(keep)) if keep else np.zeros(0, dtype=np.int64)

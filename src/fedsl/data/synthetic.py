@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-from fedsl.core.rng import FONT_TEST, offset_seed
+from fedsl.core.rng import FONT_TEST, font_images, offset_seed
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
 
 # EMNIST Balanced label order: digits, upper case, then the 11 lower-case letters whose
@@ -254,7 +254,7 @@ def make_font_chars(
 
     # Per-image parameters are drawn up front, then the elastic noise chunk by chunk;
     # both in a fixed order, so the chunk size cannot change what a seed means.
-    rng = np.random.default_rng(seed)
+    rng = font_images(seed)
     labels = np.repeat(np.arange(n_cls, dtype=np.int64), per_class)
     glyph = rng.integers(0, n_fonts, n) * n_cls + labels  # row in `base`
     angle = np.deg2rad(rng.uniform(rotation[0], rotation[1], n))
@@ -364,7 +364,8 @@ def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed:
         return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
 
     a = cached_arrays("synthetic_chars", recipe, build)
-    return ArrayDataset(ImageSet(a["x_train"], a["y_train"], list(chars)), ImageSet(a["x_test"], a["y_test"], list(chars)))
+    return ArrayDataset(ImageSet(a["x_train"], a["y_train"], list(chars)),
+                        ImageSet(a["x_test"], a["y_test"], list(chars)))
 
 
 def load(d, root) -> ArrayDataset:
