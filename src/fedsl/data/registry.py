@@ -3,7 +3,8 @@
 The one table the rest of fedsl reads: the config's ``data.dataset`` choices and checks
 (``fedsl.experiments.config``), ``fedsl data list`` and the loader (``fedsl.data.datasets``).
 A new dataset is one module with a loader ``load(d, root) -> ArrayDataset`` (``d``: the data
-config, ``root``: the folder located for it) and one entry in ``DATASETS`` below, e.g.
+config, ``root``: the folder located for it, the data root for a generated one) and one entry in
+``DATASETS`` below, e.g.
 ``fedsl.data.toy``::
 
     DatasetInfo("toy", lazy("fedsl.data.toy", "load"), train_size=160, test_size=40, num_classes=4, ...),
@@ -103,7 +104,7 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
                 subdirs=("fashion_mnist", "fashion-mnist", "FashionMNIST", "."), markers=_MNIST_FILES,
                 identify=lazy("fedsl.data.mnist", "is_fashion_mnist")),
     DatasetInfo("stl10", None, 5_000, 8_000, 10, 3, (96, 96),
-                note="labelled train; a D0 source only (data.server_dataset), 9 classes shared with CIFAR-10",
+                note="labelled train; 9 classes shared with CIFAR-10; a D0 source only: data.server_dataset",
                 subdirs=("stl10", "stl10-subset", "stl10_binary", "."),
                 markers=("stl10_binary", "stl10_binary.tar.gz", "train_X.bin", "airplane")),
     DatasetInfo("image_folder", lazy("fedsl.data.image_folder", "load"),
