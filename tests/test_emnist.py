@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from fedsl.data import emnist as em
-from fedsl.data.emnist import (EMNIST_BALANCED_CHARS, FASHION_MNIST_CLASSES, PAPER_45_CLASSES, PAPER_45_DROPPED,
-                               carve_emnist, emnist_filenames, emnist_mapping_filename, load_emnist,
-                               load_fashion_mnist, load_mnist, paper_45_classes)
+from fedsl.data import idx_files
+from fedsl.data import mnist as mn
+from fedsl.data.emnist import (EMNIST_BALANCED_CHARS, PAPER_45_CLASSES, PAPER_45_DROPPED, carve_emnist,
+                               emnist_filenames, emnist_mapping_filename, load_emnist, paper_45_classes)
+from fedsl.data.mnist import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
 from fedsl.data.errors import DataError
 from fedsl.data.idx import read_idx, write_idx
 
@@ -246,7 +248,7 @@ def test_emnist_decoded_arrays_are_cached(balanced_root, fresh_cache, monkeypatc
     def no_decoding(path):
         raise AssertionError(f"decoded {path} again instead of using the cache")
 
-    monkeypatch.setattr(em, "read_idx", no_decoding)
+    monkeypatch.setattr(idx_files, "read_idx", no_decoding)
     second = load_emnist(balanced_root, "balanced")
     np.testing.assert_array_equal(first.train.x, second.train.x)
     np.testing.assert_array_equal(first.test.y, second.test.y)
@@ -373,7 +375,7 @@ def test_paper_45_classes():
 
 def write_mnist(folder: Path, *, gz: bool = True) -> None:
     for part, labels in (("train", [0, 9, 5]), ("test", [7, 3])):
-        for name, arr in zip(em.MNIST_FILES[part], (upright_images(np.array(labels, np.uint8)),
+        for name, arr in zip(mn.MNIST_FILES[part], (upright_images(np.array(labels, np.uint8)),
                                                      np.array(labels, np.uint8))):
             write_idx(folder / (name if gz else name.removesuffix(".gz")), arr)
 
@@ -414,7 +416,7 @@ def test_mnist_download_uses_checksums_and_mirrors(tmp_path, fresh_cache, monkey
         Path(dest).write_bytes((src / Path(url).name).read_bytes())
         return Path(dest)
 
-    monkeypatch.setattr(em, "fetch", fake_fetch)
+    monkeypatch.setattr(mn, "fetch", fake_fetch)
     ds = load_mnist(tmp_path / "data", download=True)
     assert (tmp_path / "data" / "mnist" / "t10k-labels-idx1-ubyte.gz").is_file()
     np.testing.assert_array_equal(ds.test.y, [7, 3])
@@ -424,10 +426,10 @@ def test_mnist_download_uses_checksums_and_mirrors(tmp_path, fresh_cache, monkey
             "md5:f68b3c2dcbeaaa9fbdd348bbdeb94873") in calls
     calls.clear()
     load_fashion_mnist(tmp_path / "data" / "fashion-mnist", download=True)  # root named after the dataset
-    assert len(calls) == 4 and all(c[0].startswith(em.FASHION_MNIST_MIRRORS[0]) for c in calls)
+    assert len(calls) == 4 and all(c[0].startswith(mn.FASHION_MNIST_MIRRORS[0]) for c in calls)
     assert ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/train-labels-idx1-ubyte.gz",
             "md5:25c81989df183df01b3e8a0aad5dffbe") in calls
-    assert sorted(p.name for p in (tmp_path / "data" / "fashion-mnist").iterdir()) == sorted(em.MNIST_MD5)
+    assert sorted(p.name for p in (tmp_path / "data" / "fashion-mnist").iterdir()) == sorted(mn.MNIST_MD5)
 
 
 # ----------------------------------------------------------------------------- the offline ByMerge copy

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from fedsl.cli import main
-from fedsl.data import emnist as em
+from fedsl.data import mnist as mn
 from fedsl.data.download import file_digest
-from fedsl.data.emnist import identify_mnist_like, load_fashion_mnist, load_mnist
+from fedsl.data.mnist import identify_mnist_like, load_fashion_mnist, load_mnist
 from fedsl.data.errors import DataError
 from fedsl.data.idx import write_idx
 
@@ -44,7 +44,7 @@ def clothes_like(n: int, rng: np.random.Generator) -> np.ndarray:
 def write_set(folder: Path, images, *, gz: bool = False) -> Path:
     """The four idx files (uncompressed unless ``gz``: recompressed copies match no published md5)."""
     rng = np.random.default_rng(1)
-    for part, (img_name, lab_name) in em.MNIST_FILES.items():
+    for part, (img_name, lab_name) in mn.MNIST_FILES.items():
         n = 300 if part == "train" else 200
         name = (lambda s: s) if gz else (lambda s: s.removesuffix(".gz"))
         write_idx(folder / name(img_name), images(n, rng))
@@ -69,14 +69,14 @@ def test_published_checksums_decide_before_content(tmp_path, fresh_cache, monkey
     """The official gzip files are told by their md5 (here: MNIST-like images posing as Fashion-MNIST's
     published file), and a folder mixing the two is refused either way."""
     folder = write_set(tmp_path / "d", digits_like, gz=True)
-    labels = em.MNIST_FILES["test"][1]
-    monkeypatch.setitem(em.FASHION_MNIST_MD5, labels, "md5:" + file_digest(folder / labels, "md5"))
+    labels = mn.MNIST_FILES["test"][1]
+    monkeypatch.setitem(mn.FASHION_MNIST_MD5, labels, "md5:" + file_digest(folder / labels, "md5"))
     found = identify_mnist_like(folder)
     assert found.dataset == "fashion_mnist" and "md5 of t10k-labels-idx1-ubyte.gz" in found.evidence
     with pytest.raises(DataError, match="holds Fashion-MNIST's idx files, not MNIST's"):
         load_mnist(folder)
-    images = em.MNIST_FILES["train"][0]
-    monkeypatch.setitem(em.MNIST_MD5, images, "md5:" + file_digest(folder / images, "md5"))
+    images = mn.MNIST_FILES["train"][0]
+    monkeypatch.setitem(mn.MNIST_MD5, images, "md5:" + file_digest(folder / images, "md5"))
     assert identify_mnist_like(folder).dataset == "mixed"
     with pytest.raises(DataError, match="holds a mix of MNIST's and Fashion-MNIST's idx files"):
         load_fashion_mnist(folder)

@@ -280,17 +280,6 @@ def list_presets() -> None:
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, show, prepare, synthesise, partition.")
 app.add_typer(data_app, name="data")
 
-KNOWN_SIZES = {  # publisher's train / test sizes, classes
-    "synthetic_chars": "generated: data.train_per_class / test_per_class per class",
-    "cifar10": "50,000 / 10,000, 10 classes",
-    "emnist": "balanced 112,800 / 18,800, 47 classes (other splits: see the docs)",
-    "mnist": "60,000 / 10,000, 10 classes",
-    "fashion_mnist": "60,000 / 10,000, 10 classes",
-    "stl10": "5,000 labelled train / 8,000 test, 10 classes (9 shared with CIFAR-10)",
-    "image_folder": "train/<class>/ and test/<class>/ images",
-}
-
-
 def _data_config(name: str, data_dir: Optional[Path], download: bool, split: str, carve: bool):
     from fedsl.experiments.config import ConfigError, DataConfig
     from pydantic import ValidationError
@@ -306,17 +295,18 @@ def _data_config(name: str, data_dir: Optional[Path], download: bool, split: str
 def data_list(data_dir: Optional[Path] = typer.Option(None, "--data-dir")) -> None:
     """Known datasets and where each is looked for."""
     from fedsl.data.datasets import data_root, locate
+    from fedsl.data.registry import DATASETS
     table = Table(title=f"datasets (data root: {data_root(str(data_dir) if data_dir else None)})")
     table.add_column("name")
     table.add_column("found at", overflow="fold")  # a folder's path is the answer: folded, never cut short
     table.add_column("size (publisher)")
-    for name, size in KNOWN_SIZES.items():
-        if name == "synthetic_chars":
-            where = "generated (cached in $FEDSL_CACHE)"
+    for name, info in DATASETS.items():
+        if info.generated:
+            where = "generated"
         else:
             found = locate(name, str(data_dir) if data_dir else None)
             where = str(found) if found else "not found"
-        table.add_row(name, where, size)
+        table.add_row(name, where, info.describe())
     console.print(table)
 
 

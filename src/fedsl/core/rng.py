@@ -19,6 +19,13 @@ PARTITION = 6
 SERVER_DATA = 7
 TEST_SUBSET = 8
 FINETUNE = 9  # the fine-tuning on D0 after the last round (server.finetune_epochs)
+TOY = 10  # the images of data.dataset = 'toy' (fedsl.data.toy)
+
+# Seed offsets, for generators that take one integer seed rather than a stream tuple
+# (``data.synthetic.make_font_chars``): ``offset_seed(seed, FONT_TEST)``. Fixed numbers too:
+# they define which font images a seed draws.
+FONT_TEST = 10_007    # synthetic_chars' test split (its training split uses the seed itself)
+FONT_SERVER = 20_011  # data.server_dataset = 'synthetic_chars': D0 drawn from the run's seed
 
 
 def rng(seed: int, *stream: int) -> np.random.Generator:
@@ -27,6 +34,27 @@ def rng(seed: int, *stream: int) -> np.random.Generator:
     # id -1 = server) to distinct large ones.
     entropy = [int(v) % 2**64 for v in (seed, *stream)]
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+
+
+# Draws keyed without a stream id, older than the ids above and kept as they are (an id would
+# change every image they pick or render); ``np.random.default_rng([seed, label])`` is the same
+# generator as ``rng(seed, label)``, and ``default_rng(seed)`` as ``rng(seed)``.
+
+
+def per_label(seed: int, label: int) -> np.random.Generator:
+    """The draw for one class ``label`` (value as stored in the files): which images ``carve_emnist`` and
+    ``per_class_subset`` keep. One generator per class, so a class's pick does not depend on the others."""
+    return rng(seed, label)
+
+
+def font_images(seed: int) -> np.random.Generator:
+    """Every random choice of ``make_font_chars`` (font, rotation, size, shift, stroke, elastic warp)."""
+    return rng(seed)
+
+
+def offset_seed(seed: int, offset: int) -> int:
+    """The integer seed of the named stream ``offset`` (``FONT_TEST``, ``FONT_SERVER``) of ``seed``."""
+    return seed + offset
 
 
 def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> np.ndarray:

@@ -31,10 +31,12 @@ class ImageSet:
 
 @dataclass
 class ArrayDataset:
-    """A dataset with a train and a test split (same classes)."""
+    """A dataset with a train and a test split (same classes). ``classes_checked``: its loader has already
+    warned (``DataWarning``, naming its folders) about classes missing from a split."""
 
     train: ImageSet
     test: ImageSet
+    classes_checked: bool = False
 
     @property
     def class_names(self) -> list[str]:

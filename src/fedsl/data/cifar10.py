@@ -359,3 +359,12 @@ def load_cifar10(root: str | Path, *, download: bool = False) -> ArrayDataset:
     kind, path = source
     arrays = cached_arrays("cifar10", _recipe(kind, path), lambda: _decode(kind, path))
     return _dataset(arrays)
+
+
+def load(d, root: Path) -> ArrayDataset:
+    """The registry's loader of ``data.dataset = 'cifar10'`` (``fedsl.data.registry``): the publisher's
+    python or binary version, or the same images as an image folder (train/<class>/, test/<class>/)."""
+    from fedsl.data.image_folder import is_split_folder, load_image_folder_dataset
+    if is_split_folder(root):
+        return load_image_folder_dataset(root, class_names=CIFAR10_CLASSES, size=(32, 32), mode="RGB")
+    return load_cifar10(root, download=d.download)

@@ -1,4 +1,4 @@
-"""Datasets by name, as arrays, and the federation built from a data config.
+"""Datasets by name (``fedsl.data.registry``), as arrays, and the federation built from a data config.
 
 Where files are looked for: ``data.data_dir`` (``--data-dir``), else the environment
 variable ``FEDSL_DATA_DIR``, else ``~/.cache/fedsl/data``; inside it, a dataset's own
@@ -18,22 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsl.core.rng import TEST_SUBSET
+from fedsl.core.rng import FONT_SERVER, TEST_SUBSET, offset_seed
 from fedsl.data import partition, server_data
-from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
+from fedsl.data.arrays import ArrayDataset, ImageSet
 from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
 from fedsl.data.federation import Federation
-
-# sub-folders of data_dir where each dataset may live (first existing one wins)
-SUBDIRS = {
-    "cifar10": ("cifar10", "cifar-10", "cifar10-jpeg", "."),
-    "emnist": ("emnist", "."),
-    "mnist": ("mnist", "MNIST", "."),
-    "fashion_mnist": ("fashion_mnist", "fashion-mnist", "FashionMNIST", "."),
-    "stl10": ("stl10", "stl10-subset", "stl10_binary", "."),
-    "image_folder": (".",),
-}
-
+from fedsl.data.registry import DATASETS
 
 def data_root(data_dir: str | None) -> Path:
     """data_dir, else $FEDSL_DATA_DIR, else ~/.cache/fedsl/data."""
@@ -43,28 +33,14 @@ def data_root(data_dir: str | None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "fedsl" / "data"
 
 
-# files (globs) whose presence says a folder holds the dataset
-MARKERS = {
-    "cifar10": ("cifar-10-batches-py", "cifar-10-python.tar.gz", "cifar-10-batches-bin", "cifar-10-binary.tar.gz",
-                "train/airplane"),
-    "emnist": ("emnist-*-ubyte.gz", "gzip.zip", "gzip/emnist-*"),
-    "mnist": ("train-images-idx3-ubyte*", "t10k-images-idx3-ubyte*"),
-    "fashion_mnist": ("train-images-idx3-ubyte*", "t10k-images-idx3-ubyte*"),
-    "stl10": ("stl10_binary", "stl10_binary.tar.gz", "train_X.bin", "airplane"),
-    "image_folder": ("train", "test"),
-}
-
-
 def _marked(name: str, data_dir: str | None, *, identify: bool) -> Path | None:
+    info = DATASETS[name]
     root = data_root(data_dir)
-    for sub in SUBDIRS[name]:
+    for sub in info.subdirs:
         folder = root / sub
-        if folder.is_dir() and any(any(folder.glob(m)) for m in MARKERS[name]):
-            if identify and name in ("mnist", "fashion_mnist"):
-                # same file names: a folder of the other one's files is not this dataset
-                from fedsl.data.emnist import identify_mnist_like
-                if identify_mnist_like(folder).dataset not in (None, name):
-                    continue
+        if folder.is_dir() and any(any(folder.glob(m)) for m in info.markers):
+            if identify and info.identify is not None and not info.identify(folder):
+                continue  # e.g. MNIST's file names, but Fashion-MNIST's files
             return folder.resolve()
     return None
 
@@ -72,7 +48,7 @@ def _marked(name: str, data_dir: str | None, *, identify: bool) -> Path | None:
 def locate(name: str, data_dir: str | None) -> Path | None:
     """The folder holding dataset ``name`` (first candidate sub-folder with its files), or None.
     MNIST's and Fashion-MNIST's files share their names: a folder whose files are told to be
-    the other one's (``emnist.identify_mnist_like``) is skipped."""
+    the other one's (the registry's ``identify``, ``mnist.identify_mnist_like``) is skipped."""
     return _marked(name, data_dir, identify=True)
 
 
@@ -80,26 +56,7 @@ def dataset_dir(name: str, data_dir: str | None) -> Path:
     """Where dataset ``name`` is (``locate``), else where a download would put it. A folder holding
     the other MNIST-like dataset's files is returned too, for the loader to say so."""
     return (locate(name, data_dir) or _marked(name, data_dir, identify=False)
-            or data_root(data_dir) / SUBDIRS[name][0])
-
-
-def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed: int = 0) -> ArrayDataset:
-    """Font-rendered characters (offline EMNIST stand-in); test images drawn with another seed."""
-    from fedsl.data.synthetic import make_font_chars
-
-    recipe = {"chars": chars, "train": train_per_class, "test": test_per_class, "seed": seed, "v": 2}
-
-    def build() -> dict[str, np.ndarray]:
-        xtr, ytr = make_font_chars(chars, per_class=train_per_class, seed=seed)
-        xte, yte = make_font_chars(chars, per_class=test_per_class, seed=seed + 10_007)
-        return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
-
-    a = cached_arrays("synthetic_chars", recipe, build)
-    return ArrayDataset(ImageSet(a["x_train"], a["y_train"], list(chars)), ImageSet(a["x_test"], a["y_test"], list(chars)))
-
-
-def _is_image_folder_split(root: Path) -> bool:
-    return (root / "train").is_dir() and (root / "test").is_dir()
+            or data_root(data_dir) / DATASETS[name].subdirs[0])
 
 
 def _subset(ds: ArrayDataset, names: list[str], setting: str = "data.classes") -> ArrayDataset:
@@ -159,47 +116,18 @@ def _quiet_if(quiet: bool):
 
 
 def _read_dataset(d) -> tuple[ArrayDataset, bool]:
-    """The dataset of ``d``, and whether its loader already warned about classes missing from a split."""
-    checked = False
-    if d.dataset == "synthetic_chars":
-        ds = synthetic_chars(d.chars, d.train_per_class, d.test_per_class)
-    elif d.dataset == "cifar10":
-        root = dataset_dir("cifar10", d.data_dir)
-        if _is_image_folder_split(root):
-            from fedsl.data.cifar10 import CIFAR10_CLASSES
-            from fedsl.data.image_folder import load_image_folder_dataset
-            with _quiet_if(isinstance(d.classes, list)):
-                ds = load_image_folder_dataset(root, class_names=CIFAR10_CLASSES, size=(32, 32), mode="RGB")
-            checked = not isinstance(d.classes, list)
-        else:
-            from fedsl.data.cifar10 import load_cifar10
-            ds = load_cifar10(root, download=d.download)
-    elif d.dataset == "emnist":
-        from fedsl.data import emnist
-        root = dataset_dir("emnist", d.data_dir)
-        classes = list(emnist.PAPER_45_CLASSES) if d.classes == "paper45" else d.classes
-        if d.carve:
-            return emnist.carve_emnist(root, d.emnist_split, classes=classes, train_per_class=d.train_per_class,
-                                       test_per_class=d.test_per_class, seed=0,
-                                       test_up_to=d.carve_test == "up_to"), False
-        return emnist.load_emnist(root, d.emnist_split, classes=classes, download=d.download), False
-    elif d.dataset in ("mnist", "fashion_mnist"):
-        from fedsl.data import emnist
-        load = emnist.load_mnist if d.dataset == "mnist" else emnist.load_fashion_mnist
-        ds = load(dataset_dir(d.dataset, d.data_dir), download=d.download)
-    elif d.dataset == "image_folder":
-        from fedsl.data.image_folder import load_image_folder_dataset
-        root = dataset_dir("image_folder", d.data_dir)
-        if not _is_image_folder_split(root):
-            raise DataError(f"data.data_dir = {str(root)!r}: expected train/<class>/ and test/<class>/ sub-folders")
-        with _quiet_if(isinstance(d.classes, list)):
-            ds = load_image_folder_dataset(root)
-        checked = not isinstance(d.classes, list)
-    else:  # the config's Literal makes this unreachable
+    """The dataset of ``d`` (its registry entry's loader), and whether its loader already warned about
+    classes missing from a split."""
+    info = DATASETS[d.dataset]
+    if info.load is None:  # the config's Literal makes this unreachable
         raise DataError(f"data.dataset = {d.dataset!r}: unknown dataset")
-    if isinstance(d.classes, list):
+    subset = isinstance(d.classes, list) and not info.selects_classes
+    root = data_root(d.data_dir) if info.generated else dataset_dir(d.dataset, d.data_dir)
+    with _quiet_if(subset):
+        ds = info.load(d, root)
+    if subset:
         ds = _subset(ds, d.classes)
-    return ds, checked
+    return ds, ds.classes_checked
 
 
 def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
@@ -216,7 +144,7 @@ def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
         s = ImageSet(x, y, list(names))
     elif d.server_dataset == "synthetic_chars":
         from fedsl.data.synthetic import make_font_chars
-        x, y = make_font_chars("".join(names), per_class=d.server_per_class or 15, seed=seed + 20_011,
+        x, y = make_font_chars("".join(names), per_class=d.server_per_class or 15, seed=offset_seed(seed, FONT_SERVER),
                                image_size=shape[0])
         s = ImageSet(x, y, list(names))
     elif d.server_dataset == "stl10":
@@ -285,6 +213,9 @@ def input_stats(d, ds: ArrayDataset) -> tuple[list[float], list[float]] | None:
     """
     if d.normalize == "unit":
         return None
+    fixed = DATASETS[d.dataset].stats
+    if fixed is not None:
+        return list(fixed[0]), list(fixed[1])
     key = id(ds.train.x)
     hit = _STATS.get(key)
     if hit is None or hit[0] is not ds.train.x:

@@ -1,9 +1,8 @@
-"""EMNIST, MNIST and Fashion-MNIST from their publishers' idx files.
+"""EMNIST from its publisher's idx files (MNIST and Fashion-MNIST: ``fedsl.data.mnist``).
 
-Files are looked for under their official names in ``root`` itself, then in the
-dataset's own subfolder of it (``emnist``, ``mnist``, ``fashion-mnist``; torchvision's
-``MNIST/raw`` and ``FashionMNIST/raw`` too), gzip-compressed (``.gz``) or not. With
-``download=True`` missing files are downloaded, with md5 checks, into that subfolder
+Files are looked for under their official names in ``root`` itself, then in its ``emnist``
+and ``gzip`` sub-folders, gzip-compressed (``.gz``) or not (``fedsl.data.idx_files``). With
+``download=True`` missing files are downloaded, with md5 checks, into the ``emnist`` sub-folder
 (into ``root`` itself when it is already named so). Decoded arrays are cached (see
 ``fedsl.data.arrays.cached_arrays``), keyed by the files' sha256 and the decoding options.
 
@@ -30,17 +29,16 @@ import string
 import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
-from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, file_fingerprint
-from fedsl.data.download import fetch, file_digest
+from fedsl.core.rng import per_label
+from fedsl.data.arrays import ArrayDataset, ImageSet
+from fedsl.data.download import fetch
 from fedsl.data.errors import DataError, download_hint
-from fedsl.data.idx import read_idx
+from fedsl.data.idx_files import PARTS, decode_pair, download_dir, locate_files, missing_files, relabel
 
 EMNIST_SPLITS: tuple[str, ...] = ("balanced", "bymerge", "byclass", "letters", "digits", "mnist")
-PARTS: tuple[str, ...] = ("train", "test")
 
 # EMNIST Balanced / ByMerge label order: digits, upper case, then the 11 lower-case letters
 # whose shape differs from their capital (c i j k l m o p s u v w x y z are merged into it).
@@ -103,33 +101,6 @@ EMNIST_URLS: tuple[str, ...] = ("https://biometrics.nist.gov/cs_links/EMNIST/gzi
 EMNIST_MD5: str = "md5:58c8d27c78d21e728a6bc7b3cc06412e"
 EMNIST_ZIP_NAME: str = "gzip.zip"
 
-MNIST_FILES: dict[str, tuple[str, str]] = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
-# Mirrors and md5s as in torchvision/datasets/mnist.py (classes MNIST and FashionMNIST);
-# yann.lecun.com often refuses downloads, so the S3 mirror comes first.
-MNIST_MIRRORS: tuple[str, ...] = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/")
-MNIST_MD5: dict[str, str] = {
-    "train-images-idx3-ubyte.gz": "md5:f68b3c2dcbeaaa9fbdd348bbdeb94873",
-    "train-labels-idx1-ubyte.gz": "md5:d53e105ee54ea40749a09fcbcd1e9432",
-    "t10k-images-idx3-ubyte.gz": "md5:9fb629c4189551a2d022fa330f9573f3",
-    "t10k-labels-idx1-ubyte.gz": "md5:ec29112dd5afa0611ce80d1b7f02629c",
-}
-FASHION_MNIST_MIRRORS: tuple[str, ...] = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",)
-FASHION_MNIST_MD5: dict[str, str] = {
-    "train-images-idx3-ubyte.gz": "md5:8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-    "train-labels-idx1-ubyte.gz": "md5:25c81989df183df01b3e8a0aad5dffbe",
-    "t10k-images-idx3-ubyte.gz": "md5:bef4ecab320f06d8554ea6380940ec79",
-    "t10k-labels-idx1-ubyte.gz": "md5:bb300cfdad3c16e7a12a480ee83cd310",
-}
-MNIST_CLASSES: list[str] = list(string.digits)
-FASHION_MNIST_CLASSES: list[str] = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                                    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
-
-IMAGE_SIZE: tuple[int, int] = (28, 28)
-
-
 # --------------------------------------------------------------------------- file names
 
 def emnist_filenames(split: str, part: str) -> tuple[str, str]:
@@ -148,73 +119,6 @@ def _check_split(split: str) -> str:
     if split not in EMNIST_SPLITS:
         raise DataError(f"EMNIST split {split!r}: expected one of {', '.join(EMNIST_SPLITS)}")
     return split
-
-
-def _candidates(root: Path, subfolders: Sequence[str]) -> list[Path]:
-    return [root, *(root / s for s in subfolders)]
-
-
-def _in_folder(folder: Path, name: str) -> Path | None:
-    """``folder/name``, or its uncompressed twin (``name`` without '.gz'), whichever exists."""
-    for n in (name, name.removesuffix(".gz")):
-        if (folder / n).is_file():
-            return folder / n
-    return None
-
-
-def _locate(root: Path, subfolders: Sequence[str], names: Sequence[str]) -> list[Path] | None:
-    """The first folder among ``root`` and its ``subfolders`` that holds all of ``names``."""
-    for folder in _candidates(root, subfolders):
-        paths = [_in_folder(folder, n) for n in names]
-        if all(p is not None for p in paths):
-            return paths  # type: ignore[return-value]
-    return None
-
-
-def _download_dir(root: Path, subfolder: str) -> Path:
-    return root if root.name.lower() == subfolder.lower() else root / subfolder
-
-
-def _missing(title: str, root: Path, subfolders: Sequence[str], names: Sequence[str], how: str) -> DataError:
-    where = " or ".join(str(f) for f in _candidates(root, subfolders))
-    return DataError(f"{title}: cannot find {', '.join(names)} in {where}: {how}")
-
-
-# --------------------------------------------------------------------------- decoding
-
-def _decode(cache_name: str, images: Path, labels: Path, *, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Images [n, 28, 28] uint8 (upright) and the raw label values [n] of one idx file pair, cached."""
-    recipe = {"images": file_fingerprint(images), "labels": file_fingerprint(labels),
-              "transpose": transpose, "size": list(IMAGE_SIZE), "v": 1}
-
-    def build() -> dict[str, np.ndarray]:
-        x = read_idx(images)
-        y = read_idx(labels)
-        if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1:] != IMAGE_SIZE:
-            raise DataError(f"{images}: holds {x.dtype} images of shape {x.shape[1:]}, expected uint8 "
-                            f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}: replace it with the publisher's file")
-        if y.ndim != 1 or len(y) != len(x):
-            raise DataError(f"{labels}: holds labels of shape {y.shape}, expected {len(x)} labels "
-                            f"(one per image of {images.name}): the two files do not belong together")
-        if transpose:
-            x = x.transpose(0, 2, 1)
-        return {"x": np.ascontiguousarray(x), "y": y.astype(np.int64)}
-
-    a = cached_arrays(cache_name, recipe, build)
-    return a["x"], a["y"]
-
-
-def _relabel(y_raw: np.ndarray, values: Sequence[int], source: Path) -> np.ndarray:
-    """Raw label values -> 0..L-1 (their position in ``values``)."""
-    values = np.asarray(values, dtype=np.int64)
-    lut = np.full(int(max(values.max(), y_raw.max(initial=0))) + 1, -1, dtype=np.int64)
-    lut[values] = np.arange(len(values))
-    y = lut[y_raw] if y_raw.min(initial=0) >= 0 else np.full_like(y_raw, -1)
-    if (y < 0).any():
-        bad = np.unique(y_raw[y < 0])[:10].tolist()
-        raise DataError(f"{source}: labels {bad} are not among the {len(values)} classes "
-                        f"{values.min()}..{values.max()}: the label file does not belong to this dataset")
-    return y
 
 
 def read_mapping(path: str | Path) -> list[tuple[int, tuple[int, ...]]]:
@@ -318,7 +222,7 @@ def _fetch_emnist(dest: Path) -> Path:
 
 def _download_emnist(root: Path, names: Sequence[str]) -> None:
     """Download the official gzip.zip (535 MB, kept for other splits) and extract ``names``."""
-    dest = _download_dir(root, "emnist")
+    dest = download_dir(root, "emnist")
     dest.mkdir(parents=True, exist_ok=True)
     zip_path = _fetch_emnist(dest)
     try:
@@ -343,13 +247,13 @@ def _emnist_how(split: str) -> str:
 
 
 def _emnist_part_paths(root: Path, split: str, part: str) -> list[Path] | None:
-    return _locate(root, ("emnist", "gzip"), emnist_filenames(split, part))
+    return locate_files(root, ("emnist", "gzip"), emnist_filenames(split, part))
 
 
 def _emnist_part(paths: Sequence[Path], split: str, part: str,
                  values: Sequence[int], names: list[str]) -> ImageSet:
-    x, y_raw = _decode(f"emnist-{split}-{part}", paths[0], paths[1], transpose=True)
-    return ImageSet(x, _relabel(y_raw, values, paths[1]), list(names))
+    x, y_raw = decode_pair(f"emnist-{split}-{part}", paths[0], paths[1], transpose=True)
+    return ImageSet(x, relabel(y_raw, values, paths[1]), list(names))
 
 
 def load_emnist(root: str | Path, split: str = "balanced", *, classes: str | Iterable[str | int] | None = None,
@@ -367,7 +271,7 @@ def load_emnist(root: str | Path, split: str = "balanced", *, classes: str | Ite
         _download_emnist(root, [*names_needed, emnist_mapping_filename(split)])
         paths = [_emnist_part_paths(root, split, p) for p in PARTS]
     if any(p is None for p in paths):
-        raise _missing(f"EMNIST {split}", root, ("emnist", "gzip"), names_needed, _emnist_how(split))
+        raise missing_files(f"EMNIST {split}", root, ("emnist", "gzip"), names_needed, _emnist_how(split))
     values, names, aliases = _emnist_classes(paths[0][0].parent, split)
     ds = ArrayDataset(*(_emnist_part(p, split, part, values, names) for p, part in zip(paths, PARTS)))
     return ds if classes is None else select_classes(ds, classes, aliases)
@@ -407,7 +311,7 @@ def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Ite
         paths, part = _emnist_part_paths(root, split, "train"), "train"
     if paths is None:
         looked = [*emnist_filenames(split, "train"), *emnist_filenames(split, "test")]
-        raise _missing(f"EMNIST {split}", root, ("emnist", "gzip"), looked,
+        raise missing_files(f"EMNIST {split}", root, ("emnist", "gzip"), looked,
                        "either the train or the test pair is enough to carve from; " + _emnist_how(split))
     values, names, aliases = _emnist_classes(paths[0].parent, split)
     full = _emnist_part(paths, split, part, values, names)
@@ -429,7 +333,7 @@ def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Ite
     train_idx, test_idx = [], []
     for i in keep:
         members = np.flatnonzero(full.y == i)
-        rng = np.random.default_rng([int(seed), int(values[i])])
+        rng = per_label(int(seed), int(values[i]))
         pick = members[rng.permutation(len(members))[:need]]  # up to: what the class has
         train_idx.append(pick[:train_per_class])
         test_idx.append(pick[train_per_class:])
@@ -444,134 +348,12 @@ def carve_emnist(root: str | Path, split: str = "bymerge", *, classes: str | Ite
     return ArrayDataset(take(train_idx), take(test_idx))
 
 
-# --------------------------------------------------------------------------- MNIST, Fashion-MNIST
-
-class MnistIdentity(NamedTuple):
-    """Whose idx files a folder holds: ``dataset`` is 'mnist', 'fashion_mnist', 'mixed' (files of
-    both) or None (neither checksums nor content tell); ``evidence`` says how it was told."""
-
-    dataset: str | None
-    evidence: str
-
-    @property
-    def title(self) -> str:
-        return MNIST_LIKE.get(self.dataset or "", (str(self.dataset),))[0]
-
-
-MNIST_LIKE: dict[str, tuple[str, dict[str, str]]] = {"mnist": ("MNIST", MNIST_MD5),
-                                                     "fashion_mnist": ("Fashion-MNIST", FASHION_MNIST_MD5)}
-# The content check. MNIST digits were scaled into a 20x20 box and centred by their centre of mass
-# in 28x28 (LeCun et al.), so a digit's non-zero pixels span at most ~21 rows and columns;
-# Fashion-MNIST's products were trimmed and their longest edge resized to 28 (Xiao et al. 2017),
-# so nearly every image spans 26-28 pixels one way. A span of 25 or more is Fashion-MNIST's.
-WIDE_SPAN = 25
-CONTENT_MIN_IMAGES = 100     # fewer images (hand-made test files) decide nothing: the name is trusted
-CONTENT_SAMPLE = 2000        # images looked at
-FASHION_MIN_WIDE = 0.5       # at least this share of wide images: Fashion-MNIST
-MNIST_MAX_WIDE = 0.02        # at most this share: MNIST; in between: undecided
-
-
-def identify_mnist_like(folder: str | Path) -> MnistIdentity:
-    """Tell MNIST's idx files from Fashion-MNIST's in ``folder`` (they share every file name).
-
-    First the md5s of the gzip files against both publishers' (cheap, and decisive for the
-    official files); when none matches (uncompressed or re-compressed copies), the images'
-    extent (``WIDE_SPAN``) over the first ``CONTENT_SAMPLE`` test (else train) images.
-    """
-    folder = Path(folder)
-    matched: dict[str, list[str]] = {}
-    for name in (n for part in PARTS for n in MNIST_FILES[part]):
-        if not (folder / name).is_file():
-            continue  # an uncompressed twin has no published checksum
-        digest = "md5:" + file_digest(folder / name, "md5")
-        for key, (_, sums) in MNIST_LIKE.items():
-            if sums[name] == digest:
-                matched.setdefault(key, []).append(name)
-    if len(matched) == 2:
-        return MnistIdentity("mixed", "; ".join(f"{', '.join(v)} {MNIST_LIKE[k][0]}'s" for k, v in matched.items()))
-    if matched:
-        key, files = next(iter(matched.items()))
-        return MnistIdentity(key, f"the md5 of {files[0]} is {MNIST_LIKE[key][0]}'s published one")
-    images = _in_folder(folder, MNIST_FILES["test"][0]) or _in_folder(folder, MNIST_FILES["train"][0])
-    if images is None:
-        return MnistIdentity(None, "no image file")
-    try:
-        x = read_idx(images)
-    except DataError as e:
-        return MnistIdentity(None, f"unreadable: {e}")
-    if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1:] != IMAGE_SIZE or len(x) < CONTENT_MIN_IMAGES:
-        return MnistIdentity(None, f"{len(x)} images of shape {x.shape[1:]}: too few or not 28x28 to tell")
-    wide = _spans(x[:CONTENT_SAMPLE] > 0) >= WIDE_SPAN
-    share = float(wide.mean())
-    how = (f"{share:.0%} of the first {len(wide)} images in {images.name} span {WIDE_SPAN}+ pixels: "
-           "Fashion-MNIST's products fill the frame, MNIST's digits fit in 20x20")
-    if share >= FASHION_MIN_WIDE:
-        return MnistIdentity("fashion_mnist", how)
-    if share <= MNIST_MAX_WIDE:
-        return MnistIdentity("mnist", how)
-    return MnistIdentity(None, how)
-
-
-def _spans(mask: np.ndarray) -> np.ndarray:
-    """Per image [n, H, W], the larger of the heights and widths spanned by its True pixels (0 if none)."""
-    def extent(any_: np.ndarray) -> np.ndarray:  # [n, L] -> last - first + 1
-        first = any_.argmax(axis=1)
-        last = any_.shape[1] - 1 - any_[:, ::-1].argmax(axis=1)
-        return np.where(any_.any(axis=1), last - first + 1, 0)
-    return np.maximum(extent(mask.any(axis=2)), extent(mask.any(axis=1)))
-
-
-def _load_mnist_like(root: str | Path, *, title: str, subfolders: Sequence[str], key: str,
-                     mirrors: Sequence[str], md5: dict[str, str], class_names: list[str],
-                     download: bool) -> ArrayDataset:
-    """``key``: the dataset's name ('mnist', 'fashion_mnist'), also the name of its cache entries."""
-    root = Path(root)
-    names = [n for part in PARTS for n in MNIST_FILES[part]]
-    if _locate(root, subfolders, names) is None and download:
-        dest = _download_dir(root, subfolders[0])
-        for name in names:
-            if _in_folder(dest, name) is not None:
-                continue
-            errors = []
-            for mirror in mirrors:
-                try:
-                    fetch(mirror + name, dest / name, md5[name])
-                    break
-                except DataError as e:
-                    if (dest / name).is_file():
-                        raise
-                    errors.append(str(e))
-            else:
-                raise DataError(" / ".join(errors))
-    paths = _locate(root, subfolders, names)
-    if paths is None:
-        raise _missing(title, root, subfolders, names,
-                       f"{download_hint(key)} to fetch them from {mirrors[0]}, or put the publisher's files there "
-                       f"(MNIST and Fashion-MNIST share these names: keep each in its own folder)")
-    # Same names, shapes and labels: only the bytes tell which of the two this is (see identify_mnist_like).
-    found = identify_mnist_like(paths[0].parent)
-    if found.dataset == "mixed":
-        raise DataError(f"{paths[0].parent} holds a mix of MNIST's and Fashion-MNIST's idx files "
-                        f"({found.evidence}): expected {title}'s four files; keep each dataset in its own folder")
-    if found.dataset is not None and found.dataset != key:
-        raise DataError(f"{paths[0].parent} holds {found.title}'s idx files, not {title}'s ({found.evidence}): "
-                        f"expected {title}'s files there; keep each dataset in its own folder, or set "
-                        f"data.dataset = {found.dataset!r}")
-    sets = []
-    for k, part in enumerate(PARTS):
-        x, y_raw = _decode(f"{key}-{part}", paths[2 * k], paths[2 * k + 1], transpose=False)
-        sets.append(ImageSet(x, _relabel(y_raw, range(len(class_names)), paths[2 * k + 1]), list(class_names)))
-    return ArrayDataset(*sets)
-
-
-def load_mnist(root: str | Path, *, download: bool = False) -> ArrayDataset:
-    """MNIST (60k train, 10k test, classes '0'..'9') from the official idx files."""
-    return _load_mnist_like(root, title="MNIST", subfolders=("mnist", "MNIST/raw"), key="mnist",
-                            mirrors=MNIST_MIRRORS, md5=MNIST_MD5, class_names=MNIST_CLASSES, download=download)
-
-
-def load_fashion_mnist(root: str | Path, *, download: bool = False) -> ArrayDataset:
-    """Fashion-MNIST (60k train, 10k test, 10 clothing classes) from the official idx files."""
-    return _load_mnist_like(root, title="Fashion-MNIST", subfolders=("fashion-mnist", "FashionMNIST/raw"),
-                            key="fashion_mnist", mirrors=FASHION_MNIST_MIRRORS, md5=FASHION_MNIST_MD5,
-                            class_names=FASHION_MNIST_CLASSES, download=download)
+def load(d, root: Path) -> ArrayDataset:
+    """The registry's loader of ``data.dataset = 'emnist'`` (``fedsl.data.registry``): split
+    ``data.emnist_split``, classes ``data.classes`` ('paper45': ``PAPER_45_CLASSES``), carved out of
+    the one local split with ``data.carve`` (``train_per_class`` + ``test_per_class`` per class)."""
+    classes = list(PAPER_45_CLASSES) if d.classes == "paper45" else d.classes
+    if d.carve:
+        return carve_emnist(root, d.emnist_split, classes=classes, train_per_class=d.train_per_class,
+                            test_per_class=d.test_per_class, seed=0, test_up_to=d.carve_test == "up_to")
+    return load_emnist(root, d.emnist_split, classes=classes, download=d.download)

@@ -44,6 +44,7 @@ from typing import Iterable, Literal, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
+from fedsl.core.rng import per_label
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
 from fedsl.data.errors import DataError, warn_missing_classes
 
@@ -156,7 +157,7 @@ def per_class_subset(labels: np.ndarray, per_class: int | None, seed: int) -> np
     for label in np.unique(labels):
         idx = np.flatnonzero(labels == label)
         if len(idx) > per_class:
-            rng = np.random.default_rng([seed, int(label)])
+            rng = per_label(seed, int(label))
             idx = np.sort(rng.choice(idx, size=per_class, replace=False))
         keep.append(idx)
     return np.sort(np.concatenate(keep)) if keep else np.zeros(0, dtype=np.int64)
@@ -421,4 +422,16 @@ def load_image_folder_dataset(root: str | Path, *, class_names: Sequence[str] | 
     if tr.x.shape[1:] != te.x.shape[1:]:
         raise DataError(f"{root}: train images are {tr.x.shape[1:]} but test images are {te.x.shape[1:]} "
                         "(height, width, channels); give size=(height, width) and mode= to make them agree")
-    return ArrayDataset(tr, te)
+    return ArrayDataset(tr, te, classes_checked=True)
+
+
+def is_split_folder(root: Path) -> bool:
+    """Whether ``root`` has the train/ and test/ sub-folders of an image folder dataset."""
+    return (root / "train").is_dir() and (root / "test").is_dir()
+
+
+def load(d, root: Path) -> ArrayDataset:
+    """The registry's loader of ``data.dataset = 'image_folder'`` (``fedsl.data.registry``)."""
+    if not is_split_folder(root):
+        raise DataError(f"data.data_dir = {str(root)!r}: expected train/<class>/ and test/<class>/ sub-folders")
+    return load_image_folder_dataset(root)

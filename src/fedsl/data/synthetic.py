@@ -26,6 +26,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
+from fedsl.core.rng import FONT_TEST, font_images, offset_seed
+from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
+
 # EMNIST Balanced label order: digits, upper case, then the 11 lower-case letters whose
 # shape differs from their capital (c, i, j, k, l, m, o, p, s, u, v, w, x, y, z are merged).
 EMNIST_BALANCED_CHARS: str = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabdefghnqrt"
@@ -251,7 +254,7 @@ def make_font_chars(
 
     # Per-image parameters are drawn up front, then the elastic noise chunk by chunk;
     # both in a fixed order, so the chunk size cannot change what a seed means.
-    rng = np.random.default_rng(seed)
+    rng = font_images(seed)
     labels = np.repeat(np.arange(n_cls, dtype=np.int64), per_class)
     glyph = rng.integers(0, n_fonts, n) * n_cls + labels  # row in `base`
     angle = np.deg2rad(rng.uniform(rotation[0], rotation[1], n))
@@ -343,3 +346,43 @@ def fslsyn_chars(
                 images.append(np.asarray(rot.resize((image_size, image_size), Image.Resampling.BOX)))
                 labels.append(label)
     return np.stack(images), np.asarray(labels, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- data.dataset = 'synthetic_chars'
+
+IMAGES_MAX = 1_000_000  # len(chars) × (train + test) images of one config (~1,000/s to render)
+
+
+def synthetic_chars(chars: str, train_per_class: int, test_per_class: int, seed: int = 0) -> ArrayDataset:
+    """Font-rendered characters (offline EMNIST stand-in); test images drawn from the seed's
+    ``FONT_TEST`` stream (``fedsl.core.rng``), so they are not the training images."""
+    recipe = {"chars": chars, "train": train_per_class, "test": test_per_class, "seed": seed, "v": 2}
+
+    def build() -> dict[str, np.ndarray]:
+        xtr, ytr = make_font_chars(chars, per_class=train_per_class, seed=seed)
+        xte, yte = make_font_chars(chars, per_class=test_per_class, seed=offset_seed(seed, FONT_TEST))
+        return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte}
+
+    a = cached_arrays("synthetic_chars", recipe, build)
+    return ArrayDataset(ImageSet(a["x_train"], a["y_train"], list(chars)),
+                        ImageSet(a["x_test"], a["y_test"], list(chars)))
+
+
+def load(d, root) -> ArrayDataset:
+    """The registry's loader of ``data.dataset = 'synthetic_chars'`` (``fedsl.data.registry``): classes
+    ``data.chars``, ``data.train_per_class`` / ``data.test_per_class`` images each; no files."""
+    return synthetic_chars(d.chars, d.train_per_class, d.test_per_class)
+
+
+def check_config(d) -> str | None:
+    """The registry's config check of ``data.dataset = 'synthetic_chars'``: what is wrong with data config
+    ``d`` for it (one line), or None."""
+    n = len(d.chars) * (d.train_per_class + d.test_per_class)
+    if n > IMAGES_MAX:
+        return (f"data.train_per_class = {d.train_per_class}, data.test_per_class = {d.test_per_class}: "
+                f"{len(d.chars)} classes × {d.train_per_class + d.test_per_class} = {n} images to render; "
+                f"expected at most {IMAGES_MAX} in all")
+    if d.classes_per_client > len(d.chars):
+        return (f"data.classes_per_client = {d.classes_per_client}: expected at most the {len(d.chars)} classes "
+                "of data.chars")
+    return None

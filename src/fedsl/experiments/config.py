@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
 from fedsl.engine.executors import COMPILE_MODES
 from fedsl.engine.functional import EVAL_PRECISIONS
+from fedsl.data import registry
 
 
 class ConfigError(ValueError):
@@ -43,7 +44,6 @@ SAMPLES_MAX = 10_000_000    # sample counts (n_i, n0)
 BATCH_MAX = 1_000_000       # batch sizes
 EPOCHS_MAX = 10_000         # epochs per round
 STEPS_MAX = 1_000_000       # steps per round
-SYNTH_IMAGES_MAX = 1_000_000  # synthetic_chars: len(chars) × (train + test) images (~1,000/s to render)
 RUNS_MAX = 100_000          # runs of one config (variants × sweep points × seeds)
 
 # Names of runs and variants become folder names under --out: a safe character set only.
@@ -68,7 +68,7 @@ def slug(text: str) -> str:
     return _UNSAFE.sub("_", text)
 
 
-DATASETS = ("synthetic_chars", "cifar10", "emnist", "mnist", "fashion_mnist", "image_folder")
+DATASETS = registry.names()  # one entry each in fedsl.data.registry.DATASETS
 
 
 class DataConfig(_Strict):
@@ -136,12 +136,10 @@ class DataConfig(_Strict):
             raise ValueError(f"data.classes = 'paper45' is for dataset 'emnist', not {self.dataset!r}")
         if self.quantity_skew is not None and self.partition != "iid":
             raise ValueError(f"data.quantity_skew = {self.quantity_skew}: only with data.partition = 'iid'")
-        if self.dataset == "synthetic_chars":
-            n = len(self.chars) * (self.train_per_class + self.test_per_class)
-            if n > SYNTH_IMAGES_MAX:
-                raise ValueError(f"data.train_per_class = {self.train_per_class}, data.test_per_class = "
-                                 f"{self.test_per_class}: {len(self.chars)} classes × {self.train_per_class + self.test_per_class} "
-                                 f"= {n} images to render; expected at most {SYNTH_IMAGES_MAX} in all")
+        check = registry.DATASETS[self.dataset].check_config  # the dataset's own rules (synthetic_chars: its size)
+        problem = check(self) if check is not None else None
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
@@ -402,9 +400,6 @@ class RunConfig(_Strict):
         if a.clients_per_round > d.num_clients:
             raise ValueError(
                 f"algorithm.clients_per_round = {a.clients_per_round}: expected at most data.num_clients = {d.num_clients}")
-        if d.classes_per_client > len(d.chars) and d.dataset == "synthetic_chars":
-            raise ValueError(
-                f"data.classes_per_client = {d.classes_per_client}: expected at most the {len(d.chars)} classes of data.chars")
         check_server_learning(a.name, self.server.learning, d.has_server_data)  # needs D0, composes with FSL-p
         if a.name == "feddu" and self.server.gamma_schedule == "adaptive":
             raise ValueError("server.gamma_schedule = 'adaptive' adapts γ from cos θ_t, and FedDU sets γ_t itself: "

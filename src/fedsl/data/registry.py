@@ -1,0 +1,119 @@
+"""Every dataset by name: its loader, sizes, classes, channels, image size and input statistics.
+
+The one table the rest of fedsl reads: the config's ``data.dataset`` choices and checks
+(``fedsl.experiments.config``), ``fedsl data list`` and the loader (``fedsl.data.datasets``).
+A new dataset is one module with a loader ``load(d, root) -> ArrayDataset`` (``d``: the data
+config, ``root``: the folder located for it, the data root for a generated one) and one entry in
+``DATASETS`` below, e.g.
+``fedsl.data.toy``::
+
+    DatasetInfo("toy", lazy("fedsl.data.toy", "load"), train_size=160, test_size=40, num_classes=4, ...),
+
+Loaders are imported on first use (``lazy``): some pull in heavy libraries (fonts, decoders).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fedsl.data.arrays import ArrayDataset
+
+Stats = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std) per channel, on the [0, 1] scale
+
+
+def lazy(module: str, function: str) -> Callable[..., Any]:
+    """``module.function``, imported when first called."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), function)(*args, **kwargs)
+    call.__qualname__ = call.__name__ = f"{module}:{function}"
+    return call
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """One dataset. Sizes are the publisher's (None where they depend on the config or the folder).
+
+    Attributes:
+        name: the ``data.dataset`` value.
+        load: ``load(d, root) -> ArrayDataset``; None for a dataset that is only a source of D0 (STL-10).
+        train_size, test_size: samples in the training and test splits.
+        num_classes: L, the number of classes.
+        channels: 1 (grey) or 3 (RGB).
+        image_size: (height, width) in pixels.
+        stats: fixed (mean, std) per channel for ``data.normalize = 'standardize'``; None: the training
+            split's own (``datasets.input_stats``), as for every dataset the paper uses.
+        note: what else ``fedsl data list`` says about its size (e.g. the EMNIST split counted).
+        subdirs: sub-folders of the data root it may live in, first found wins ('.' = the root itself);
+            the first is where a download puts it.
+        markers: file globs whose presence says a folder holds it; empty: generated, no files.
+        identify: ``identify(folder) -> bool``, whether a marked folder really holds it (MNIST and
+            Fashion-MNIST share their file names); None: the markers decide.
+        check_config: ``check_config(d) -> str | None``, the one-line problem of data config ``d`` for
+            this dataset, or None; run at validation.
+        selects_classes: its loader applies ``data.classes`` itself (EMNIST's aliases and 'paper45').
+    """
+
+    name: str
+    load: Callable[[Any, Path], ArrayDataset] | None
+    train_size: int | None = None
+    test_size: int | None = None
+    num_classes: int | None = None
+    channels: int | None = None
+    image_size: tuple[int, int] | None = None
+    stats: Stats | None = None
+    note: str = ""
+    subdirs: tuple[str, ...] = (".",)
+    markers: tuple[str, ...] = ()
+    identify: Callable[[Path], bool] | None = None
+    check_config: Callable[[Any], str | None] | None = None
+    selects_classes: bool = False
+
+    @property
+    def generated(self) -> bool:
+        """Made by code, not read from files."""
+        return not self.markers
+
+    def describe(self) -> str:
+        """The size line of ``fedsl data list``, e.g. '50,000 / 10,000, 10 classes'."""
+        sizes = (f"{self.train_size:,} / {self.test_size:,}, {self.num_classes} classes"
+                 if self.train_size and self.test_size and self.num_classes else "")
+        if sizes and self.note:
+            return f"{sizes} ({self.note})"
+        return sizes or self.note
+
+
+_MNIST_FILES = ("train-images-idx3-ubyte*", "t10k-images-idx3-ubyte*")
+
+DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
+    DatasetInfo("synthetic_chars", lazy("fedsl.data.synthetic", "load"), channels=1, image_size=(28, 28),
+                note="generated: data.train_per_class / test_per_class per class of data.chars",
+                check_config=lazy("fedsl.data.synthetic", "check_config")),
+    DatasetInfo("cifar10", lazy("fedsl.data.cifar10", "load"), 50_000, 10_000, 10, 3, (32, 32),
+                subdirs=("cifar10", "cifar-10", "cifar10-jpeg", "."),
+                markers=("cifar-10-batches-py", "cifar-10-python.tar.gz", "cifar-10-batches-bin",
+                         "cifar-10-binary.tar.gz", "train/airplane")),
+    DatasetInfo("emnist", lazy("fedsl.data.emnist", "load"), 112_800, 18_800, 47, 1, (28, 28),
+                note="the balanced split; other splits: see the docs", subdirs=("emnist", "."),
+                markers=("emnist-*-ubyte.gz", "gzip.zip", "gzip/emnist-*"), selects_classes=True),
+    DatasetInfo("mnist", lazy("fedsl.data.mnist", "load"), 60_000, 10_000, 10, 1, (28, 28),
+                subdirs=("mnist", "MNIST", "."), markers=_MNIST_FILES, identify=lazy("fedsl.data.mnist", "is_mnist")),
+    DatasetInfo("fashion_mnist", lazy("fedsl.data.mnist", "load_fashion"), 60_000, 10_000, 10, 1, (28, 28),
+                subdirs=("fashion_mnist", "fashion-mnist", "FashionMNIST", "."), markers=_MNIST_FILES,
+                identify=lazy("fedsl.data.mnist", "is_fashion_mnist")),
+    DatasetInfo("stl10", None, 5_000, 8_000, 10, 3, (96, 96),
+                note="labelled train; 9 classes shared with CIFAR-10; a D0 source only: data.server_dataset",
+                subdirs=("stl10", "stl10-subset", "stl10_binary", "."),
+                markers=("stl10_binary", "stl10_binary.tar.gz", "train_X.bin", "airplane")),
+    DatasetInfo("image_folder", lazy("fedsl.data.image_folder", "load"),
+                note="train/<class>/ and test/<class>/ images", markers=("train", "test")),
+    DatasetInfo("toy", lazy("fedsl.data.toy", "load"), 160, 40, 4, 1, (12, 12), stats=((0.5,), (0.25,)),
+                note="generated stripes, for tests and examples"),
+)}
+
+
+def names() -> tuple[str, ...]:
+    """The ``data.dataset`` choices: every dataset with a loader."""
+    return tuple(name for name, info in DATASETS.items() if info.load is not None)
