@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+DATA_DIR_HELP = "dataset folder (default: $FEDSL_DATA_DIR, else ~/.cache/fedsl/data)"
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Federated Learning with Server Learning (FSL): simulate, compare, reproduce.")
 # Piped or captured output gets wide lines instead of rich's 80-column wrapping and truncation.
@@ -207,7 +208,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
 @app.command()
 @_clean_errors
 def resume(path: Path = typer.Argument(..., help="a run or group folder"),
-           quiet: bool = typer.Option(False, "--quiet", "-q"),
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
            parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP, show_default=False),
            ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP, show_default=False),
            ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP,
@@ -292,7 +293,7 @@ def _data_config(name: str, data_dir: Optional[Path], download: bool, split: str
 
 @data_app.command("list")
 @_clean_errors
-def data_list(data_dir: Optional[Path] = typer.Option(None, "--data-dir")) -> None:
+def data_list(data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP)) -> None:
     """Known datasets and where each is looked for."""
     from fedsl.data.datasets import data_root, locate
     from fedsl.data.registry import DATASETS
@@ -313,7 +314,7 @@ def data_list(data_dir: Optional[Path] = typer.Option(None, "--data-dir")) -> No
 @data_app.command("show")
 @_clean_errors
 def data_show(name: str = typer.Argument(..., help="dataset name"),
-              data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+              data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
               split: str = typer.Option("balanced", "--split", help="EMNIST split"),
               carve: bool = typer.Option(False, "--carve", help="carve train/test out of the one local split"),
               out: Path = typer.Option(Path("contact-sheet.png"), "--out", "-o", help="PNG of samples")) -> None:
@@ -339,7 +340,7 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
 @data_app.command("prepare")
 @_clean_errors
 def data_prepare(name: str = typer.Argument(..., help="dataset name"),
-                 data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+                 data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
                  download: bool = typer.Option(False, "--download", help="download missing files"),
                  split: str = typer.Option("balanced", "--split", help="EMNIST split")) -> None:
     """Find (or download), verify, decode and cache a dataset."""
@@ -352,9 +353,9 @@ def data_prepare(name: str = typer.Argument(..., help="dataset name"),
 @data_app.command("synth")
 @_clean_errors
 def data_synth(out: Path = typer.Option(Path("synthetic-chars"), "--out", "-o", help="image folder to write"),
-               chars: str = typer.Option("0123456789", "--chars"),
-               per_class: int = typer.Option(100, "--per-class", min=1),
-               seed: int = typer.Option(0, "--seed", min=0),
+               chars: str = typer.Option("0123456789", "--chars", help="the characters, one class each"),
+               per_class: int = typer.Option(100, "--per-class", min=1, help="images per character"),
+               seed: int = typer.Option(0, "--seed", min=0, help="seed of fonts, sizes, rotations and noise"),
                fslsyn: bool = typer.Option(False, "--fslsyn", help="the paper's FSLsyn recipe (15 per class)")) -> None:
     """Write font-rendered characters to OUT/<char>/NNNN.png (an image folder)."""
     from PIL import Image
@@ -375,9 +376,9 @@ def data_synth(out: Path = typer.Option(Path("synthetic-chars"), "--out", "-o", 
 @data_app.command("partition")
 @_clean_errors
 def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML config file"),
-                   preset: Optional[str] = typer.Option(None, "--preset", "-p"),
-                   set_: List[str] = typer.Option([], "--set", "-s"),
-                   data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+                   preset: Optional[str] = typer.Option(None, "--preset", "-p", help="a bundled preset instead of CONFIG (see `fedsl presets`)"),
+                   set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set data.num_clients=50"),
+                   data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
                    out: Path = typer.Option(Path("partition.png"), "--out", "-o", help="heat-map PNG")) -> None:
     """Per-client class histograms of a config's partition, and a heat map."""
     from fedsl.data.datasets import build_federation
@@ -408,7 +409,7 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
 @data_app.command("assess")
 @_clean_errors
 def data_assess(config: Optional[Path] = typer.Argument(None, help="TOML config file (an FSL run)"),
-                preset: Optional[str] = typer.Option(None, "--preset", "-p"),
+                preset: Optional[str] = typer.Option(None, "--preset", "-p", help="a bundled preset instead of CONFIG (see `fedsl presets`)"),
                 set_: List[str] = typer.Option([], "--set", "-s", help="override a key of the run"),
                 candidate: List[str] = typer.Option([], "--candidate", "-c", help="a candidate D0: "
                                                     "NAME:key=value[,key=value...] over data.server_* keys, e.g. "
@@ -419,11 +420,11 @@ def data_assess(config: Optional[Path] = typer.Argument(None, help="TOML config 
                 hessian_samples: int = typer.Option(4096, "--hessian-samples", help="clients' samples the estimate "
                                                     "of L reads (0 = all)"),
                 power_iters: int = typer.Option(30, "--power-iters", help="power iterations for L, at most"),
-                data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+                data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
                 quick: bool = typer.Option(False, "--quick", help="the config's quick form (small subsets)"),
                 out: Optional[Path] = typer.Option(None, "--out", "-o", help="folder for assess.json and assess.csv "
                                                    "(default runs/NAME-assess-TIME)"),
-                quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+                quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Before training: will a server dataset D0 help? ξ², G², cos(∇F, ∇f0), L and the paper's condition
     2⟨∇F,∇f0⟩ > L·γη0·‖∇f0‖² per candidate D0, ranked, with a verdict."""
     from fedsl.experiments import assess as A
