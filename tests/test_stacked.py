@@ -328,7 +328,8 @@ def test_stacked_sweep_interrupted_then_resumed(tmp_path):
 def test_stack_groups_and_limits(tmp_path):
     from fedsl.experiments import config as C
     from fedsl.experiments.compare import stack_groups, stack_limit
-    from fedsl.experiments.config import ConfigError, expand_variants
+    from fedsl.experiments.config import ConfigError
+    from fedsl.experiments.sweep import expand_variants
 
     cfg = C.validate(sweep_config(3, executor="auto"))
     runs = expand_variants(cfg)

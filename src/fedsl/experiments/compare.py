@@ -12,7 +12,9 @@ from pathlib import Path
 
 from fedsl.algorithms import SPECS
 from fedsl.experiments import runner
-from fedsl.experiments.config import RunConfig, expand_runs, get_dotted
+from fedsl.experiments.config import RunConfig
+from fedsl.experiments.loading import get_dotted
+from fedsl.experiments.sweep import expand_runs
 from fedsl.experiments.results import CorruptCheckpoint, RunDir, atomic_write, is_group
 
 FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips

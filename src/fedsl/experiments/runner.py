@@ -16,14 +16,14 @@ from typing import Callable
 
 import torch
 
-from fedsl import metrics
+from fedsl.engine import metrics
 from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
                               Spec, make_algorithm, spec)
 from fedsl.core import threads
 from fedsl.core.types import Params
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
-from fedsl.diagnostics import measure
+from fedsl.engine.diagnostics import measure
 from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import RoundInfo, RunState, Simulator
