@@ -14,7 +14,7 @@ from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel, full_gradient
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments.config import validate
-from fedsl.experiments.runner import resolve
+from fedsl.experiments.resolve import resolve
 from fedsl.models import build_model
 
 SIZES = [15, 22, 9, 30, 18, 12]

@@ -389,7 +389,7 @@ def test_stack_limit_on_a_gpu_from_measured_memory(monkeypatch):
 
     from fedsl.experiments import compare
     from fedsl.experiments import config as C
-    monkeypatch.setattr(compare.runner, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(compare.placement, "resolve_device", lambda name: torch.device("cuda"))
 
     def cfg(alg):
         return C.validate({"name": "s", "rounds": 1, "model": {"name": "cifar_cnn"},
@@ -418,7 +418,7 @@ def test_client_tables_where_they_live(monkeypatch):
 
     from fedsl.algorithms import LocalTraining, make_algorithm
     from fedsl.experiments import config as C
-    from fedsl.experiments.runner import tables_on_host
+    from fedsl.experiments.placement import tables_on_host
 
     def cfg(tables="auto", dtype="float32"):
         return C.validate({"name": "s", "rounds": 1, "data": {"dataset": "synthetic_chars"}, "client_tables": tables,

@@ -2,7 +2,7 @@
 
 Every field has a default except ``rounds``, ``data.dataset`` and ``algorithm.name``.
 Hyper-parameters left unset (None) follow the paper's rules (``fedsl.algorithms.defaults``)
-and are resolved once the data are known (``fedsl.experiments.runner.resolve``).
+and are resolved once the data are known (``fedsl.experiments.resolve.resolve``).
 Errors are ``ConfigError``: one line naming the key, the value and what is expected.
 Reading files and ``--set`` overrides: ``fedsl.experiments.loading``; a config's runs: ``fedsl.experiments.sweep``.
 """
