@@ -14,20 +14,23 @@ from fedsl.experiments.config import ConfigError, RunConfig
 
 
 @dataclass
-class HyperParam:
+class Setting:
+    """One row of the printed hyper-parameter table: a paper symbol, its value and where the value came from
+    (a rule's declared hyper-parameters themselves are ``fedsl.algorithms.spec.HyperParam``)."""
+
     symbol: str
     meaning: str
     value: float | int | None
     source: str  # "set", "paper default", "derived"
 
 
-def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | None, list[HyperParam]]:
+def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | None, list[Setting]]:
     """Apply the paper's default rules to every hyper-parameter the config left unset."""
     a, s = cfg.algorithm, cfg.server
-    hp: list[HyperParam] = []
+    hp: list[Setting] = []
 
     def note(symbol: str, meaning: str, value, given, rule: str = "paper default"):
-        hp.append(HyperParam(symbol, meaning, value, "set" if given is not None else rule))
+        hp.append(Setting(symbol, meaning, value, "set" if given is not None else rule))
         return value
 
     N, S, n, n0 = fed.num_clients, a.clients_per_round, fed.n, fed.n0
@@ -97,7 +100,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     return algorithm, pretrain, hp
 
 
-def format_hparams(hp: list[HyperParam]) -> str:
+def format_hparams(hp: list[Setting]) -> str:
     def fmt(v):
         return f"{v:.6g}" if isinstance(v, float) else str(v)
     return "\n".join(f"  {h.symbol:<9}{fmt(h.value):>12}   {h.meaning} [{h.source}]" for h in hp)

@@ -32,7 +32,7 @@ from fedsl.experiments.callbacks import Callback, CallbackList, MetricsFile, Run
 from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.placement import resolve_device, tables_on_host
 from fedsl.experiments.progress import RunProgress
-from fedsl.experiments.resolve import HyperParam, format_hparams, resolve
+from fedsl.experiments.resolve import Setting, format_hparams, resolve
 from fedsl.experiments.results import RunDir, is_group
 from fedsl.models import build_model
 
@@ -46,7 +46,7 @@ class Prepared:
     sim: Simulator
     algorithm: Algorithm
     pretrain: Pretraining | None
-    hparams: list[HyperParam]
+    hparams: list[Setting]
     device: torch.device
 
 
@@ -87,7 +87,7 @@ class Built:
     fed: Federation
     algorithm: Algorithm
     pretrain: Pretraining | None
-    hparams: list[HyperParam]
+    hparams: list[Setting]
     fm: FunctionalModel
 
     def nbytes(self) -> int:
