@@ -184,7 +184,7 @@ class AlgorithmConfig(_Strict):
 # (fedsl.algorithms): default, bounds and meaning are written once, in the algorithm's module.
 AlgorithmConfig = create_model(
     "AlgorithmConfig", __base__=AlgorithmConfig,
-    **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, description=f"{h.symbol}, {h.meaning}"))
+    **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, le=h.le, description=f"{h.symbol}, {h.meaning}"))
        for h in _HP.values()})
 
 

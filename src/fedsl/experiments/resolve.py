@@ -84,10 +84,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
                                 log_angle=s.log_angle)
     if sp.shares_server_data:
         note("n0", "shared samples |D0|", n0, True)
-    try:
-        algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, **rule_hp)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, **rule_hp)  # validation checked it all
 
     if s.finetune_epochs:
         note("E_ft", "fine-tuning epochs on D0 after round T", s.finetune_epochs, True)
