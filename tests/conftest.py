@@ -1,12 +1,15 @@
 import contextlib
+import gzip
 import os
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from fedsl.data.federation import Federation
+from fedsl.data.idx import IDX_DTYPES
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -57,7 +60,6 @@ def random_federation(sizes, n0=12, num_classes=4, shape=(1, 8, 8), dtype=torch.
 
 def shared_data_dir():
     """The offline datasets (../shared/data from the repo, or $FEDSL_SHARED_DATA)."""
-    from pathlib import Path
     default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
     return Path(os.environ.get("FEDSL_SHARED_DATA", default))
 
@@ -156,3 +158,34 @@ def tiny_config(rounds=12, alg="fsl", dtype="float32", executor="auto", **top) -
     data = tomllib.loads(TINY.format(rounds=rounds, alg=alg, dtype=dtype, executor=executor))
     data.update(top)
     return data
+
+
+# ----------------------------------------------------------------------------- idx fixtures
+
+# dtype (kind, itemsize) -> idx type code: the inverse of fedsl.data.idx.IDX_DTYPES
+_IDX_CODES: dict[tuple[str, int], int] = {(dt.kind, dt.itemsize): code for code, dt in IDX_DTYPES.items()}
+
+
+def write_idx(path: str | Path, array: np.ndarray) -> Path:
+    """Write ``array`` as an idx file (gzip-compressed when the name ends with .gz).
+
+    Types: uint8, int8, int16, int32, float32, float64; at most 255 dimensions, each below 2**32.
+    The gzip header carries no time stamp, so the same array always gives the same bytes.
+    """
+    path = Path(path)
+    a = np.asarray(array)
+    code = _IDX_CODES.get((a.dtype.kind, a.dtype.itemsize))
+    if code is None:
+        raise ValueError(f"write_idx: dtype {a.dtype} has no idx type code "
+                         "(use uint8, int8, int16, int32, float32 or float64)")
+    if a.ndim > 255 or any(d >= 2**32 for d in a.shape):
+        raise ValueError(f"write_idx: shape {a.shape} does not fit the idx header")
+    data = (bytes([0, 0, code, a.ndim]) + np.asarray(a.shape, dtype=">u4").tobytes()
+            + np.ascontiguousarray(a, dtype=IDX_DTYPES[code]).tobytes())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as g:
+            g.write(data)
+    else:
+        path.write_bytes(data)
+    return path

@@ -8,13 +8,13 @@ import torch.nn.functional as F
 
 from conftest import random_federation
 from fedsl.algorithms import LocalTraining, Pretraining, ServerLearning, defaults, make_algorithm
-from fedsl.algorithms.fedavg import aggregate, client_weights
+from fedsl.algorithms.fedavg import client_weights, fedavg_step
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel, full_gradient
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments.config import validate
-from fedsl.experiments.runner import resolve
+from fedsl.experiments.resolve import resolve
 from fedsl.models import build_model
 
 SIZES = [15, 22, 9, 30, 18, 12]
@@ -122,12 +122,12 @@ def test_fsl_p_aggregates_server_update_with_weight():
         assert torch.allclose(got[k], x[k] + 2.0 * 0.25 * (x0[k] - x[k]), atol=1e-12)
 
 
-def test_aggregate_is_x_plus_eta_g_mean_delta():
+def test_fedavg_step_is_x_plus_eta_g_mean_delta():
     x = {"w": torch.tensor([1.0, 2.0])}
     clients = {"w": torch.tensor([[2.0, 2.0], [1.0, 4.0]])}
-    out = aggregate(x, clients, client_weights([10, 30], weighted=False), global_lr=2.0)
+    out = fedavg_step(x, clients, client_weights([10, 30], weighted=False), global_lr=2.0)
     assert torch.allclose(out["w"], torch.tensor([1.0 + 2 * 0.5, 2.0 + 2 * 1.0]))
-    out = aggregate(x, clients, client_weights([10, 30], weighted=True), global_lr=1.0)
+    out = fedavg_step(x, clients, client_weights([10, 30], weighted=True), global_lr=1.0)
     assert torch.allclose(out["w"], torch.tensor([1.0 + 0.25, 2.0 + 1.5]))
 
 

@@ -9,10 +9,11 @@ import torch
 
 from conftest import random_federation
 from fedsl.cli import main
-from fedsl.diagnostics import measure
+from fedsl.engine.diagnostics import measure
 from fedsl.engine.functional import FunctionalModel
 from fedsl.experiments import assess as A
 from fedsl.experiments import config as C
+from fedsl.experiments import loading
 from fedsl.experiments.results import RunDir
 from fedsl.experiments.runner import prepare, run
 from fedsl.models import build_model
@@ -29,7 +30,7 @@ SKEWED = ["data.server_source='clients'", "data.server_clients=1", "data.server_
 def _cfg(**over):
     data = json.loads(json.dumps(BASE))
     for k, v in over.items():
-        C.set_dotted(data, k.replace("__", "."), v)
+        loading.set_dotted(data, k.replace("__", "."), v)
     return C.validate(data)
 
 

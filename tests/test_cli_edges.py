@@ -150,8 +150,8 @@ def test_readme_commands_find_fedsl():
 
 
 def test_live_progress_bar_shows_the_last_accuracy_too():
-    from fedsl.experiments.runner import _Progress
-    bar = _Progress("FSL", 10, 0, lambda s: None, live=True)
+    from fedsl.experiments.progress import RunProgress
+    bar = RunProgress("FSL", 10, 0, lambda s: None, live=True)
     try:
         bar.update(5, 0.91, 1.0)
         bar.update(6, None, 1.0)

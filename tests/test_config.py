@@ -8,8 +8,9 @@ import math
 import pytest
 
 from fedsl.experiments import presets
-from fedsl.experiments.config import (ConfigError, RunConfig, apply_overrides, expand_runs, expand_variants, load,
-                                      read_file, validate)
+from fedsl.experiments.config import ConfigError, RunConfig, validate
+from fedsl.experiments.loading import apply_overrides, load, read_file
+from fedsl.experiments.sweep import expand_runs, expand_variants
 
 MINIMAL = {"rounds": 3, "data": {"dataset": "synthetic_chars"}, "algorithm": {"name": "fedavg"}}
 

@@ -5,14 +5,15 @@ import torch
 
 from fedsl.cli import main
 from fedsl.data.datasets import build_federation
-from fedsl.experiments import config as C
+from fedsl.experiments import loading
+from fedsl.experiments import sweep
 from fedsl.experiments import presets
 from fedsl.experiments.runner import check
 
 
 def _variant(preset: str, variant: str, data_dir, overrides=()):
-    cfg = C.load(base=presets.load(preset), overrides=[f"data.data_dir={str(data_dir)!r}", *overrides])
-    return C.expand_variants(cfg)[variant]
+    cfg = loading.load(base=presets.load(preset), overrides=[f"data.data_dir={str(data_dir)!r}", *overrides])
+    return sweep.expand_variants(cfg)[variant]
 
 
 def test_scenario2_cifar10_fsl_and_fslsyn_server_sets(shared_data):
@@ -82,9 +83,9 @@ def test_test_size_evaluates_one_balanced_subset_for_every_seed(tmp_path, capsys
     base = {"rounds": 1, "data": {"dataset": "synthetic_chars", "train_per_class": 20, "test_per_class": 30,
                                    "partition": "iid", "num_clients": 4},
             "algorithm": {"name": "fedavg", "clients_per_round": 2}}
-    full = C.load(base=base)
+    full = loading.load(base=base)
     fed = build_federation(full.data, 0)
-    sub = [build_federation(C.load(base=base, overrides=["data.test_size=50"]).data, seed) for seed in (0, 1)]
+    sub = [build_federation(loading.load(base=base, overrides=["data.test_size=50"]).data, seed) for seed in (0, 1)]
     assert len(sub[0].y_test) == 50 and np.bincount(sub[0].y_test.numpy()).tolist() == [5] * 10
     assert torch.equal(sub[0].x_test, sub[1].x_test)  # the same images whatever the run's seed
     # rows of the whole test split, and the training side untouched

@@ -6,7 +6,7 @@ import torch
 
 from conftest import random_federation
 from fedsl.data.partition import by_classes, iid
-from fedsl.diagnostics import measure
+from fedsl.engine.diagnostics import measure
 from fedsl.engine.functional import FunctionalModel, full_gradient
 from fedsl.experiments import config as C
 from fedsl.experiments.results import RunDir

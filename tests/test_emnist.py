@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_idx
 
 from fedsl.data import emnist as em
 from fedsl.data import idx_files
@@ -23,7 +24,7 @@ from fedsl.data.emnist import (EMNIST_BALANCED_CHARS, PAPER_45_CLASSES, PAPER_45
                                emnist_filenames, emnist_mapping_filename, load_emnist, paper_45_classes)
 from fedsl.data.mnist import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
 from fedsl.data.errors import DataError
-from fedsl.data.idx import read_idx, write_idx
+from fedsl.data.idx import read_idx
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -174,7 +174,7 @@ def test_compile_is_checked_once_when_the_config_is_validated():
     others in one line (test_config), and device = 'auto' without a GPU where the device is resolved, before any
     work; the engine only asserts what was checked (issue 27: one check, not two with two messages)."""
     from fedsl.experiments.config import ConfigError
-    from fedsl.experiments.runner import resolve_device
+    from fedsl.experiments.placement import resolve_device
     fm = FunctionalModel(build_model("mlp", 4, (1, 8, 8), seed=0))
     assert make_executor("vectorised", fm, torch.device("cpu"), "aot_eager").compile == "aot_eager"
     with pytest.raises(AssertionError):

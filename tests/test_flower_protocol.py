@@ -35,7 +35,7 @@ from flwr.serverapp.strategy import FedAvg, FedAvgM
 
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.runner import prepare
-from fedsl.flower import FedslStrategy, client_update, load_setup, make_client_app, parse_run_config
+from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config, train_partition
 from fedsl.flower.records import to_record
 from fedsl.flower.server import NoClientUpdate, run_server
 
@@ -378,10 +378,10 @@ def test_the_client_app_takes_lr_epochs_batch_and_steps_from_the_message(one_thr
     assert metrics["round"] == 2 and metrics["steps"] == 3 and metrics["partition-id"] == 1
     assert metrics["num-examples"] == 60 and metrics["train-loss"] > 0
     local = replace(sim.alg.local, lr=0.2, batch_size=5, steps=3)
-    expected, _, _ = client_update(sim, x0, 2, 1, local=local)
+    expected, _, _ = train_partition(sim, x0, 2, 1, local=local)
     got = {n: torch.from_numpy(a.numpy()) for n, a in reply.content.array_records["arrays"].items()}
     assert max_diff(got, expected) == 0.0
-    without, _, _ = client_update(sim, x0, 2, 1)  # the config's η_l, B, E: another model
+    without, _, _ = train_partition(sim, x0, 2, 1)  # the config's η_l, B, E: another model
     assert max_diff(got, without) > 1e-6
     with pytest.raises(ValueError, match="lr = -1.0: expected a number > 0"):
         app(Message(RecordDict({"arrays": to_record(x0), "config": ConfigRecord({"server-round": 1, "lr": -1.0})}),
@@ -408,7 +408,7 @@ def test_fedsl_client_app_under_flowers_stock_strategies(one_thread, strategy_cl
         assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["loss"] > 0
     if strategy_cls is FedAvg:  # round 1: the n_i-weighted mean of the three clients' updates with η_l = 0.1
         local = replace(sim.alg.local, lr=0.1)
-        finals = [client_update(sim, x0, 0, i, local=local)[0] for i in range(3)]
+        finals = [train_partition(sim, x0, 0, i, local=local)[0] for i in range(3)]
         sizes = [len(sim.client_data[i]) for i in range(3)]
         first = [m for m in grid.sent if m.metadata.message_type == "evaluate"][0]
         got = {n: torch.from_numpy(a.numpy()) for n, a in first.content.array_records["arrays"].items()}
@@ -435,16 +435,16 @@ def test_client_takes_the_local_step_hyper_parameters_from_the_message():
     from fedsl.engine.executors import SequentialExecutor
     from fedsl.engine.functional import FunctionalModel
     from fedsl.engine.simulator import Simulator
-    from fedsl.flower.client import client_update, message_algorithm
+    from fedsl.flower.client import message_algorithm, train_partition
     from fedsl.models import build_model
     fed = random_federation([12, 20, 16], n0=8, dtype=torch.float64)
     fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).to(torch.float64))
     local = LocalTraining(0.1, 8)
     sim = Simulator(fm, fed, make_algorithm("fedprox", local, 1.0, None, mu=0.5), SequentialExecutor(fm), 2, seed=1)
     x = sim.initial_state().x
-    own, _, _ = client_update(sim, x, 0, 1)
-    zero, _, _ = client_update(sim, x, 0, 1, alg=message_algorithm(sim.alg, {"proximal-mu": 0.0}))
-    plain, _, _ = client_update(sim, x, 0, 1, alg=make_algorithm("fedavg", local, 1.0, None))
+    own, _, _ = train_partition(sim, x, 0, 1)
+    zero, _, _ = train_partition(sim, x, 0, 1, alg=message_algorithm(sim.alg, {"proximal-mu": 0.0}))
+    plain, _, _ = train_partition(sim, x, 0, 1, alg=make_algorithm("fedavg", local, 1.0, None))
     assert all(torch.equal(zero[n], plain[n]) for n in x)  # μ = 0 from the message: FedAvg's client exactly
     assert not all(torch.equal(own[n], plain[n]) for n in x)
     assert message_algorithm(sim.alg, {"proximal-mu": 0.5}) is sim.alg  # unchanged: the same object

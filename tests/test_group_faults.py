@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from fedsl.experiments import config as C
+from fedsl.experiments import loading
 from fedsl.experiments.runner import run
 
 from conftest import TINY
@@ -155,7 +156,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path):
 
 
 def test_stale_tmp_checkpoint_removed_on_resume(tmp_path):
-    cfg = C.load(write_config(tmp_path, "sweep", rounds=4))
+    cfg = loading.load(write_config(tmp_path, "sweep", rounds=4))
     d = tmp_path / "r"
     run(cfg, d, log=lambda s: None, progress=False, stop_after=2)
     stale = d / ".checkpoint.pt.12345.tmp"  # what a kill -9 during torch.save leaves
@@ -182,7 +183,7 @@ def blow_up(override: str, *more: str) -> C.RunConfig:
     """The issue's commands on the quickstart as it was then (PyTorch init, inputs in [0, 1]),
     where they stay finite; FSL, 12 rounds."""
     from fedsl.experiments import presets
-    return C.load(None, [override, *more, "variants={}", "algorithm.name=fsl", "model.init=torch",
+    return loading.load(None, [override, *more, "variants={}", "algorithm.name=fsl", "model.init=torch",
                          "data.normalize=unit", "rounds=12", "threads=1"], base=presets.load("quickstart"))
 
 
@@ -272,7 +273,7 @@ def test_a_folder_in_use_is_refused_by_a_second_process(tmp_path, capsys):
 
 def scaffold_stack() -> C.RunConfig:
     """Two SCAFFOLD runs (seeds 0, 1) stacked, 6 rounds, a checkpoint every 2: the disk-fault tests' sweep."""
-    data = C.load(base=__import__("tomllib").loads(TINY.format(rounds=6, alg="scaffold", dtype="float64",
+    data = loading.load(base=__import__("tomllib").loads(TINY.format(rounds=6, alg="scaffold", dtype="float64",
                                                                executor="sequential")))
     return C.validate({**data.model_dump(), "seeds": [0, 1], "stack": 2, "checkpoint_every": 2})
 
@@ -347,7 +348,7 @@ def test_a_checkpoint_cut_in_half_is_one_line_and_the_group_goes_on(tmp_path):
     a torch traceback); in a group the other runs go on; removing the file starts that run over."""
     cfg_file = write_config(tmp_path, "sweep", rounds=4)
     single = tmp_path / "single"
-    run(C.load(cfg_file, ["sweep={}"]), single, log=lambda s: None, progress=False, stop_after=2)
+    run(loading.load(cfg_file, ["sweep={}"]), single, log=lambda s: None, progress=False, stop_after=2)
     _cut_in_half(single / "checkpoint.pt")
     res = cli("resume", str(single))
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsl.metrics import (
+from fedsl.engine.metrics import (
     WINDOW,
     final_accuracy,
     first_round_reaching,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsl.experiments import config as C
+from fedsl.experiments import loading
 from fedsl.core import threads
 from fedsl.experiments.compare import run_group
 
@@ -63,7 +63,7 @@ def test_parallel_sweep_interrupted_and_resumed_equals_serial_and_never_imports_
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"running {3 - done} runs in 2 worker processes (1 torch thread each)" in r.stdout
     serial = tmp_path / "serial"
-    run_group(C.load(cfg_file), serial, log=lambda s: None, progress=False)
+    run_group(loading.load(cfg_file), serial, log=lambda s: None, progress=False)
     assert_same_group(out, serial)
     status = fedsl("sweep", "status", str(out))
     assert status.returncode == 0 and "3 completed" in status.stdout, status.stdout + status.stderr

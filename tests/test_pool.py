@@ -263,7 +263,7 @@ def test_a_run_with_executor_processes_equals_sequential_and_stops_its_workers(t
 
     import fedsl.engine.pool as pool_module
     from conftest import TINY
-    from fedsl.experiments import config as C
+    from fedsl.experiments import loading
     from fedsl.experiments.runner import run
 
     monkeypatch.setattr(pool_module, "default_workers", lambda: 2)  # a 1-core CI machine too
@@ -276,7 +276,7 @@ def test_a_run_with_executor_processes_equals_sequential_and_stops_its_workers(t
         p = tmp_path / f"{ex}.toml"
         p.write_text(TINY.format(rounds=3, alg="scaffold", dtype="float64", executor=ex).replace(
             'executor = "', 'threads = 1\nexecutor = "'))
-        s = run(C.load(p), tmp_path / ex, log=lambda m: None, progress=False)
+        s = run(loading.load(p), tmp_path / ex, log=lambda m: None, progress=False)
         assert s["status"] == "completed" and s["executor"] == ex
         rows = list(csv.DictReader((tmp_path / ex / "metrics.csv").open()))
         out[ex] = [{k: v for k, v in r.items() if "time" not in k and "wall" not in k} for r in rows]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fedsl.cli import main
-from fedsl.experiments import config as C
+from fedsl.experiments import loading
 from fedsl.experiments import presets
 
 PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
@@ -17,13 +17,13 @@ def test_paper_presets_name_their_figure_and_have_quick_forms():
     for name in presets.names():
         raw = presets.load(name)
         assert raw.get("quick"), f"{name} has no [quick] table"
-        cfg = C.load(base=raw, quick=True)
+        cfg = loading.load(base=raw, quick=True)
         assert cfg.rounds <= 3 and len(cfg.seeds) <= 1
         if name in PAPER:
             assert raw["description"].startswith("Paper")
         if name.startswith(("fig", "table", "appendix")):
             assert raw.get("paper_claims") or raw.get("paper"), f"{name} states nothing of the paper's results"
-    table1 = C.load(base=presets.load("table1-cifar10"))
+    table1 = loading.load(base=presets.load("table1-cifar10"))
     assert table1.paper["FSL-500"] == {"final_accuracy": 0.6144, "T_0.5": 203}
 
 

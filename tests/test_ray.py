@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsl.experiments import config as C
+from fedsl.experiments import loading
 from fedsl.experiments.compare import run_group
 
 from conftest import TINY
@@ -138,7 +138,7 @@ def sweep_config(tmp_path: Path, rounds: int) -> Path:
 
 
 def serial(cfg_file: Path, out: Path) -> Path:
-    run_group(C.load(cfg_file), out, log=lambda s: None, progress=False)
+    run_group(loading.load(cfg_file), out, log=lambda s: None, progress=False)
     return out
 
 

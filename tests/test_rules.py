@@ -206,7 +206,7 @@ def test_the_spec_names_the_state_its_clients_keep(name):
     planning and host tables read it instead of a list of names)."""
     rule = make_rule(name, SPECS[name].default_global_lr(4))
     assert tuple(rule.init_client_state(P(0.0, 0.0))) == SPECS[name].client_state
-    assert SPECS[name].keeps_client_state == (name in ("scaffold", "feddyn", "moon"))
+    assert bool(SPECS[name].client_state) == (name in ("scaffold", "feddyn", "moon"))
 
 
 def test_one_check_of_server_learning_and_what_it_runs():
@@ -240,12 +240,12 @@ def test_unknown_algorithm_names_the_known_ones():
 
 def test_fednova_runs_end_to_end_from_a_config(tmp_path):
     from conftest import TINY
-    from fedsl.experiments import config as C
+    from fedsl.experiments import loading
     from fedsl.experiments.runner import run
     p = tmp_path / "c.toml"
     p.write_text(TINY.format(rounds=3, alg="fednova", dtype="float64", executor="sequential"))
     lines = []
-    s = run(C.load(p), tmp_path / "r", log=lines.append, progress=False)
+    s = run(loading.load(p), tmp_path / "r", log=lines.append, progress=False)
     assert s["status"] == "completed"
     assert s["hyperparameters"]["η_g"] == {"value": 1.0, "source": "default for fednova"}
 

@@ -14,6 +14,8 @@ import torch
 
 from fedsl.cli import main
 from fedsl.experiments import config as C
+from fedsl.experiments import loading
+from fedsl.experiments import sweep
 from fedsl.experiments import presets
 from fedsl.experiments.runner import run
 
@@ -92,17 +94,17 @@ def test_run_checks_every_run_first_and_builds_each_once(tmp_path, monkeypatch):
 def test_same_seed_same_metrics_whichever_executor(tmp_path):
     res = {}
     for ex in ("sequential", "vectorised"):
-        cfg = C.load(tiny(tmp_path, rounds=4, dtype="float64", executor=ex))
+        cfg = loading.load(tiny(tmp_path, rounds=4, dtype="float64", executor=ex))
         run(cfg, tmp_path / ex, log=lambda s: None, progress=False)
         res[ex] = rows(tmp_path / ex)
     a, b = res["sequential"], res["vectorised"]
     assert [r["accuracy"] for r in a] == [r["accuracy"] for r in b]
     assert all(abs(float(x["loss"]) - float(y["loss"])) < 1e-10 for x, y in zip(a, b))
     # and the same seed twice gives the same numbers, a different seed other numbers
-    cfg = C.load(tiny(tmp_path, rounds=4, dtype="float64", executor="sequential"))
+    cfg = loading.load(tiny(tmp_path, rounds=4, dtype="float64", executor="sequential"))
     run(cfg, tmp_path / "again", log=lambda s: None, progress=False)
     assert cols(rows(tmp_path / "again")) == cols(a)
-    cfg = C.load(tiny(tmp_path, rounds=4, dtype="float64", executor="sequential"), ["seed=4"])
+    cfg = loading.load(tiny(tmp_path, rounds=4, dtype="float64", executor="sequential"), ["seed=4"])
     run(cfg, tmp_path / "other", log=lambda s: None, progress=False)
     assert cols(rows(tmp_path / "other")) != cols(a)
 
@@ -112,7 +114,7 @@ def test_sparse_evaluation_has_the_every_round_final_accuracy(tmp_path):
     every-round run (evaluating draws no randomness), and the same final accuracy bit for bit."""
     res = {}
     for every in (1, 5):
-        cfg = C.load(tiny(tmp_path, rounds=16), [f"eval_every={every}", "rolling_window=5"])
+        cfg = loading.load(tiny(tmp_path, rounds=16), [f"eval_every={every}", "rolling_window=5"])
         res[every] = run(cfg, tmp_path / f"e{every}", log=lambda s: None, progress=False), rows(tmp_path / f"e{every}")
     (s1, r1), (s5, r5) = res[1], res[5]
     assert [int(r["round"]) for r in r5] == [0, 5, 10, 12, 13, 14, 15, 16]
@@ -120,13 +122,13 @@ def test_sparse_evaluation_has_the_every_round_final_accuracy(tmp_path):
     assert all(by_round[r["round"]] == r["accuracy"] for r in r5)
     assert s5["final_accuracy"] == s1["final_accuracy"] and r5[-1]["rolling_accuracy"] == r1[-1]["rolling_accuracy"]
     assert (s1["time_resolution"], s5["time_resolution"]) == (1, 5)
-    cfg = C.load(tiny(tmp_path, rounds=16), ["eval_every=5", "rolling_window=5", "eval_final_window=false"])
+    cfg = loading.load(tiny(tmp_path, rounds=16), ["eval_every=5", "rolling_window=5", "eval_final_window=false"])
     run(cfg, tmp_path / "off", log=lambda s: None, progress=False)
     assert [int(r["round"]) for r in rows(tmp_path / "off")] == [0, 5, 10, 15, 16]
 
 
 def test_interrupted_run_resumes_identically(tmp_path):
-    cfg = C.load(tiny(tmp_path, rounds=10))
+    cfg = loading.load(tiny(tmp_path, rounds=10))
     run(cfg, tmp_path / "full", log=lambda s: None, progress=False)
     part = run(cfg, tmp_path / "part", log=lambda s: None, progress=False, stop_after=4)
     assert part["status"] == "interrupted" and part["rounds_done"] == 4
@@ -143,7 +145,7 @@ def test_interrupted_run_resumes_identically(tmp_path):
 
 @pytest.mark.slow
 def test_resume_without_checkpoints_starts_over_with_one_round_zero(tmp_path):
-    cfg = C.load(tiny(tmp_path, rounds=4), ["checkpoint_every=0"])
+    cfg = loading.load(tiny(tmp_path, rounds=4), ["checkpoint_every=0"])
     run(cfg, tmp_path / "r", log=lambda s: None, progress=False, stop_after=2)
     (tmp_path / "r" / "checkpoint.pt").unlink()  # killed before any checkpoint was written
     run(cfg, tmp_path / "r", resume=True, log=lambda s: None, progress=False)
@@ -247,7 +249,7 @@ def test_ignored_sigint_is_kept_ignored_as_nohup_asks(tmp_path):
 
 
 def test_diverged_run_stops_and_keeps_metrics(tmp_path):
-    cfg = C.load(tiny(tmp_path, rounds=30), ["algorithm.local_lr=1e4", "algorithm.name=fedavg"])
+    cfg = loading.load(tiny(tmp_path, rounds=30), ["algorithm.local_lr=1e4", "algorithm.name=fedavg"])
     s = run(cfg, tmp_path / "div", log=lambda s: None, progress=False)
     assert s["status"] == "diverged"
     assert s["rounds_done"] < 30
@@ -282,7 +284,7 @@ def test_presets_listed_and_valid(capsys):
     assert main(["presets"]) == 0
     assert "quickstart" in capsys.readouterr().out
     for name in presets.names():
-        C.expand_variants(C.validate(presets.load(name)))
+        sweep.expand_variants(C.validate(presets.load(name)))
 
 
 @pytest.mark.slow
@@ -392,21 +394,21 @@ def test_threads_setting(tmp_path):
     from fedsl.experiments.runner import prepare
     before = torch.get_num_threads()
     try:
-        prepare(C.load(tiny(tmp_path, rounds=1), ["threads=1"]))
+        prepare(loading.load(tiny(tmp_path, rounds=1), ["threads=1"]))
         assert torch.get_num_threads() == 1
-        prepare(C.load(tiny(tmp_path, rounds=1)))  # 0 (default): torch's setting is left alone
+        prepare(loading.load(tiny(tmp_path, rounds=1)))  # 0 (default): torch's setting is left alone
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
     with pytest.raises(C.ConfigError, match="threads"):
-        C.load(tiny(tmp_path, rounds=1), ["threads=-1"])
+        loading.load(tiny(tmp_path, rounds=1), ["threads=-1"])
 
 
 def test_resume_with_automatic_threads_uses_the_count_the_run_started_with(tmp_path, monkeypatch):
     """threads = 0 follows the machine's load, and results follow the thread count: a resumed run
     takes the count recorded in its summary.json, not the one the load would give now."""
     from fedsl.core import threads
-    cfg = C.load(tiny(tmp_path, rounds=4), ["threads=0"])
+    cfg = loading.load(tiny(tmp_path, rounds=4), ["threads=0"])
     before = torch.get_num_threads()
     try:
         monkeypatch.setattr(threads, "auto_threads", lambda: 1)

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 
 from fedsl.cli import main
 from fedsl.experiments import compare, presets
-from fedsl.experiments.config import (NAME_MAX, RUNS_MAX, ConfigError, RunConfig, count_runs, expand_runs,
-                                      name_problem, validate)
+from fedsl.experiments.config import NAME_MAX, RUNS_MAX, ConfigError, RunConfig, name_problem, validate
+from fedsl.experiments.sweep import count_runs, expand_runs
 from fedsl.models import build_model
 
 from conftest import TINY

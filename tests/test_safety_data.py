@@ -31,12 +31,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from conftest import write_idx
 
 from fedsl.data import cifar10
 from fedsl.data.arrays import cached_arrays
 from fedsl.data.download import fetch
 from fedsl.data.errors import DataError, DataWarning
-from fedsl.data.idx import read_idx, write_idx
+from fedsl.data.idx import read_idx
 from fedsl.data.image_folder import load_image_folder, load_image_folder_dataset
 from fedsl.data.stl10 import extract_stl10, read_stl10_binary
 
@@ -150,7 +151,7 @@ def test_cifar_file_in_a_folder_is_size_checked_too(tmp_path, small_cifar):
     with open(folder / "data_batch_2.bin", "wb") as f:
         f.truncate(1 << 33)  # 8 GiB, sparse
     with pytest.raises(DataError, match=r"data_batch_2.bin is 8,589,934,592 bytes, more than") as e:
-        cifar10.read_binary(folder)
+        cifar10._decode("binary", folder)
     one_line(e)
 
 

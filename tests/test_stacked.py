@@ -328,7 +328,8 @@ def test_stacked_sweep_interrupted_then_resumed(tmp_path):
 def test_stack_groups_and_limits(tmp_path):
     from fedsl.experiments import config as C
     from fedsl.experiments.compare import stack_groups, stack_limit
-    from fedsl.experiments.config import ConfigError, expand_variants
+    from fedsl.experiments.config import ConfigError
+    from fedsl.experiments.sweep import expand_variants
 
     cfg = C.validate(sweep_config(3, executor="auto"))
     runs = expand_variants(cfg)
@@ -388,7 +389,7 @@ def test_stack_limit_on_a_gpu_from_measured_memory(monkeypatch):
 
     from fedsl.experiments import compare
     from fedsl.experiments import config as C
-    monkeypatch.setattr(compare.runner, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(compare.placement, "resolve_device", lambda name: torch.device("cuda"))
 
     def cfg(alg):
         return C.validate({"name": "s", "rounds": 1, "model": {"name": "cifar_cnn"},
@@ -417,7 +418,7 @@ def test_client_tables_where_they_live(monkeypatch):
 
     from fedsl.algorithms import LocalTraining, make_algorithm
     from fedsl.experiments import config as C
-    from fedsl.experiments.runner import tables_on_host
+    from fedsl.experiments.placement import tables_on_host
 
     def cfg(tables="auto", dtype="float32"):
         return C.validate({"name": "s", "rounds": 1, "data": {"dataset": "synthetic_chars"}, "client_tables": tables,

@@ -133,13 +133,12 @@ def _print_tables(path: Path, title: str) -> None:
 
 def _load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path],
                  quick: bool = False):
-    from fedsl.experiments import config as C
-    from fedsl.experiments import presets
+    from fedsl.experiments import loading, presets
     if (config is None) == (preset is None):
         raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
     base = presets.load(preset) if preset else None
     extra = [f"data.data_dir={str(data_dir)!r}"] if data_dir is not None else []
-    return C.load(config, [*set_, *extra], base=base, quick=quick)
+    return loading.load(config, [*set_, *extra], base=base, quick=quick)
 
 
 @app.command()
@@ -172,7 +171,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         if unknown or not names:
             raise UserError(f"--variants {variants!r}: expected names from {list(cfg.variants) or 'none (the config has no variants)'}")
         cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
-    from fedsl.experiments.config import expand_variants
+    from fedsl.experiments.sweep import expand_variants
     from fedsl.experiments.runner import check_all
     runs = expand_variants(cfg)
     if len(runs) > BIG_SWEEP and not yes:

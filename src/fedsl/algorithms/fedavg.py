@@ -10,10 +10,10 @@ from fedsl.algorithms.base import LocalSGD, RoundContext, client_weights, deltas
 from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params, State
 
-__all__ = ["FedAvg", "aggregate", "client_weights"]
+__all__ = ["FedAvg", "client_weights", "fedavg_step"]
 
 
-def aggregate(x: Params, client_params: Params, weights: torch.Tensor, global_lr: float) -> Params:
+def fedavg_step(x: Params, client_params: Params, weights: torch.Tensor, global_lr: float) -> Params:
     """x̄ = x + η_g · Σ_i w_i Δ_i with Δ_i = x_i - x.
 
     Args:
@@ -39,7 +39,7 @@ class FedAvg(LocalSGD):
 
     def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
                       ctx: RoundContext) -> tuple[Params, State]:
-        return aggregate(x, finals, weights, self.global_lr), state
+        return fedavg_step(x, finals, weights, self.global_lr), state
 
 
 # FSL, FSL-p and DS are FedAvg's rule with server learning or shared data (base.Algorithm).

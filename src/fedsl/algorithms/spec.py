@@ -16,7 +16,7 @@ from typing import Any, Callable, Literal
 @dataclass(frozen=True)
 class HyperParam:
     """A rule's own hyper-parameter: its config key (``algorithm.KEY``), default, paper symbol,
-    and the bounds config validation applies (``ge``/``gt`` below, ``lt`` above; None = none).
+    and the bounds config validation applies (``ge``/``gt`` below, ``lt``/``le`` above; None = none).
 
     ``default`` is the only place the default is written: the rule's dataclass has none (``make_rule``
     fills it in from here) and config's ``[algorithm]`` field takes it from here."""
@@ -28,6 +28,7 @@ class HyperParam:
     ge: float | None = None
     gt: float | None = None
     lt: float | None = None
+    le: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,6 @@ class Spec:
 
     def defaults(self) -> dict[str, float]:
         return {h.key: h.default for h in self.hyperparams}
-
-    @property
-    def keeps_client_state(self) -> bool:
-        """Each client keeps a table between rounds (N × d numbers per entry of ``client_state``)."""
-        return bool(self.client_state)
 
     def server_mode(self, learning: str) -> str:
         """The server learning this rule runs with under ``server.learning = learning``: "auto" is the

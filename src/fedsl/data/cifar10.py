@@ -301,11 +301,6 @@ def _dataset(a: dict[str, np.ndarray]) -> ArrayDataset:
                         ImageSet(a["x_test"], a["y_test"], list(CIFAR10_CLASSES)))
 
 
-def read_binary(path: str | Path) -> ArrayDataset:
-    """The binary version: ``cifar-10-binary.tar.gz`` or an extracted ``cifar-10-batches-bin/`` (no cache)."""
-    return _dataset(_decode("binary", Path(path)))
-
-
 # --- finding, downloading, caching ----------------------------------------------------------
 
 def _has_any(folder: Path, names: list[str]) -> bool:

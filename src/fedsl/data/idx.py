@@ -35,8 +35,6 @@ IDX_DTYPES: dict[int, np.dtype] = {
     0x0D: np.dtype(">f4"),
     0x0E: np.dtype(">f8"),
 }
-_CODES: dict[tuple[str, int], int] = {(dt.kind, dt.itemsize): code for code, dt in IDX_DTYPES.items()}
-
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 22
 # deflate's largest expansion is 1032:1 (a 258-byte match in 2 bits); a few bytes of slack
@@ -142,28 +140,3 @@ def read_idx(path: str | Path) -> np.ndarray:
     except FileNotFoundError:
         raise DataError(f"{path} does not exist") from None
     return out.astype(dtype.newbyteorder("="), copy=False) if dtype.itemsize > 1 else out.view(dtype.newbyteorder("="))
-
-
-def write_idx(path: str | Path, array: np.ndarray) -> Path:
-    """Write ``array`` as an idx file (gzip-compressed when the name ends with .gz).
-
-    Types: uint8, int8, int16, int32, float32, float64; at most 255 dimensions, each below 2**32.
-    The gzip header carries no time stamp, so the same array always gives the same bytes.
-    """
-    path = Path(path)
-    a = np.asarray(array)
-    code = _CODES.get((a.dtype.kind, a.dtype.itemsize))
-    if code is None:
-        raise ValueError(f"write_idx: dtype {a.dtype} has no idx type code "
-                         "(use uint8, int8, int16, int32, float32 or float64)")
-    if a.ndim > 255 or any(d >= 2**32 for d in a.shape):
-        raise ValueError(f"write_idx: shape {a.shape} does not fit the idx header")
-    data = (bytes([0, 0, code, a.ndim]) + np.asarray(a.shape, dtype=">u4").tobytes()
-            + np.ascontiguousarray(a, dtype=IDX_DTYPES[code]).tobytes())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".gz"):
-        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as g:
-            g.write(data)
-    else:
-        path.write_bytes(data)
-    return path

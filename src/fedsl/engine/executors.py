@@ -261,7 +261,7 @@ def make_executor(name: str, fm: FunctionalModel, device: torch.device, compile:
     ``processes`` (CPU only) spreads a round's clients over worker processes (``fedsl.engine.pool``).
     ``compile`` (``VectorisedExecutor``) captures the vectorised step with ``torch.compile``; it needs the
     vectorised executor, and "cuda-graphs" a CUDA device: config validation checks both (``RunConfig``, and
-    ``runner.resolve_device`` for device = 'auto'), this function assumes them."""
+    ``placement.resolve_device`` for device = 'auto'), this function assumes them."""
     if name == "auto":
         name = "vectorised" if device.type == "cuda" else "sequential"
     if name not in EXECUTORS:

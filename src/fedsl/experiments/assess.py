@@ -3,7 +3,7 @@
 For each candidate D0 (the run's config with some ``data.server_*`` keys changed), at the
 shared starting point x (x_0, or x_R after R FedAvg rounds, which do not read D0):
 
-    ξ² = ‖∇f0 − ∇F‖², G² = (1/N) Σ_i ‖∇f_i − ∇F‖², cos(∇F, ∇f0)     as ``fedsl.diagnostics.measure``
+    ξ² = ‖∇f0 − ∇F‖², G² = (1/N) Σ_i ‖∇f_i − ∇F‖², cos(∇F, ∇f0)     as ``fedsl.engine.diagnostics.measure``
     the paper's condition (Section 3, Eq. grad_f0_cond_angle) for one server step to improve F:
         2⟨∇F, ∇f0⟩ > L·η·‖∇f0‖²,   η = γ·η0, the run's resolved server learning rate
     the predicted one-step change (descent lemma, Eq. ineq1):
@@ -45,9 +45,10 @@ from torch.func import grad, jvp
 from fedsl.core.types import Params
 from fedsl.data.errors import DataError
 from fedsl.data.federation import Federation
-from fedsl.diagnostics import client_gradients_sum
+from fedsl.engine.diagnostics import client_gradients_sum
 from fedsl.engine.functional import FunctionalModel, full_gradient
-from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, apply_overrides, validate
+from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, validate
+from fedsl.experiments.loading import apply_overrides
 
 # The keys a candidate may change: D0 and the server step's own settings. Anything else (the
 # clients, the model, the seed) would change F or x_0 and make the candidates incomparable.
@@ -346,7 +347,8 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
     The server step size η = γ·η0 is each candidate's own, resolved as ``fedsl run`` resolves it
     (paper defaults: η0 = √S·η_l·K/K0, K0 = E_s·⌈n0/B0⌉, so it depends on n0).
     """
-    from fedsl.experiments.runner import prepare, resolve  # runner imports heavy modules: on demand
+    from fedsl.experiments.resolve import resolve
+    from fedsl.experiments.runner import prepare  # runner imports heavy modules: on demand
 
     if not candidates:
         raise ConfigError("no candidates: give --candidate NAME:key=value[,...] or variants that set only "

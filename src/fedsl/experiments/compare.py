@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 
 from fedsl.algorithms import SPECS
-from fedsl.experiments import runner
-from fedsl.experiments.config import RunConfig, expand_runs, get_dotted
+from fedsl.experiments import placement, runner
+from fedsl.experiments.config import RunConfig
+from fedsl.experiments.loading import get_dotted
+from fedsl.experiments.sweep import expand_runs
 from fedsl.experiments.results import CorruptCheckpoint, RunDir, atomic_write, is_group
 
 FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips
@@ -118,7 +120,7 @@ def stack_limit(cfg: RunConfig) -> int:
     host memory (``client_tables``) do not count."""
     if cfg.stack != "auto":
         return cfg.stack
-    device = runner.resolve_device(cfg.device)
+    device = placement.resolve_device(cfg.device)
     if device.type != "cuda":
         return 1
     import torch
@@ -128,12 +130,12 @@ def stack_limit(cfg: RunConfig) -> int:
 
 def run_bytes(cfg: RunConfig, free: float | None = None) -> float:
     """A stacked run's device memory: its clients' tables (N × d; none when they live in host memory:
-    ``client_tables``, which 'auto' decides from ``free``: ``runner.tables_go_to_host``) and its working
+    ``client_tables``, which 'auto' decides from ``free``: ``placement.tables_go_to_host``) and its working
     memory (measured for the CIFAR CNN, scaled by S·B, by d for other models, by 2 for float64)."""
     d = MODEL_PARAMS.get(cfg.model.name, 4e6)  # other models: a generous bound
-    width = runner.number_bytes(cfg.dtype)
-    tables = runner.client_table_bytes(SPECS[cfg.algorithm.name], cfg.data.num_clients, d, cfg.dtype)
-    if runner.tables_go_to_host(cfg.client_tables, tables, free if free is not None else float("inf")):
+    width = placement.number_bytes(cfg.dtype)
+    tables = placement.client_table_bytes(SPECS[cfg.algorithm.name], cfg.data.num_clients, d, cfg.dtype)
+    if placement.tables_go_to_host(cfg.client_tables, tables, free if free is not None else float("inf")):
         tables = 0
     work = RUN_BYTES_MEASURED * cfg.algorithm.clients_per_round * cfg.algorithm.batch_size / 100
     return tables + work * max(1.0, d / MODEL_PARAMS["cifar_cnn"]) * width / 4

@@ -2,19 +2,14 @@
 
 Every field has a default except ``rounds``, ``data.dataset`` and ``algorithm.name``.
 Hyper-parameters left unset (None) follow the paper's rules (``fedsl.algorithms.defaults``)
-and are resolved once the data are known (``fedsl.experiments.runner.resolve``).
+and are resolved once the data are known (``fedsl.experiments.resolve.resolve``).
 Errors are ``ConfigError``: one line naming the key, the value and what is expected.
+Reading files and ``--set`` overrides: ``fedsl.experiments.loading``; a config's runs: ``fedsl.experiments.sweep``.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
-import json
-import math
 import re
-import tomllib
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
@@ -189,7 +184,7 @@ class AlgorithmConfig(_Strict):
 # (fedsl.algorithms): default, bounds and meaning are written once, in the algorithm's module.
 AlgorithmConfig = create_model(
     "AlgorithmConfig", __base__=AlgorithmConfig,
-    **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, description=f"{h.symbol}, {h.meaning}"))
+    **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, le=h.le, description=f"{h.symbol}, {h.meaning}"))
        for h in _HP.values()})
 
 
@@ -413,7 +408,7 @@ class RunConfig(_Strict):
         return self
 
 
-# ----------------------------------------------------------------------------- loading
+# ----------------------------------------------------------------------------- validation
 
 def _describe(model: type[BaseModel], loc: tuple) -> str:
     """The description of the field at ``loc`` (for 'expected ...' in messages)."""
@@ -475,193 +470,3 @@ def validate(data: dict) -> RunConfig:
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format(err, data)) from None
-
-
-def read_file(path: str | Path) -> dict:
-    """Read a TOML (or JSON) config file into a dict."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist: expected a path to a .toml file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {str(p)!r} cannot be read: {e}") from None
-    try:
-        return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {e}") from None
-    except RecursionError:
-        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: "
-                          "values nested too deeply") from None
-
-
-def _parse_value(text: str) -> Any:
-    """A --set value: a TOML value (number, bool, string, array) or else a bare string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except (tomllib.TOMLDecodeError, RecursionError):
-        return text
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``key=value`` overrides (dotted keys, e.g. ``algorithm.gamma=0.5``)."""
-    out = copy.deepcopy(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set algorithm.local_lr=0.05")
-        key, _, raw = item.partition("=")
-        key = key.strip()
-        if not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"--set {item!r}: expected a dotted key such as server.gamma")
-        set_dotted(out, key, _parse_value(raw.strip()))
-    return out
-
-
-def set_dotted(data: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        if not isinstance(node.get(part, {}), dict):
-            raise ConfigError(f"--set {key}: '{part}' is not a table")
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
-def get_dotted(data: dict, key: str) -> Any:
-    node: Any = data
-    for part in key.split("."):
-        node = node[part]
-    return node
-
-
-def _label(value: Any) -> str:
-    """A sweep value in a run name: a float in short form (exact where the short form would round it,
-    so 0.1 and 0.1000001 name two runs), characters outside the safe set written as '_'."""
-    if isinstance(value, float):
-        short = f"{value:g}"
-        return short if float(short) == value else repr(value)
-    return slug(str(value))
-
-
-def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
-    """One validated RunConfig per (variant, sweep point, seed).
-
-    Runs are named ``VARIANT[-key=value...][-seedS]``; a run's ``name`` (what tables
-    aggregate seeds over) is the part before ``-seedS``. Without variants the config itself
-    is the one variant; without ``seeds`` each runs once with ``seed``. A variant that sets a
-    swept key itself is not swept over that key (e.g. DS pinned at ``server.gamma = 0`` in a
-    sweep over γ, as in the paper's Fig. 3): it runs once per point of the other keys.
-    """
-    return {run: c for run, (_, c) in expand_runs(cfg).items()}
-
-
-def has_dotted(data: dict, key: str) -> bool:
-    try:
-        get_dotted(data, key)
-    except (KeyError, TypeError):  # a missing part, or a part under a non-table value
-        return False
-    return True
-
-
-def count_runs(cfg: RunConfig) -> int:
-    """How many runs ``expand_runs`` gives (variants × their sweep points × seeds), without making them."""
-    total = 0
-    for over in (cfg.variants or {cfg.name: {}}).values():
-        keys = [k for k in cfg.sweep if not (isinstance(over, dict) and has_dotted(over, k))]
-        total += math.prod(len(cfg.sweep[k]) for k in keys) * max(1, len(cfg.seeds))
-    return total
-
-
-def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
-    """``expand_variants`` with each run's variant name: run name -> (variant, RunConfig)."""
-    total = count_runs(cfg)
-    if total > RUNS_MAX:
-        raise ConfigError(f"sweep: {total} runs (variants × sweep points × seeds): expected at most {RUNS_MAX}; "
-                          "split it into several configs")
-    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "claims", "paper_rounds",
-                                   "plot", "quick"})
-    variants = cfg.variants or {cfg.name: {}}
-    out: dict[str, tuple[str, RunConfig]] = {}
-    origin: dict[str, str] = {}  # run name -> where it came from (to report two runs of one name)
-    for vname, over in variants.items():
-        if not isinstance(over, dict):
-            raise ConfigError(f"variants.{vname}: expected a table of overrides")
-        keys = [k for k in cfg.sweep if not has_dotted(over, k)]  # the variant's own keys are pinned
-        merged_variant = deep_merge(base, over)
-        for point in itertools.product(*(cfg.sweep[k] for k in keys)):
-            # the run's folder name: the variant's (validated) name, then key=value with unsafe characters as '_'
-            label = vname + "".join(f"-{slug(k.split('.')[-1])}={_label(v)}" for k, v in zip(keys, point))
-            where = f"variants.{vname}" if cfg.variants else ""
-            if keys:
-                where = f"{where} sweep point {label}".strip()
-            if len(label.encode("utf-8")) > NAME_MAX:
-                raise ConfigError(f"{where + ': ' if where else ''}run name {label!r} is {len(label.encode('utf-8'))} "
-                                  f"bytes long: expected at most {NAME_MAX} (it names the run's folder): shorten the "
-                                  "variant name or sweep fewer keys")
-            for seed in cfg.seeds or [None]:
-                # copies of only the tables on the swept keys' paths (validation reads and never
-                # changes its input): a 40,000-run sweep expands in seconds
-                merged = dict(merged_variant)
-                for k, v in zip(keys, point):
-                    node = merged
-                    for part in k.split(".")[:-1]:
-                        child = node.get(part, {})
-                        if isinstance(child, dict):
-                            node[part] = child = dict(child)
-                        node = child if isinstance(child, dict) else {}
-                    node[k.split(".")[-1]] = copy.deepcopy(v)
-                merged["name"] = label
-                if seed is not None:
-                    merged["seed"] = seed
-                try:
-                    run_cfg = validate(merged)
-                except ConfigError as e:
-                    raise ConfigError(f"{where}: {e}" if where else str(e)) from None
-                run = label if seed is None else f"{label}-seed{seed}"
-                here = f"{where or 'the config'}" + ("" if seed is None else f" seed {seed}")
-                if run in out:  # two runs, one folder: one would overwrite the other
-                    raise ConfigError(f"run name {run!r} is given twice ({origin[run]}; {here}): expected distinct "
-                                      "run names: rename a variant or make the swept values differ in their "
-                                      "letters and digits")
-                out[run], origin[run] = (vname, run_cfg), here
-    return out
-
-
-def apply_quick(data: dict) -> dict:
-    """The config's ``quick`` overrides applied (few rounds, one seed, small subsets)."""
-    out = copy.deepcopy(data)
-    quick = out.get("quick", {})
-    if not isinstance(quick, dict):
-        raise ConfigError("quick: expected a table of dotted overrides")
-    for key, value in quick.items():
-        set_dotted(out, key, copy.deepcopy(value))
-    if isinstance(out.get("seeds"), list) and len(out["seeds"]) > 1:
-        out["seeds"] = out["seeds"][:1]
-    return out
-
-
-def load(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None,
-         quick: bool = False) -> RunConfig:
-    """Read, override and validate a config (``base`` is a preset's dict when no file is given).
-
-    ``quick`` applies the config's ``quick`` table first; ``overrides`` come last.
-    """
-    data = read_file(path) if path is not None else copy.deepcopy(base or {})
-    rounds = data.get("rounds")
-    if (data.get("paper") or data.get("paper_claims")) and "paper_rounds" not in data and \
-            type(rounds) is int and 1 <= rounds <= ROUNDS_MAX:  # a bad `rounds` is reported as itself
-        # the paper's numbers are for the run as written: remember its length before --quick/--set shorten it
-        data["paper_rounds"] = rounds
-    if quick:
-        data = apply_quick(data)
-    return validate(apply_overrides(data, overrides or []))

@@ -23,7 +23,7 @@ import torch
 
 # gamma: γ_t of server learning; cos_theta: cos of the angle between -∇f0 and the clients' update
 # (when measured); comm_params: parameters sent down and up in the round (SCAFFOLD doubles it);
-# xi2, G2, cos_F_f0: the paper's non-IIDness diagnostics every diag_every rounds (fedsl.diagnostics).
+# xi2, G2, cos_F_f0: the paper's non-IIDness diagnostics every diag_every rounds (fedsl.engine.diagnostics).
 METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time", "gamma", "cos_theta", "comm_params",
                   "xi2", "G2", "cos_F_f0"]
 

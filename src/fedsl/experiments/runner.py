@@ -16,14 +16,13 @@ from typing import Callable
 
 import torch
 
-from fedsl import metrics
-from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
-                              Spec, make_algorithm, spec)
+from fedsl.engine import metrics
+from fedsl.algorithms import Algorithm, Pretraining
 from fedsl.core import threads
 from fedsl.core.types import Params
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
-from fedsl.diagnostics import measure
+from fedsl.engine.diagnostics import measure
 from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import RoundInfo, RunState, Simulator
@@ -31,18 +30,13 @@ from fedsl.engine.stacked import StackedSimulator, same_tensor
 from fedsl.experiments import tracking
 from fedsl.experiments.callbacks import Callback, CallbackList, MetricsFile, RunStart
 from fedsl.experiments.config import ConfigError, RunConfig
+from fedsl.experiments.placement import resolve_device, tables_on_host
+from fedsl.experiments.progress import RunProgress
+from fedsl.experiments.resolve import Setting, format_hparams, resolve
 from fedsl.experiments.results import RunDir, is_group
 from fedsl.models import build_model
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class HyperParam:
-    symbol: str
-    meaning: str
-    value: float | int | None
-    source: str  # "set", "paper default", "derived"
 
 
 @dataclass
@@ -52,96 +46,8 @@ class Prepared:
     sim: Simulator
     algorithm: Algorithm
     pretrain: Pretraining | None
-    hparams: list[HyperParam]
+    hparams: list[Setting]
     device: torch.device
-
-
-def resolve_device(name: str, compile: str = "off") -> torch.device:
-    """The device of ``device = name`` on this machine; a ConfigError when it has none such, or when
-    ``compile = 'cuda-graphs'`` (config validation refuses it with device = 'cpu') meets an 'auto' without a GPU."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device = 'cuda': no CUDA device is available here; expected 'auto' or 'cpu'")
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-    if compile == "cuda-graphs" and device.type != "cuda":
-        raise ConfigError(f"compile = 'cuda-graphs' captures CUDA graphs: device = {name!r} is {device.type!r} on this "
-                          "machine: expected a machine with a CUDA device, or compile = 'off'")
-    return device
-
-
-def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | None, list[HyperParam]]:
-    """Apply the paper's default rules to every hyper-parameter the config left unset."""
-    a, s = cfg.algorithm, cfg.server
-    hp: list[HyperParam] = []
-
-    def note(symbol: str, meaning: str, value, given, rule: str = "paper default"):
-        hp.append(HyperParam(symbol, meaning, value, "set" if given is not None else rule))
-        return value
-
-    N, S, n, n0 = fed.num_clients, a.clients_per_round, fed.n, fed.n0
-    smallest = min(len(c) for c in fed.clients)
-    if a.batch_size > smallest:
-        raise ConfigError(f"algorithm.batch_size = {a.batch_size}: expected at most the smallest client's n_i = {smallest}")
-    note("N", "clients", N, True)
-    note("S", "clients per round", S, True)
-    note("n_i", "samples per client (mean)", round(n / N, 2), True, "derived")
-    note("η_l", "client learning rate", a.local_lr, True)
-    note("B", "client batch size", a.batch_size, True)
-    note("E_c", "client epochs", a.local_epochs, a.local_epochs if a.local_epochs != defaults.LOCAL_EPOCHS else None)
-    k = a.local_steps or a.local_epochs * math.ceil((n / N) / a.batch_size)
-    note("K", "client steps per round (mean client)", k, a.local_steps, "derived: E_c·⌈n_i/B⌉")
-    sp = spec(a.name)
-    eta_g = None  # rules without a server step size (FedDyn)
-    if sp.global_lr is not None:
-        eta_g = note("η_g", "server step size", a.global_lr or sp.default_global_lr(S), a.global_lr,
-                     "paper default √S" if sp.global_lr == "sqrt_s" else f"default for {a.name}")
-    rule_hp = {h.key: getattr(a, h.key) for h in sp.hyperparams}
-    for h in sp.hyperparams:
-        note(h.symbol, h.meaning, rule_hp[h.key], True)
-    local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps)
-
-    server = None
-    mode = sp.server_mode(s.learning)
-    if mode != "off":
-        b0 = s.batch_size or a.batch_size
-        if b0 > n0:
-            raise ConfigError(f"server.batch_size = {b0}: expected at most data.server_size n0 = {n0}")
-        note("n0", "server samples |D0|", n0, True)
-        note("γ", "server loss weight", s.gamma, s.gamma if s.gamma != defaults.GAMMA else None)
-        note("B0", "server batch size", b0, s.batch_size, "paper default B")
-        e_s = note("E_s", "server epochs per round", s.epochs or defaults.server_epochs(n, N, n0, a.local_epochs),
-                   s.epochs, "paper default ⌈n/(N·n0)·E_c⌉")
-        k0 = s.steps if s.steps is not None else e_s * math.ceil(n0 / b0)
-        note("K0", "server steps per round", k0, s.steps, "derived: E_s·⌈n0/B0⌉")
-        if a.name == "feddu":  # FedDUAP's server steps take the clients' step size (algorithms/feddu.py)
-            eta0 = note("η0", "server base step size", s.lr or a.local_lr, s.lr, "FedDU default η_l")
-        else:
-            eta0 = s.lr or (defaults.server_lr(S, a.local_lr, k, k0) if k0 > 0 else 0.0)
-            note("η0", "server base step size", eta0, s.lr, "paper default √S·η_l·K/K0")
-        note("γ·η0", "server learning rate", s.gamma * eta0, None, "derived")
-        if mode == "parallel":
-            note("w0", "FSL-p server weight", s.weight, s.weight, "n0/(n0+Σn_i)")
-        schedule = GammaSchedule(s.gamma_schedule, s.gamma_final, s.gamma_every, s.gamma_factor,
-                                 cfg.rounds, s.gamma_threshold, s.gamma_shrink)
-        if s.gamma_schedule != "constant":
-            note("γ_t", "γ schedule", s.gamma_schedule, True)
-        server = ServerLearning(s.gamma, eta0, b0, e_s, s.steps, mode=mode, weight=s.weight, schedule=schedule,
-                                log_angle=s.log_angle)
-    if sp.shares_server_data:
-        note("n0", "shared samples |D0|", n0, True)
-    try:
-        algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, **rule_hp)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-    if s.finetune_epochs:
-        note("E_ft", "fine-tuning epochs on D0 after round T", s.finetune_epochs, True)
-        note("η_ft", "fine-tuning step size", s.finetune_lr or a.local_lr, s.finetune_lr, "default η_l")
-    pretrain = None
-    if s.pretrain:
-        pb = s.pretrain_batch_size or a.batch_size
-        pretrain = Pretraining(s.pretrain_epochs, s.pretrain_lr, min(pb, n0))
-        note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, True)
-    return algorithm, pretrain, hp
 
 
 def finetune(sim: Simulator, cfg: RunConfig, x: Params) -> dict | None:
@@ -181,7 +87,7 @@ class Built:
     fed: Federation
     algorithm: Algorithm
     pretrain: Pretraining | None
-    hparams: list[HyperParam]
+    hparams: list[Setting]
     fm: FunctionalModel
 
     def nbytes(self) -> int:
@@ -273,35 +179,6 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device)
 
 
-TABLES_DEVICE_SHARE = 0.5  # client_tables = 'auto': host tables beyond this share of the GPU's free memory
-
-
-def tables_go_to_host(client_tables: str, table_bytes: float, free: float) -> bool:
-    """``client_tables`` on a GPU with ``free`` bytes: 'host', or 'auto' when one run's tables (``table_bytes``)
-    would take more than half the free memory (the rule ``tables_on_host`` and ``compare.run_bytes`` apply)."""
-    return client_tables == "host" or (client_tables == "auto" and table_bytes > TABLES_DEVICE_SHARE * free)
-
-
-def number_bytes(dtype: str) -> int:
-    """Bytes of one number of ``dtype`` ("float32": 4, "float64": 8)."""
-    return getattr(torch, dtype).itemsize
-
-
-def client_table_bytes(sp: Spec, num_clients: int, d: float, dtype: str) -> float:
-    """The clients' state tables of one run of ``sp``'s rule: N × d numbers of ``dtype`` per entry of its
-    ``client_state`` (SCAFFOLD's c_i, FedDyn's ∇L_i; none for stateless clients)."""
-    return len(sp.client_state) * num_clients * d * number_bytes(dtype)
-
-
-def tables_on_host(cfg: RunConfig, device: torch.device, algorithm: Algorithm, num_clients: int, d: int) -> bool:
-    """Whether a run keeps its clients' state tables in host memory (``cfg.client_tables``; 'auto': on a GPU,
-    when its tables, N × d numbers per state the rule keeps, would take more than half the free memory)."""
-    if device.type != "cuda" or cfg.client_tables == "device":
-        return False
-    free = torch.cuda.mem_get_info(device)[0] if cfg.client_tables == "auto" else 0
-    return tables_go_to_host(cfg.client_tables, client_table_bytes(algorithm.spec, num_clients, d, cfg.dtype), free)
-
-
 def _share_tensors(fed: Federation, pools: list[Federation]) -> Federation:
     """``fed`` with its pool and test set replaced by equal tensors of ``pools`` (then added to them)."""
     x, y, xt, yt = fed.x, fed.y, fed.x_test, fed.y_test
@@ -313,50 +190,6 @@ def _share_tensors(fed: Federation, pools: list[Federation]) -> Federation:
     fed = replace(fed, x=x, y=y, x_test=xt, y_test=yt)
     pools.append(fed)
     return fed
-
-
-def format_hparams(hp: list[HyperParam]) -> str:
-    def fmt(v):
-        return f"{v:.6g}" if isinstance(v, float) else str(v)
-    return "\n".join(f"  {h.symbol:<9}{fmt(h.value):>12}   {h.meaning} [{h.source}]" for h in hp)
-
-
-class _Progress(Callback):
-    """A rich progress bar on a terminal; plain log lines otherwise."""
-
-    def __init__(self, name: str, total: int, start: int, log: Log, live: bool) -> None:
-        self.log, self.total, self.name = log, total, name
-        self.start, self.t0 = start, time.perf_counter()
-        self.last = "-"  # the last measured accuracy and its round, shown between evaluations
-        self.bar = None
-        self.every = max(1, total // 20)
-        if live:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-            self.bar = Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("acc {task.fields[acc]}"), TextColumn("{task.fields[rate]} rounds/s"),
-                                TimeRemainingColumn())
-            self.task = self.bar.add_task(name, total=total, completed=start, acc="-", rate="-")
-            self.bar.start()
-
-    def update(self, round_: int, acc: float | None, rate: float) -> None:
-        if acc is not None:
-            self.last = f"{acc:.4f} @r{round_}"
-        acc_s = f"{acc:.4f}" if acc is not None else self.last
-        if self.bar is not None:
-            self.bar.update(self.task, completed=round_, acc=acc_s, rate=f"{rate:.2f}")
-        elif round_ % self.every == 0 or round_ == self.total:
-            self.log(f"{self.name}: round {round_}/{self.total}  acc {acc_s}  {rate:.2f} rounds/s")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-    def on_round_end(self, round: int, metrics: dict) -> None:
-        self.update(round, metrics.get("accuracy"), (round - self.start) / max(time.perf_counter() - self.t0, 1e-9))
-
-    def on_run_end(self, summary: dict) -> None:
-        self.close()
 
 
 def checkpoint_state(ckpt: dict, dev: Callable[[dict], dict], dev_tables: Callable[[dict], dict] | None = None
@@ -448,7 +281,7 @@ class RunSession:
             self.above = self.above + 1 if r["loss"] > self.loss_bound else 0
         self.done = self.start
         self.t_start = time.perf_counter()
-        self.bar = _Progress(cfg.name, cfg.rounds, self.start, log,
+        self.bar = RunProgress(cfg.name, cfg.rounds, self.start, log,
                              sys.stdout.isatty() if progress is None else progress)
         # metrics.csv and the progress first, then the config's trackers, then the caller's callbacks
         self.callbacks = CallbackList([MetricsFile(rd), self.bar, *tracking.trackers(cfg.tracking), *callbacks])

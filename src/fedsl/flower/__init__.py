@@ -21,10 +21,10 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("fedsl.flower needs Flower: pip install 'fedsl[flower]'") from e
 
-from fedsl.flower.client import client_update, make_client_app, partition_id
+from fedsl.flower.client import make_client_app, partition_id, train_partition
 from fedsl.flower.config import FlowerOptions, FlowerSetup, load_setup, parse_run_config
 from fedsl.flower.server import make_server_app
 from fedsl.flower.strategy import FedslStrategy
 
-__all__ = ["FedslStrategy", "FlowerOptions", "FlowerSetup", "client_update", "load_setup", "make_client_app",
-           "make_server_app", "parse_run_config", "partition_id"]
+__all__ = ["FedslStrategy", "FlowerOptions", "FlowerSetup", "load_setup", "make_client_app",
+           "make_server_app", "parse_run_config", "partition_id", "train_partition"]

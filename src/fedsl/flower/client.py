@@ -57,9 +57,9 @@ def partition_id(node_config: Mapping[str, Any], num_clients: int) -> int:
     return pid
 
 
-def client_update(sim: Simulator, params: Params, t: int, cid: int, server_state: State | None = None,
-                  rows: State | None = None, local: LocalTraining | None = None,
-                  alg: Algorithm | None = None) -> tuple[Params, int, State]:
+def train_partition(sim: Simulator, params: Params, t: int, cid: int, server_state: State | None = None,
+                    rows: State | None = None, local: LocalTraining | None = None,
+                    alg: Algorithm | None = None) -> tuple[Params, int, State]:
     """Client ``cid``'s update of round ``t``: the algorithm's client half from x_t, as the simulator runs it.
 
     Args:
@@ -218,7 +218,7 @@ def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
         server_state = {}
         if "server-state" in msg.content.array_records:
             server_state = state_from_record(msg.content.array_records["server-state"], sim.device, sim.dtype)
-        final, steps, rows = client_update(sim, params, t, pid, server_state, _load_rows(context), local, alg)
+        final, steps, rows = train_partition(sim, params, t, pid, server_state, _load_rows(context), local, alg)
         for key, row in rows.items():
             context.state[STATE_PREFIX + key] = to_record(row)
         _, loss = _on(sim, final, sim.client_data[pid])

@@ -29,7 +29,9 @@ from fedsl.algorithms import Algorithm, Pretraining
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments import presets
-from fedsl.experiments.config import ConfigError, RunConfig, expand_variants, read_file, set_dotted, validate
+from fedsl.experiments.config import ConfigError, RunConfig, validate
+from fedsl.experiments.loading import read_file, set_dotted
+from fedsl.experiments.sweep import expand_variants
 from fedsl.experiments.runner import prepare  # the runner's own resolution of the paper's defaults
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from fedsl import metrics
+from fedsl.engine import metrics
 from fedsl.experiments.compare import group_runs
 from fedsl.report import verdicts
 from fedsl.report.plots import accuracy_curves, colours, plt

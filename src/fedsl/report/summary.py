@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fedsl import metrics
+from fedsl.engine import metrics
 from fedsl.report import verdicts
 
 PAPER_SCALE = (1000, 3)  # the paper's rounds × seeds for every experiment (Section 4.1)
@@ -119,10 +119,10 @@ def seconds_per_round(path: Path) -> float | None:
 
 def full_scale_runs(preset: str) -> int:
     """Runs of the preset at the paper's scale: its variants × sweep points × 3 seeds."""
-    from fedsl.experiments import config, presets
+    from fedsl.experiments import config, presets, sweep
 
     cfg = config.validate({**presets.load(preset), "seeds": list(range(PAPER_SCALE[1]))})
-    return config.count_runs(cfg)
+    return sweep.count_runs(cfg)
 
 
 def cost_markdown(root: str | Path, entries: list[dict]) -> str:

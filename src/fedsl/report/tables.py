@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsl import metrics
+from fedsl.engine import metrics
 from fedsl.experiments.compare import group_runs, group_spec
 from fedsl.report.plots import accuracy_curves
 

@@ -1,0 +1,119 @@
+"""Reading a config: a TOML (or JSON) file or a preset's dict, the ``quick`` table and ``--set key=value``
+overrides applied (dotted keys), then validated into a ``RunConfig`` (``fedsl.experiments.config``).
+Errors are ``ConfigError``: one line naming the key, the value and what is expected.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, validate
+
+
+def read_file(path: str | Path) -> dict:
+    """Read a TOML (or JSON) config file into a dict."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist: expected a path to a .toml file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e}") from None
+    try:
+        return json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: "
+                          "values nested too deeply") from None
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value: a TOML value (number, bool, string, array) or else a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return text
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``key=value`` overrides (dotted keys, e.g. ``algorithm.gamma=0.5``)."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set algorithm.local_lr=0.05")
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: expected a dotted key such as server.gamma")
+        set_dotted(out, key, _parse_value(raw.strip()))
+    return out
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        if not isinstance(node.get(part, {}), dict):
+            raise ConfigError(f"--set {key}: '{part}' is not a table")
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def get_dotted(data: dict, key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def has_dotted(data: dict, key: str) -> bool:
+    try:
+        get_dotted(data, key)
+    except (KeyError, TypeError):  # a missing part, or a part under a non-table value
+        return False
+    return True
+
+
+def apply_quick(data: dict) -> dict:
+    """The config's ``quick`` overrides applied (few rounds, one seed, small subsets)."""
+    out = copy.deepcopy(data)
+    quick = out.get("quick", {})
+    if not isinstance(quick, dict):
+        raise ConfigError("quick: expected a table of dotted overrides")
+    for key, value in quick.items():
+        set_dotted(out, key, copy.deepcopy(value))
+    if isinstance(out.get("seeds"), list) and len(out["seeds"]) > 1:
+        out["seeds"] = out["seeds"][:1]
+    return out
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None,
+         quick: bool = False) -> RunConfig:
+    """Read, override and validate a config (``base`` is a preset's dict when no file is given).
+
+    ``quick`` applies the config's ``quick`` table first; ``overrides`` come last.
+    """
+    data = read_file(path) if path is not None else copy.deepcopy(base or {})
+    rounds = data.get("rounds")
+    if (data.get("paper") or data.get("paper_claims")) and "paper_rounds" not in data and \
+            type(rounds) is int and 1 <= rounds <= ROUNDS_MAX:  # a bad `rounds` is reported as itself
+        # the paper's numbers are for the run as written: remember its length before --quick/--set shorten it
+        data["paper_rounds"] = rounds
+    if quick:
+        data = apply_quick(data)
+    return validate(apply_overrides(data, overrides or []))

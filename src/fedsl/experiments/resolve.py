@@ -1,0 +1,103 @@
+"""From a config and its federation to the algorithm it names: every hyper-parameter the config left unset
+follows the paper's rules (``fedsl.algorithms.defaults``), and each one is noted with where its value came
+from, for the printed table and summary.json."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
+                              make_algorithm, spec)
+from fedsl.data.federation import Federation
+from fedsl.experiments.config import ConfigError, RunConfig
+
+
+@dataclass
+class Setting:
+    """One row of the printed hyper-parameter table: a paper symbol, its value and where the value came from
+    (a rule's declared hyper-parameters themselves are ``fedsl.algorithms.spec.HyperParam``)."""
+
+    symbol: str
+    meaning: str
+    value: float | int | None
+    source: str  # "set", "paper default", "derived"
+
+
+def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | None, list[Setting]]:
+    """Apply the paper's default rules to every hyper-parameter the config left unset."""
+    a, s = cfg.algorithm, cfg.server
+    hp: list[Setting] = []
+
+    def note(symbol: str, meaning: str, value, given, rule: str = "paper default"):
+        hp.append(Setting(symbol, meaning, value, "set" if given is not None else rule))
+        return value
+
+    N, S, n, n0 = fed.num_clients, a.clients_per_round, fed.n, fed.n0
+    smallest = min(len(c) for c in fed.clients)
+    if a.batch_size > smallest:
+        raise ConfigError(f"algorithm.batch_size = {a.batch_size}: expected at most the smallest client's n_i = {smallest}")
+    note("N", "clients", N, True)
+    note("S", "clients per round", S, True)
+    note("n_i", "samples per client (mean)", round(n / N, 2), True, "derived")
+    note("η_l", "client learning rate", a.local_lr, True)
+    note("B", "client batch size", a.batch_size, True)
+    note("E_c", "client epochs", a.local_epochs, a.local_epochs if a.local_epochs != defaults.LOCAL_EPOCHS else None)
+    k = a.local_steps or a.local_epochs * math.ceil((n / N) / a.batch_size)
+    note("K", "client steps per round (mean client)", k, a.local_steps, "derived: E_c·⌈n_i/B⌉")
+    sp = spec(a.name)
+    eta_g = None  # rules without a server step size (FedDyn)
+    if sp.global_lr is not None:
+        eta_g = note("η_g", "server step size", a.global_lr or sp.default_global_lr(S), a.global_lr,
+                     "paper default √S" if sp.global_lr == "sqrt_s" else f"default for {a.name}")
+    rule_hp = {h.key: getattr(a, h.key) for h in sp.hyperparams}
+    for h in sp.hyperparams:
+        note(h.symbol, h.meaning, rule_hp[h.key], True)
+    local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps)
+
+    server = None
+    mode = sp.server_mode(s.learning)
+    if mode != "off":
+        b0 = s.batch_size or a.batch_size
+        if b0 > n0:
+            raise ConfigError(f"server.batch_size = {b0}: expected at most data.server_size n0 = {n0}")
+        note("n0", "server samples |D0|", n0, True)
+        note("γ", "server loss weight", s.gamma, s.gamma if s.gamma != defaults.GAMMA else None)
+        note("B0", "server batch size", b0, s.batch_size, "paper default B")
+        e_s = note("E_s", "server epochs per round", s.epochs or defaults.server_epochs(n, N, n0, a.local_epochs),
+                   s.epochs, "paper default ⌈n/(N·n0)·E_c⌉")
+        k0 = s.steps if s.steps is not None else e_s * math.ceil(n0 / b0)
+        note("K0", "server steps per round", k0, s.steps, "derived: E_s·⌈n0/B0⌉")
+        if a.name == "feddu":  # FedDUAP's server steps take the clients' step size (algorithms/feddu.py)
+            eta0 = note("η0", "server base step size", s.lr or a.local_lr, s.lr, "FedDU default η_l")
+        else:
+            eta0 = s.lr or (defaults.server_lr(S, a.local_lr, k, k0) if k0 > 0 else 0.0)
+            note("η0", "server base step size", eta0, s.lr, "paper default √S·η_l·K/K0")
+        note("γ·η0", "server learning rate", s.gamma * eta0, None, "derived")
+        if mode == "parallel":
+            note("w0", "FSL-p server weight", s.weight, s.weight, "n0/(n0+Σn_i)")
+        schedule = GammaSchedule(s.gamma_schedule, s.gamma_final, s.gamma_every, s.gamma_factor,
+                                 cfg.rounds, s.gamma_threshold, s.gamma_shrink)
+        if s.gamma_schedule != "constant":
+            note("γ_t", "γ schedule", s.gamma_schedule, True)
+        server = ServerLearning(s.gamma, eta0, b0, e_s, s.steps, mode=mode, weight=s.weight, schedule=schedule,
+                                log_angle=s.log_angle)
+    if sp.shares_server_data:
+        note("n0", "shared samples |D0|", n0, True)
+    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, **rule_hp)  # validation checked it all
+
+    if s.finetune_epochs:
+        note("E_ft", "fine-tuning epochs on D0 after round T", s.finetune_epochs, True)
+        note("η_ft", "fine-tuning step size", s.finetune_lr or a.local_lr, s.finetune_lr, "default η_l")
+    pretrain = None
+    if s.pretrain:
+        pb = s.pretrain_batch_size or a.batch_size
+        pretrain = Pretraining(s.pretrain_epochs, s.pretrain_lr, min(pb, n0))
+        note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, True)
+    return algorithm, pretrain, hp
+
+
+def format_hparams(hp: list[Setting]) -> str:
+    def fmt(v):
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
+    return "\n".join(f"  {h.symbol:<9}{fmt(h.value):>12}   {h.meaning} [{h.source}]" for h in hp)

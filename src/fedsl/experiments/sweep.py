@@ -1,0 +1,96 @@
+"""A config's runs: one validated ``RunConfig`` per (variant, sweep point, seed), each named for its folder."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from typing import Any
+
+from fedsl.experiments.config import NAME_MAX, RUNS_MAX, ConfigError, RunConfig, slug, validate
+from fedsl.experiments.loading import deep_merge, has_dotted
+
+
+def _label(value: Any) -> str:
+    """A sweep value in a run name: a float in short form (exact where the short form would round it,
+    so 0.1 and 0.1000001 name two runs), characters outside the safe set written as '_'."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return slug(str(value))
+
+
+def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
+    """One validated RunConfig per (variant, sweep point, seed).
+
+    Runs are named ``VARIANT[-key=value...][-seedS]``; a run's ``name`` (what tables
+    aggregate seeds over) is the part before ``-seedS``. Without variants the config itself
+    is the one variant; without ``seeds`` each runs once with ``seed``. A variant that sets a
+    swept key itself is not swept over that key (e.g. DS pinned at ``server.gamma = 0`` in a
+    sweep over γ, as in the paper's Fig. 3): it runs once per point of the other keys.
+    """
+    return {run: c for run, (_, c) in expand_runs(cfg).items()}
+
+
+def count_runs(cfg: RunConfig) -> int:
+    """How many runs ``expand_runs`` gives (variants × their sweep points × seeds), without making them."""
+    total = 0
+    for over in (cfg.variants or {cfg.name: {}}).values():
+        keys = [k for k in cfg.sweep if not (isinstance(over, dict) and has_dotted(over, k))]
+        total += math.prod(len(cfg.sweep[k]) for k in keys) * max(1, len(cfg.seeds))
+    return total
+
+
+def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
+    """``expand_variants`` with each run's variant name: run name -> (variant, RunConfig)."""
+    total = count_runs(cfg)
+    if total > RUNS_MAX:
+        raise ConfigError(f"sweep: {total} runs (variants × sweep points × seeds): expected at most {RUNS_MAX}; "
+                          "split it into several configs")
+    base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "claims", "paper_rounds",
+                                   "plot", "quick"})
+    variants = cfg.variants or {cfg.name: {}}
+    out: dict[str, tuple[str, RunConfig]] = {}
+    origin: dict[str, str] = {}  # run name -> where it came from (to report two runs of one name)
+    for vname, over in variants.items():
+        if not isinstance(over, dict):
+            raise ConfigError(f"variants.{vname}: expected a table of overrides")
+        keys = [k for k in cfg.sweep if not has_dotted(over, k)]  # the variant's own keys are pinned
+        merged_variant = deep_merge(base, over)
+        for point in itertools.product(*(cfg.sweep[k] for k in keys)):
+            # the run's folder name: the variant's (validated) name, then key=value with unsafe characters as '_'
+            label = vname + "".join(f"-{slug(k.split('.')[-1])}={_label(v)}" for k, v in zip(keys, point))
+            where = f"variants.{vname}" if cfg.variants else ""
+            if keys:
+                where = f"{where} sweep point {label}".strip()
+            if len(label.encode("utf-8")) > NAME_MAX:
+                raise ConfigError(f"{where + ': ' if where else ''}run name {label!r} is {len(label.encode('utf-8'))} "
+                                  f"bytes long: expected at most {NAME_MAX} (it names the run's folder): shorten the "
+                                  "variant name or sweep fewer keys")
+            for seed in cfg.seeds or [None]:
+                # copies of only the tables on the swept keys' paths (validation reads and never
+                # changes its input): a 40,000-run sweep expands in seconds
+                merged = dict(merged_variant)
+                for k, v in zip(keys, point):
+                    node = merged
+                    for part in k.split(".")[:-1]:
+                        child = node.get(part, {})
+                        if isinstance(child, dict):
+                            node[part] = child = dict(child)
+                        node = child if isinstance(child, dict) else {}
+                    node[k.split(".")[-1]] = copy.deepcopy(v)
+                merged["name"] = label
+                if seed is not None:
+                    merged["seed"] = seed
+                try:
+                    run_cfg = validate(merged)
+                except ConfigError as e:
+                    raise ConfigError(f"{where}: {e}" if where else str(e)) from None
+                run = label if seed is None else f"{label}-seed{seed}"
+                here = f"{where or 'the config'}" + ("" if seed is None else f" seed {seed}")
+                if run in out:  # two runs, one folder: one would overwrite the other
+                    raise ConfigError(f"run name {run!r} is given twice ({origin[run]}; {here}): expected distinct "
+                                      "run names: rename a variant or make the swept values differ in their "
+                                      "letters and digits")
+                out[run], origin[run] = (vname, run_cfg), here
+    return out
