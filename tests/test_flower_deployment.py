@@ -312,10 +312,10 @@ def test_fsl_on_flower_deployment_equals_the_simulator(deployments, tmp_path, on
     assert [r["server_steps"] for r in rounds] == [info.server_steps for info in infos]
     assert all(r["server_steps"] > 0 for r in rounds)  # server learning ran every round
     final = torch.load(out / "final.pt")
-    diff = max((final["x"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
+    diff = max((final["params"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
     print(f"max |x_T(Flower) - x_T(simulator)| = {diff:.3g}")
     assert diff <= 1e-6
-    _check_only_parameters(json.loads((out / "received.json").read_text()), final["x"])
+    _check_only_parameters(json.loads((out / "received.json").read_text()), final["params"])
 
 
 def _wait_for(predicate, timeout: float, what: str, dep: Deployment) -> None:
@@ -377,7 +377,7 @@ def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     senders = {e["node"] for e in received if "error" not in e}
     assert senders <= registered and len(senders) == 3  # only registered nodes ever answered
     final = torch.load(out / "final.pt")
-    _check_only_parameters(received, final["x"])
+    _check_only_parameters(received, final["params"])
 
 
 def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one_thread):
@@ -394,7 +394,7 @@ def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one
     rounds = json.loads((out / "rounds.json").read_text())
     assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
     final = torch.load(out / "final.pt")
-    assert max((final["x"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-6
+    assert max((final["params"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-6
 
 
 def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployments, tmp_path, one_thread):
@@ -435,7 +435,7 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     assert rounds[:crashed_at] == before[:crashed_at]  # kept from the checkpoint, not run again
     assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
     final = torch.load(out / "final.pt")
-    diff = max((final["x"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
+    diff = max((final["params"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
     print(f"resumed at round {crashed_at + 1}: max |x_T(Flower) - x_T(simulator)| = {diff:.3g}")
     assert diff <= 1e-6
 
@@ -461,7 +461,7 @@ def _check_plain_run(out: Path, config: dict) -> None:
     assert all(r["server_steps"] == info.server_steps > 0 for r, info in zip(rounds, infos))
     assert all(r["rejected"] == [] and r["train_loss"] > 0 for r in rounds)
     final = torch.load(out / "final.pt")
-    assert max((final["x"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-10
+    assert max((final["params"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-10
 
 
 def test_a_plain_client_app_in_flowers_deployment_runtime(deployments, tmp_path, one_thread):
