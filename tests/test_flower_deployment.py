@@ -399,7 +399,8 @@ def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one
 
 def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployments, tmp_path, one_thread):
     """The SuperLink (with its ServerApp) dies after round 2's checkpoint; a SuperLink started again and the
-    same `flwr run` continue from out-dir/checkpoint.pt: 4 rounds in all and the simulator's model."""
+    same `flwr run` continue from out-dir/checkpoint.pt: 4 rounds in all and the simulator's model. Then the
+    checkpoint cut in half: one line."""
     out = tmp_path / "out"
     run_config = {"rounds": 4, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0, "client-delay": 1.0,
                   "checkpoint_every": 1}
@@ -438,6 +439,19 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     diff = max((final["params"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
     print(f"resumed at round {crashed_at + 1}: max |x_T(Flower) - x_T(simulator)| = {diff:.3g}")
     assert diff <= 1e-6
+
+    # the checkpoint cut in half (a full disk, a partial copy): the ServerApp fails with fedsl's one line naming the
+    # file and what to do, as the run's status too, not torch's traceback
+    ckpt = out / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    res = dep.run_app({**run_config, "rounds": 5}, timeout=300)
+    line = f"{ckpt}: the checkpoint cannot be read ("
+    assert f"fedsl: {line}" in res.stdout and "torch/serialization.py" not in res.stdout, _logs(dep, res)
+    run_id = re.search(r"started run (\d+)", res.stdout)
+    assert run_id, _logs(dep, res)
+    runs = json.loads(dep.flwr("ls", "test", "--format", "json").stdout)["runs"]
+    (run,) = [r for r in runs if r["run-id"] == run_id.group(1)]
+    assert run["status"] == "finished:failed" and line in run["status-details"], run
 
 
 # ----------------------------------------------------------------------------- a plain Flower ClientApp

@@ -111,8 +111,10 @@ def load(path: str | Path, what_to_do: str = RESTART_RUN) -> Checkpoint | None:
     blob = _read(path, what_to_do, mmap=False)
     try:
         return _from_blob(blob)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise _corrupt(path, f"{type(e).__name__}: {e}", what_to_do) from None
+    except KeyError as e:
+        raise _corrupt(path, f"it lacks {e}", what_to_do) from None
+    except (TypeError, ValueError, AttributeError) as e:  # ValueError: JSONDecodeError of the records
+        raise _corrupt(path, str(e), what_to_do) from None
 
 
 def read_round(path: str | Path, what_to_do: str = RESTART_RUN) -> int | None:
@@ -153,7 +155,7 @@ def _tensors(group: Any, what: str) -> dict:
     """``group`` checked to be (nested) dicts of tensors."""
     if not isinstance(group, dict) or not all(
             isinstance(v, torch.Tensor) or isinstance(v, dict) and _tensors(v, what) is v for v in group.values()):
-        raise ValueError(f"its {what} are not tensors")
+        raise TypeError(f"its {what} are not tensors")
     return group
 
 
@@ -174,10 +176,10 @@ def _from_blob(blob: dict[str, Any]) -> Checkpoint:
         for key in [k for k in algo if k.endswith("_i")]:
             clients[key] = algo.pop(key)
     if not isinstance(extra, dict):
-        raise ValueError("its records are not a dict")
+        raise TypeError("its records are not a dict")
     gamma = blob.get("gamma")
     if gamma is not None and not isinstance(gamma, (int, float, torch.Tensor)):
-        raise ValueError(f"its gamma is {type(gamma).__name__}, not a number")
+        raise TypeError(f"its gamma is {type(gamma).__name__}, not a number")
     if not _tensors(x, "parameters"):
         raise ValueError("it holds no parameters")
     state = RunState(x, _tensors(algo, "server state"), gamma, _tensors(clients, "clients' states"))

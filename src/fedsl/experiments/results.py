@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
