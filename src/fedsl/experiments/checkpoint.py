@@ -38,7 +38,7 @@ LEGACY_FLOWER = "fedsl-flower-checkpoint/1"  # the Flower server's layout before
 # What a user can do about an unreadable checkpoint, by runtime (the end of CorruptCheckpoint's line)
 RESTART_RUN = "remove it to start this run over from round 0 (`fedsl resume` then reruns it), or put back a good copy"
 RESTART_SERVER_APP = ("remove it (or set resume = false) to start the run over from round 1, or put back a good "
-                      "copy, then start the ServerApp again")
+                      "copy; then repeat the same `flwr run`")
 
 
 class CorruptCheckpoint(RuntimeError):
