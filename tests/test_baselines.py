@@ -6,6 +6,8 @@
 - resume is bit-identical for stateful rules; bad compositions are one-line config errors.
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -427,7 +429,9 @@ def test_checkpoints_with_the_tables_in_algo_still_resume_bit_identically(tmp_pa
     path = tmp_path / "part" / "checkpoint.pt"
     blob = torch.load(path, weights_only=True)
     assert max(v.abs().max() for v in blob["clients"]["grad_i"].values()) > 0  # the tables hold real rows
-    blob["algo"].update(blob.pop("clients"))  # the old format
+    blob["algo"].update(blob.pop("clients"))  # the old format: no clients, no format, wall_time at the top
+    del blob["format"]
+    blob["wall_time"] = json.loads(blob.pop("extra"))["wall_time"]
     torch.save(blob, path)
     run(cfg, tmp_path / "part", resume=True, **quiet)
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)

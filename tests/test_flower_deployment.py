@@ -312,10 +312,10 @@ def test_fsl_on_flower_deployment_equals_the_simulator(deployments, tmp_path, on
     assert [r["server_steps"] for r in rounds] == [info.server_steps for info in infos]
     assert all(r["server_steps"] > 0 for r in rounds)  # server learning ran every round
     final = torch.load(out / "final.pt")
-    diff = max((final["x"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
+    diff = max((final["params"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
     print(f"max |x_T(Flower) - x_T(simulator)| = {diff:.3g}")
     assert diff <= 1e-6
-    _check_only_parameters(json.loads((out / "received.json").read_text()), final["x"])
+    _check_only_parameters(json.loads((out / "received.json").read_text()), final["params"])
 
 
 def _wait_for(predicate, timeout: float, what: str, dep: Deployment) -> None:
@@ -377,7 +377,7 @@ def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     senders = {e["node"] for e in received if "error" not in e}
     assert senders <= registered and len(senders) == 3  # only registered nodes ever answered
     final = torch.load(out / "final.pt")
-    _check_only_parameters(received, final["x"])
+    _check_only_parameters(received, final["params"])
 
 
 def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one_thread):
@@ -394,12 +394,13 @@ def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one
     rounds = json.loads((out / "rounds.json").read_text())
     assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
     final = torch.load(out / "final.pt")
-    assert max((final["x"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-6
+    assert max((final["params"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-6
 
 
 def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployments, tmp_path, one_thread):
     """The SuperLink (with its ServerApp) dies after round 2's checkpoint; a SuperLink started again and the
-    same `flwr run` continue from out-dir/checkpoint.pt: 4 rounds in all and the simulator's model."""
+    same `flwr run` continue from out-dir/checkpoint.pt: 4 rounds in all and the simulator's model. Then the
+    checkpoint cut in half: one line."""
     out = tmp_path / "out"
     run_config = {"rounds": 4, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0, "client-delay": 1.0,
                   "checkpoint_every": 1}
@@ -435,9 +436,22 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     assert rounds[:crashed_at] == before[:crashed_at]  # kept from the checkpoint, not run again
     assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
     final = torch.load(out / "final.pt")
-    diff = max((final["x"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
+    diff = max((final["params"][n].double() - expected.x[n].double().cpu()).abs().max().item() for n in expected.x)
     print(f"resumed at round {crashed_at + 1}: max |x_T(Flower) - x_T(simulator)| = {diff:.3g}")
     assert diff <= 1e-6
+
+    # the checkpoint cut in half (a full disk, a partial copy): the ServerApp fails with fedsl's one line naming the
+    # file and what to do, as the run's status too, not torch's traceback
+    ckpt = out / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    res = dep.run_app({**run_config, "rounds": 5}, timeout=300)
+    line = f"{ckpt}: the checkpoint cannot be read ("
+    assert f"fedsl: {line}" in res.stdout and "torch/serialization.py" not in res.stdout, _logs(dep, res)
+    run_id = re.search(r"started run (\d+)", res.stdout)
+    assert run_id, _logs(dep, res)
+    runs = json.loads(dep.flwr("ls", "test", "--format", "json").stdout)["runs"]
+    (run,) = [r for r in runs if r["run-id"] == run_id.group(1)]
+    assert run["status"] == "finished:failed" and line in run["status-details"], run
 
 
 # ----------------------------------------------------------------------------- a plain Flower ClientApp
@@ -461,7 +475,7 @@ def _check_plain_run(out: Path, config: dict) -> None:
     assert all(r["server_steps"] == info.server_steps > 0 for r, info in zip(rounds, infos))
     assert all(r["rejected"] == [] and r["train_loss"] > 0 for r in rounds)
     final = torch.load(out / "final.pt")
-    assert max((final["x"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-10
+    assert max((final["params"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-10
 
 
 def test_a_plain_client_app_in_flowers_deployment_runtime(deployments, tmp_path, one_thread):

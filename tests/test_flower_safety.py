@@ -24,6 +24,8 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 from conftest import max_diff, run_rounds
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
+from fedsl.experiments import checkpoint
+from fedsl.experiments.checkpoint import CorruptCheckpoint
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.runner import prepare
 from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config
@@ -341,7 +343,7 @@ def test_the_server_checkpoints_and_a_restarted_server_app_continues_bit_for_bit
     cfg, _ = parse_run_config(rc)
     sim = prepare(cfg).sim
     after2, _ = run_rounds(sim, 2)
-    assert max_diff(ckpt["x"], after2.x) == 0.0  # the model after round 2
+    assert max_diff(ckpt["params"], after2.x) == 0.0  # the model after round 2
 
     resumed = serve(rc)
     assert resumed.offset == 2
@@ -349,7 +351,7 @@ def test_the_server_checkpoints_and_a_restarted_server_app_continues_bit_for_bit
     assert [h["trained"] for h in resumed.history] == [h["trained"] for h in whole.history]
     assert max_diff(resumed.state.x, whole.state.x) == 0.0
     final = torch.load(out / "final.pt", weights_only=True)
-    assert final["rounds"] == 5 and max_diff(final["x"], whole.state.x) == 0.0
+    assert final["round"] == 5 and max_diff(final["params"], whole.state.x) == 0.0
     assert json.loads((out / "evaluations.json").read_text()) == whole.evaluations
     assert torch.load(out / "checkpoint.pt", weights_only=True)["round"] == 5
     expected, _ = run_rounds(sim, cfg.rounds)
@@ -369,3 +371,48 @@ def test_resume_refuses_another_config_and_resume_false_starts_over(one_thread, 
     fresh = serve({**rc, "server.gamma": 0.5, "resume": False})
     assert fresh.offset == 0 and len(fresh.history) == 2
     assert any("resume = false: removed" in r.getMessage() for r in caplog.records)
+
+
+def _old_flower_layout(path: Path) -> None:
+    """Rewrite the ServerApp's checkpoint as it wrote it before the one format ("fedsl-flower-checkpoint/1")."""
+    ckpt = checkpoint.load(path)
+    s, extra = ckpt.state, ckpt.extra
+    torch.save({"format": "fedsl-flower-checkpoint/1", "round": ckpt.round, "x": s.x, "algo": s.algo,
+                "gamma": s.gamma, "history": json.dumps(extra["history"]),
+                "evaluations": json.dumps(extra["evaluations"]), "config": json.dumps(extra["config"])}, path)
+
+
+def test_a_server_checkpoint_of_the_old_layout_resumes_bit_for_bit(one_thread, tmp_path):
+    """A checkpoint written by the ServerApp before the one format (x, its records as JSON texts) still resumes,
+    and the run ends with the uninterrupted run's model and records."""
+    rc = {**BASE, "rounds": 4, "checkpoint_every": 2, "eval_every": 1, "algorithm.clients_per_round": 2}
+    whole = serve({**rc, "out-dir": str(tmp_path / "whole")})
+    out = tmp_path / "out"
+    rc = {**rc, "out-dir": str(out)}
+    with pytest.raises(Crash):
+        serve(rc, crash_at=2 * 2 + 1)  # the first train message of round 3
+    _old_flower_layout(out / "checkpoint.pt")
+    assert "params" not in torch.load(out / "checkpoint.pt", weights_only=True)
+    resumed = serve(rc)
+    assert resumed.offset == 2 and [h["trained"] for h in resumed.history] == [h["trained"] for h in whole.history]
+    assert max_diff(resumed.state.x, whole.state.x) == 0.0
+    assert json.loads((out / "evaluations.json").read_text()) == whole.evaluations
+    assert checkpoint.load(out / "checkpoint.pt").round == 4  # written in the one format from then on
+
+
+def test_a_server_checkpoint_cut_in_half_is_one_line(one_thread, tmp_path, caplog):
+    """A truncated checkpoint.pt (a full disk, a partial copy): the ServerApp fails with one line naming the file and
+    what to do (it was torch's 'PytorchStreamReader failed reading zip archive' traceback); removing it starts over."""
+    rc = {**BASE, "rounds": 2, "checkpoint_every": 1, "out-dir": str(tmp_path)}
+    serve(rc)
+    path = tmp_path / "checkpoint.pt"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptCheckpoint) as err:
+        serve(rc)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: the checkpoint cannot be read (")
+    assert "resume = false" in msg and err.value.__cause__ is None and err.value.__suppress_context__
+    assert any(r.getMessage() == f"fedsl: {msg}" for r in caplog.records)
+    path.unlink()
+    assert serve(rc).offset == 0

@@ -3,7 +3,8 @@
     config.json       the validated config (``fedsl run config.json`` re-runs it)
     metrics.csv       one row per evaluated round, appended and flushed as it happens
     summary.json      status, final accuracy, rise time, T_0.5, D0, hyper-parameters
-    checkpoint.pt     global model and round, written atomically every few rounds
+    checkpoint.pt     the run's state after a round (``fedsl.experiments.checkpoint``), written atomically
+                      every ``checkpoint_every`` rounds
 
 A crash keeps every row already in metrics.csv; ``fedsl resume`` drops the rows after
 the checkpoint's round and recomputes them (bit-identically: all randomness is a
@@ -15,36 +16,17 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
+from fedsl.experiments import checkpoint
+from fedsl.experiments.checkpoint import Checkpoint, CorruptCheckpoint, atomic_write  # noqa: F401 - re-exported
 
 # gamma: γ_t of server learning; cos_theta: cos of the angle between -∇f0 and the clients' update
 # (when measured); comm_params: parameters sent down and up in the round (SCAFFOLD doubles it);
 # xi2, G2, cos_F_f0: the paper's non-IIDness diagnostics every diag_every rounds (fedsl.engine.diagnostics).
 METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time", "gamma", "cos_theta", "comm_params",
                   "xi2", "G2", "cos_F_f0"]
-
-
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp)`` then rename over ``path``: a reader sees the old file or the new, never half.
-
-    An exception (Ctrl-C, SIGTERM, a full disk) removes the temporary file; a kill -9 leaves
-    it, and ``RunDir.remove_stale_tmp`` clears it at the run's next start.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-class CorruptCheckpoint(RuntimeError):
-    """A run's checkpoint.pt exists but cannot be read (the message names it and what to do)."""
 
 
 class FolderInUse(RuntimeError):
@@ -150,40 +132,14 @@ class RunDir:
 
     def save_checkpoint(self, round_: int, state, wall_time: float) -> None:
         """The run's state after ``round_`` rounds: model, server state (momentum, SCAFFOLD's c, ...), γ_t and
-        the clients' states (SCAFFOLD's c_i, ... as [N, ...] tables)."""
-        def cpu(d):
-            return {k: cpu(v) if isinstance(v, dict) else own(v.detach().cpu()) for k, v in d.items()}
-
-        def own(t):
-            # a stacked run's model is a view into all stacked runs' tensor, and torch.save writes a
-            # view's whole storage: without the copy each run's checkpoint held every run's model
-            return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
-
-        blob = {"round": round_, "params": cpu(state.x), "algo": cpu(state.algo), "gamma": state.gamma,
-                "clients": cpu(state.clients), "wall_time": wall_time}
-        atomic_write(self.checkpoint_file, lambda p: torch.save(blob, p))
+        the clients' states (SCAFFOLD's c_i, ... as [N, ...] tables); ``wall_time`` in its records."""
+        checkpoint.save(self.checkpoint_file, Checkpoint(round_, state, {"wall_time": wall_time}))
 
     def checkpoint_round(self) -> int | None:
         """The round of the last checkpoint, read without loading the tensors (memory-mapped)."""
-        if not self.checkpoint_file.is_file():
-            return None
-        return int(self._read_checkpoint(mmap=True)["round"])
+        return checkpoint.read_round(self.checkpoint_file)
 
-    def load_checkpoint(self) -> dict[str, Any] | None:
+    def load_checkpoint(self) -> Checkpoint | None:
         """The last checkpoint, or None; ``CorruptCheckpoint`` (one line: the file and what to do) when it
         cannot be read: cut short by a full disk or a partial copy, or not a checkpoint at all."""
-        if not self.checkpoint_file.is_file():
-            return None
-        return self._read_checkpoint(mmap=False)
-
-    def _read_checkpoint(self, mmap: bool) -> dict[str, Any]:
-        try:
-            blob = torch.load(self.checkpoint_file, map_location="cpu", weights_only=True, mmap=mmap)
-            if not isinstance(blob, dict) or not isinstance(blob.get("round"), int):
-                raise ValueError("it holds no round number")
-        except Exception as e:  # noqa: BLE001 — torch raises RuntimeError, pickle/unpickling and OS errors alike
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CorruptCheckpoint(
-                f"{self.checkpoint_file}: the checkpoint cannot be read ({why[:160]}); remove it to start this "
-                "run over from round 0 (`fedsl resume` then reruns it), or put back a good copy") from None
-        return blob
+        return checkpoint.load(self.checkpoint_file)

@@ -192,21 +192,6 @@ def _share_tensors(fed: Federation, pools: list[Federation]) -> Federation:
     return fed
 
 
-def checkpoint_state(ckpt: dict, dev: Callable[[dict], dict], dev_tables: Callable[[dict], dict] | None = None
-                     ) -> RunState:
-    """The RunState of a loaded checkpoint (``RunDir.save_checkpoint``), its tensors through ``dev`` (the
-    clients' tables through ``dev_tables``, default ``dev``: they may live in host memory).
-
-    Checkpoints before the clients' states had their own entry kept the tables in ``algo``, named
-    with an ``_i`` suffix (SCAFFOLD's c_i, FedDyn's grad_i): they are moved to ``clients``.
-    """
-    dev_tables = dev_tables or dev
-    algo, clients = dev(ckpt.get("algo", {})), dev_tables(ckpt.get("clients", {}))
-    for key in [k for k in algo if k.endswith("_i")]:
-        clients[key] = dev_tables(algo.pop(key))
-    return RunState(dev(ckpt["params"]), algo, ckpt.get("gamma"), clients)
-
-
 def _without_tables(state: RunState) -> RunState:
     """``state`` less its clients' tables: what a checkpoint of a run that nothing resumes keeps."""
     return RunState(state.x, state.algo, state.gamma)
@@ -238,13 +223,14 @@ class RunSession:
                 torch.set_num_threads(started)
             ckpt = rd.load_checkpoint()
             if ckpt is not None:
-                self.start, self.wall0 = ckpt["round"], ckpt["wall_time"]
+                self.start, self.wall0 = ckpt.round, float(ckpt.extra.get("wall_time", 0.0))
 
                 def dev(d, device=prep.device):
                     return {k: dev(v, device) if isinstance(v, dict) else v.to(device=device, dtype=sim.dtype)
                             for k, v in d.items()}
 
-                self.state = checkpoint_state(ckpt, dev, lambda d: dev(d, sim.tables_device))
+                s = ckpt.state  # the clients' tables where the simulator keeps them (they may live in host memory)
+                self.state = RunState(dev(s.x), dev(s.algo), s.gamma, dev(s.clients, sim.tables_device))
                 history = rd.truncate_metrics(self.start)
             elif rd.is_run():
                 rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too

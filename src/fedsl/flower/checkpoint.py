@@ -1,11 +1,12 @@
 """The ServerApp's checkpoint and resume: ``out-dir/checkpoint.pt``, written atomically every
-``checkpoint_every`` rounds and after the last one, holds x_t, the server state, γ_t, the run's records
-and its config; a ServerApp started on that ``out-dir`` continues from it (``resume``)."""
+``checkpoint_every`` rounds and after the last one in the simulator's format (``fedsl.experiments.checkpoint``),
+holds x_t, the server state, γ_t and, as its records, the run's history, evaluations and config; a
+ServerApp started on that ``out-dir`` continues from it (``resume``)."""
 
 from __future__ import annotations
 
 import json
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,12 @@ import torch
 from flwr.supercore import log
 
 from fedsl.engine.simulator import RunState
+from fedsl.experiments import checkpoint
+from fedsl.experiments.checkpoint import RESTART_SERVER_APP, Checkpoint, CorruptCheckpoint
 from fedsl.experiments.config import ConfigError
-from fedsl.experiments.results import RunDir, atomic_write
+from fedsl.experiments.results import RunDir
 
 CHECKPOINT = "checkpoint.pt"
-FORMAT = "fedsl-flower-checkpoint/1"
 # Config keys a resumed run may change: they do not change the rounds' arithmetic.
 RESUMABLE_CHANGES = ("rounds", "eval_every", "eval_final_window", "checkpoint_every", "threads")
 
@@ -38,21 +40,16 @@ class Checkpointing:
 
     def save_checkpoint(self) -> Path | None:
         """``out-dir/checkpoint.pt`` (written atomically): the model after round ``len(history)``, the
-        server state, γ_t, the run's records so far and its config."""
+        server state, γ_t, and as its records the run's history and evaluations so far and its config."""
         d = self._out()
         if d is None:
             return None
-        blob = {"format": FORMAT, "round": len(self.history),
-                "x": {n: p.detach().cpu().contiguous() for n, p in self.state.x.items()},
-                "algo": {k: {n: v.detach().cpu().contiguous() for n, v in g.items()}
-                         for k, g in self.state.algo.items()},
-                "gamma": self.state.gamma, "history": json.dumps(self.history, default=str),
-                "evaluations": json.dumps(self.evaluations), "config": json.dumps(self._config_dump())}
-        atomic_write(d / CHECKPOINT, lambda p: torch.save(blob, p))
+        records = {"history": self.history, "evaluations": self.evaluations, "config": self._config_dump()}
+        checkpoint.save(d / CHECKPOINT, Checkpoint(len(self.history), self.state, records))
         return d / CHECKPOINT
 
-    def restore(self, blob: dict[str, Any]) -> None:
-        """Continue from a checkpoint's round (``save_checkpoint``'s blob).
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Continue from a checkpoint's round (``save_checkpoint``'s).
 
         Raises:
             ConfigError: the checkpoint is of another config (other than ``RESUMABLE_CHANGES``), or
@@ -60,13 +57,16 @@ class Checkpointing:
         """
         cfg = self.setup.cfg
         ignore = set(RESUMABLE_CHANGES)
-        theirs, ours = json.loads(blob["config"]), self._config_dump()
+        theirs, ours = ckpt.extra.get("config"), self._config_dump()
+        if not isinstance(theirs, dict):
+            raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is not a ServerApp's checkpoint (it holds "
+                              f"no config; a `fedsl run` folder?): use another out-dir, or resume = false to start over")
         diff = [k for k in config_diff(theirs, ours) if k.split(".")[0] not in ignore]
         if diff:
             raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is of another config (differs in "
                               f"{', '.join(diff[:5])}{' ...' if len(diff) > 5 else ''}): use another out-dir, "
                               f"or resume = false to start over")
-        done = int(blob["round"])
+        done = ckpt.round
         if done > cfg.rounds:
             raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is at round {done}, past rounds = "
                               f"{cfg.rounds}")
@@ -75,10 +75,11 @@ class Checkpointing:
         def dev(group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             return {n: v.to(device=sim.device, dtype=sim.dtype) for n, v in group.items()}
 
-        self.state = RunState(dev(blob["x"]), {k: dev(g) for k, g in blob["algo"].items()}, blob["gamma"])
+        s = ckpt.state  # the server state only: the clients keep theirs
+        self.state = RunState(dev(s.x), {k: dev(g) for k, g in s.algo.items()}, s.gamma)
         self.offset = done
-        self.history = json.loads(blob["history"])[:done]
-        self.evaluations = [e for e in json.loads(blob["evaluations"]) if e["round"] <= done]
+        self.history = list(ckpt.extra.get("history", []))[:done]
+        self.evaluations = [e for e in ckpt.extra.get("evaluations", []) if e["round"] <= done]
 
     def resume(self) -> int:
         """Continue from ``out-dir/checkpoint.pt`` when there is one and ``resume`` is on; returns the
@@ -94,7 +95,12 @@ class Checkpointing:
             path.unlink()
             log(INFO, "fedsl: resume = false: removed %s, starting at round 1", path)
             return 0
-        self.restore(torch.load(path, map_location="cpu", weights_only=True))
+        try:
+            ckpt = checkpoint.load(path, RESTART_SERVER_APP)
+        except CorruptCheckpoint as e:  # one line in the log and as the run's failure, not torch's traceback
+            log(ERROR, "fedsl: %s", e)
+            raise
+        self.restore(ckpt)
         received = d / "received.json"
         if received.is_file():  # the audit of what arrived before, kept
             try:

@@ -23,8 +23,8 @@
   A round without a usable reply (or whose aggregate is not finite) applies no client update:
   x̄ = x_t, then server learning as usual, and the round counts.
 - every ``checkpoint_every`` rounds the model, the server state, γ_t and the records are saved
-  atomically to ``out-dir/checkpoint.pt``; ``resume`` continues a ServerApp from it
-  (``fedsl.flower.checkpoint``).
+  atomically to ``out-dir/checkpoint.pt`` (the simulator's checkpoint format, ``fedsl.experiments.checkpoint``);
+  ``resume`` continues a ServerApp from it (``fedsl.flower.checkpoint``).
 
 The server keeps only the server state (SCAFFOLD's c, FedDyn's h, optimiser moments, γ_t): a
 rule's server half reads the clients' models, never their states, which stay on the clients
@@ -57,8 +57,9 @@ from flwr.supercore import log
 from fedsl.algorithms.base import ClientResults, RunState
 from fedsl.algorithms.server_learning import ServerMetrics, initial_gamma, server_update
 from fedsl.core import rng
+from fedsl.experiments import checkpoint
+from fedsl.experiments.checkpoint import Checkpoint, atomic_write
 from fedsl.experiments.config import ConfigError
-from fedsl.experiments.results import atomic_write
 from fedsl.experiments.runner import finetune
 from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
 from fedsl.flower.config import FlowerSetup
@@ -402,10 +403,8 @@ class FedslStrategy(Checkpointing, FedAvg):
             text = json.dumps(data, indent=1, default=str)
             atomic_write(d / name, lambda p, text=text: p.write_text(text))
         if final:
-            blob = {"x": {n: p.detach().cpu().contiguous() for n, p in self.state.x.items()},
-                    "algo": {k: {n: v.cpu() for n, v in g.items()} for k, g in self.state.algo.items()},
-                    "gamma": self.state.gamma, "rounds": len(self.history)}
-            atomic_write(d / "final.pt", lambda p: torch.save(blob, p))
+            # x_T, the server state and γ_T in the checkpoints' format (``fedsl.experiments.checkpoint.load``)
+            checkpoint.save(d / "final.pt", Checkpoint(len(self.history), self.state))
             done = {"status": "completed", "rounds": len(self.history), **(self.finetuned or {})}
             atomic_write(d / "done.json", lambda p: p.write_text(json.dumps(done)))
 
