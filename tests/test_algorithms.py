@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import random_federation
+
 from fedsl.algorithms import LocalTraining, Pretraining, ServerLearning, defaults, make_algorithm
 from fedsl.algorithms.fedavg import client_weights, fedavg_step
 from fedsl.data.federation import Federation

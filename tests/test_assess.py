@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import random_federation
+
 from fedsl.cli import main
 from fedsl.engine.diagnostics import measure
 from fedsl.engine.functional import FunctionalModel

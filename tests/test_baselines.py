@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import clone_state, flat_state, random_federation, run_rounds
+
 from fedsl.algorithms import LocalTraining, ServerLearning, check_server_learning, make_algorithm
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor

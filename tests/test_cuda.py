@@ -10,8 +10,8 @@ import copy
 
 import pytest
 import torch
-
 from conftest import random_federation, run_rounds, tiny_config
+
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel

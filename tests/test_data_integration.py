@@ -5,9 +5,7 @@ import torch
 
 from fedsl.cli import main
 from fedsl.data.datasets import build_federation
-from fedsl.experiments import loading
-from fedsl.experiments import sweep
-from fedsl.experiments import presets
+from fedsl.experiments import loading, presets, sweep
 from fedsl.experiments.runner import check
 
 

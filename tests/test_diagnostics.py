@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import random_federation
+
 from fedsl.data.partition import by_classes, iid
 from fedsl.engine.diagnostics import measure
 from fedsl.engine.functional import FunctionalModel, full_gradient

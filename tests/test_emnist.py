@@ -20,11 +20,19 @@ from conftest import write_idx
 from fedsl.data import emnist as em
 from fedsl.data import idx_files
 from fedsl.data import mnist as mn
-from fedsl.data.emnist import (EMNIST_BALANCED_CHARS, PAPER_45_CLASSES, PAPER_45_DROPPED, carve_emnist,
-                               emnist_filenames, emnist_mapping_filename, load_emnist, paper_45_classes)
-from fedsl.data.mnist import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
+from fedsl.data.emnist import (
+    EMNIST_BALANCED_CHARS,
+    PAPER_45_CLASSES,
+    PAPER_45_DROPPED,
+    carve_emnist,
+    emnist_filenames,
+    emnist_mapping_filename,
+    load_emnist,
+    paper_45_classes,
+)
 from fedsl.data.errors import DataError
 from fedsl.data.idx import read_idx
+from fedsl.data.mnist import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 import torch
+from conftest import random_federation
 from torch import nn
 
-from conftest import random_federation
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor, make_executor

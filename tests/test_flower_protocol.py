@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -431,6 +430,7 @@ def test_users_own_run_config_keys_pass_and_near_misses_are_refused():
 def test_client_takes_the_local_step_hyper_parameters_from_the_message():
     """proximal-mu (Flower's FedProx key), alpha and rho: the spec's local keys, set by the strategy."""
     from conftest import random_federation
+
     from fedsl.algorithms import LocalTraining, make_algorithm
     from fedsl.engine.executors import SequentialExecutor
     from fedsl.engine.functional import FunctionalModel

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import random_federation, run_rounds
+
 from fedsl.algorithms import GammaSchedule, LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms.server_learning import initial_gamma
 from fedsl.data.federation import Federation
@@ -18,7 +18,6 @@ from fedsl.experiments import config as C
 from fedsl.experiments.results import RunDir
 from fedsl.experiments.runner import run
 from fedsl.models import build_model
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
 
 from fedsl.experiments import config as C
 from fedsl.experiments import loading
 from fedsl.experiments.runner import run
-
-from conftest import TINY
 
 GROUP = '\n[variants.FSL.algorithm]\nname = "fsl"\n[variants.FedAvg.algorithm]\nname = "fedavg"\n'
 SWEEP = '\n[sweep]\n"server.gamma" = [0.5, 1.0, 1.5]\n'

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_config
+
 from fedsl.data.datasets import build_federation, channel_stats, load_arrays
 from fedsl.experiments import config, runner
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 import torch
-
 from conftest import random_federation
+
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms.base import LocalSGD
 from fedsl.core import rng
@@ -261,8 +261,9 @@ def test_a_run_with_executor_processes_equals_sequential_and_stops_its_workers(t
     executor's bit for bit, and the run closes its workers when it ends."""
     import csv
 
-    import fedsl.engine.pool as pool_module
     from conftest import TINY
+
+    import fedsl.engine.pool as pool_module
     from fedsl.experiments import loading
     from fedsl.experiments.runner import run
 

@@ -5,8 +5,7 @@ import json
 import pytest
 
 from fedsl.cli import main
-from fedsl.experiments import loading
-from fedsl.experiments import presets
+from fedsl.experiments import loading, presets
 
 PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
 

@@ -6,7 +6,6 @@ with `ray start` in a short temporary folder; every process they started is kill
 none is left. The runs write into the group folder (the loopback nodes share the filesystem).
 """
 
-import json
 import os
 import shutil
 import signal
@@ -18,12 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY
+from test_group_faults import assert_same_group
 
 from fedsl.experiments import loading
 from fedsl.experiments.compare import run_group
-
-from conftest import TINY
-from test_group_faults import assert_same_group
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow

@@ -2,8 +2,9 @@
 
 import json
 
-from fedsl.cli import main
 from test_runs import tiny
+
+from fedsl.cli import main
 
 
 def test_report_of_a_two_key_sweep_with_paper_numbers(tmp_path, capsys):

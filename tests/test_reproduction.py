@@ -6,12 +6,12 @@ import shutil
 import sys
 from pathlib import Path
 
+from conftest import tiny_config
+
 from fedsl.experiments import config as C
 from fedsl.experiments.compare import run_group
 from fedsl.report import verdicts
 from fedsl.report.tables import write_index
-
-from conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -240,6 +240,7 @@ def test_unknown_algorithm_names_the_known_ones():
 
 def test_fednova_runs_end_to_end_from_a_config(tmp_path):
     from conftest import TINY
+
     from fedsl.experiments import loading
     from fedsl.experiments.runner import run
     p = tmp_path / "c.toml"
@@ -272,6 +273,7 @@ def test_fednova_without_momentum_is_local_sgd_bit_for_bit():
 
 def _fednova_run(executor_cls, rho, dtype=torch.float64, stacked_with=None):
     from conftest import random_federation
+
     from fedsl.engine.functional import FunctionalModel
     from fedsl.engine.simulator import Simulator
     from fedsl.models import build_model
@@ -298,6 +300,7 @@ def test_fednova_momentum_clients_vectorised_equal_sequential_float64():
 
 def test_fednova_momentum_runs_stacked_as_one_by_one():
     from conftest import random_federation
+
     from fedsl.engine.executors import VectorisedExecutor
     from fedsl.engine.functional import FunctionalModel
     from fedsl.engine.simulator import Simulator

@@ -11,15 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
 
 from fedsl.cli import main
 from fedsl.experiments import config as C
-from fedsl.experiments import loading
-from fedsl.experiments import sweep
-from fedsl.experiments import presets
+from fedsl.experiments import loading, presets, sweep
 from fedsl.experiments.runner import run
-
-from conftest import TINY
 
 
 def tiny(tmp_path: Path, rounds=12, alg="fsl", dtype="float32", executor="auto", extra="") -> Path:

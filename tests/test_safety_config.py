@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import tomllib
 import typing
 from pathlib import Path
@@ -13,6 +12,7 @@ from unittest import mock
 
 import annotated_types as at
 import pytest
+from conftest import TINY
 from pydantic import BaseModel
 
 from fedsl.cli import main
@@ -20,8 +20,6 @@ from fedsl.experiments import compare, presets
 from fedsl.experiments.config import NAME_MAX, RUNS_MAX, ConfigError, RunConfig, name_problem, validate
 from fedsl.experiments.sweep import count_runs, expand_runs
 from fedsl.models import build_model
-
-from conftest import TINY
 
 TINY_DICT = tomllib.loads(TINY.format(rounds=1, alg="fsl", dtype="float32", executor="auto"))
 

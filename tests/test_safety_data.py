@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 from conftest import write_idx
+from PIL import Image
 
 from fedsl.data import cifar10
 from fedsl.data.arrays import cached_arrays

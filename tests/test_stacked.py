@@ -8,14 +8,14 @@ same order), to float64 rounding with the vectorised one (R·S clients in one vm
 
 import pytest
 import torch
-
 from conftest import clone_state, flat_state, random_federation, run_rounds, tiny_config
+
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms.base import LOCAL_SGD
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
-from fedsl.engine.simulator import RunState, Simulator
+from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
 from fedsl.models import build_model
 

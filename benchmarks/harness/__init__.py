@@ -99,11 +99,11 @@ def state_footprint(num_clients: int = 1000, model: str = "cifar_cnn", device: s
     from dataclasses import replace
 
     from fedsl.algorithms import LocalTraining, make_algorithm
-    from harness.peers import _federation
     from fedsl.engine.executors import make_executor
     from fedsl.engine.functional import FunctionalModel
     from fedsl.engine.simulator import Simulator
     from fedsl.models import build_model
+    from harness.peers import _federation
 
     dev = torch.device(device)
     w = replace(workloads()["s2-cifar10"] if model == "cifar_cnn" else workloads()["s2-emnist"],

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from fedsl.core import rng
 from harness.machine import sync
 from harness.workloads import Data, Workload
-from fedsl.core import rng
 
 
 class Peer:

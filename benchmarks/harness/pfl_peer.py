@@ -165,8 +165,8 @@ class PflPeer(Peer):
 
         from pfl.aggregate.simulate import SimulatedBackend
         from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
-        from pfl.callback.central_evaluation import CentralEvaluationCallback
         from pfl.callback.base import TrainingProcessCallback
+        from pfl.callback.central_evaluation import CentralEvaluationCallback
         from pfl.data.dataset import Dataset
         from pfl.data.federated_dataset import FederatedDataset
         from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams

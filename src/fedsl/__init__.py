@@ -6,9 +6,9 @@ The pieces, for use from Python (the ``fedsl`` command wraps them):
     from fedsl import LocalTraining, ServerLearning, Federation, build_model, metrics
 """
 
-from fedsl.engine import metrics
 from fedsl.algorithms import Algorithm, LocalTraining, Pretraining, ServerLearning, make_algorithm
 from fedsl.data.federation import Federation
+from fedsl.engine import metrics
 from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator

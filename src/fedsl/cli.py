@@ -171,8 +171,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         if unknown or not names:
             raise UserError(f"--variants {variants!r}: expected names from {list(cfg.variants) or 'none (the config has no variants)'}")
         cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
-    from fedsl.experiments.sweep import expand_variants
     from fedsl.experiments.runner import check_all
+    from fedsl.experiments.sweep import expand_variants
     runs = expand_variants(cfg)
     if len(runs) > BIG_SWEEP and not yes:
         raise UserError(f"the config makes {len(runs)} runs (variants × sweep points × seeds), more than {BIG_SWEEP}: "
@@ -281,8 +281,9 @@ data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, show, prepare
 app.add_typer(data_app, name="data")
 
 def _data_config(name: str, data_dir: Optional[Path], download: bool, split: str, carve: bool):
-    from fedsl.experiments.config import ConfigError, DataConfig
     from pydantic import ValidationError
+
+    from fedsl.experiments.config import ConfigError, DataConfig
     try:
         return DataConfig(dataset=name, data_dir=str(data_dir) if data_dir else None, download=download,
                           emnist_split=split, carve=carve)
@@ -358,6 +359,7 @@ def data_synth(out: Path = typer.Option(Path("synthetic-chars"), "--out", "-o", 
                fslsyn: bool = typer.Option(False, "--fslsyn", help="the paper's FSLsyn recipe (15 per class)")) -> None:
     """Write font-rendered characters to OUT/<char>/NNNN.png (an image folder)."""
     from PIL import Image
+
     from fedsl.data.synthetic import fslsyn_chars, make_font_chars
     try:
         x, y = fslsyn_chars(chars) if fslsyn else make_font_chars(chars, per_class=per_class, seed=seed)

@@ -20,8 +20,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fedsl.algorithms import fedavg, feddu, feddyn, fednova, fedopt, fedprox, moon, scaffold
-from fedsl.algorithms.base import (Algorithm, ClientResults, LocalSGD, LocalTraining, RoundContext, RunState,
-                                  ServerRule, State, client_update)
+from fedsl.algorithms.base import (
+    Algorithm,
+    ClientResults,
+    LocalSGD,
+    LocalTraining,
+    RoundContext,
+    RunState,
+    ServerRule,
+    State,
+    client_update,
+)
 from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.feddyn import FedDyn
 from fedsl.algorithms.fedopt import FedAdam, FedAvgM

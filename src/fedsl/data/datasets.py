@@ -25,6 +25,7 @@ from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
 from fedsl.data.federation import Federation
 from fedsl.data.registry import DATASETS
 
+
 def data_root(data_dir: str | None) -> Path:
     """data_dir, else $FEDSL_DATA_DIR, else ~/.cache/fedsl/data."""
     if data_dir:

@@ -21,8 +21,16 @@ from fedsl.data.arrays import ArrayDataset, ImageSet
 from fedsl.data.download import fetch, file_digest
 from fedsl.data.errors import DataError, download_hint
 from fedsl.data.idx import read_idx
-from fedsl.data.idx_files import (IMAGE_SIZE, PARTS, decode_pair, download_dir, in_folder, locate_files,
-                                  missing_files, relabel)
+from fedsl.data.idx_files import (
+    IMAGE_SIZE,
+    PARTS,
+    decode_pair,
+    download_dir,
+    in_folder,
+    locate_files,
+    missing_files,
+    relabel,
+)
 
 MNIST_FILES: dict[str, tuple[str, str]] = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),

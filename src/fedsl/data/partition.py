@@ -9,9 +9,9 @@ N = 1,000: all 45 pairs at C = 2, ~250 of the 252 sets at C = 5).
 
 from __future__ import annotations
 
-import numpy as np
-
 from typing import Sequence
+
+import numpy as np
 
 from fedsl.core.rng import PARTITION, rng
 from fedsl.data.errors import DataError

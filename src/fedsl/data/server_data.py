@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from typing import Sequence
+
+import numpy as np
 
 from fedsl.core.rng import SERVER_DATA, rng
 from fedsl.data.partition import PartitionError, class_label

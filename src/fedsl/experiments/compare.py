@@ -14,8 +14,8 @@ from fedsl.algorithms import SPECS
 from fedsl.experiments import placement, runner
 from fedsl.experiments.config import RunConfig
 from fedsl.experiments.loading import get_dotted
-from fedsl.experiments.sweep import expand_runs
 from fedsl.experiments.results import CorruptCheckpoint, RunDir, atomic_write, is_group
+from fedsl.experiments.sweep import expand_runs
 
 FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips
 

@@ -15,9 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
+from fedsl.data import registry
 from fedsl.engine.executors import COMPILE_MODES
 from fedsl.engine.functional import EVAL_PRECISIONS
-from fedsl.data import registry
 
 
 class ConfigError(ValueError):

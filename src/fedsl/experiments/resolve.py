@@ -7,8 +7,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedsl.algorithms import (Algorithm, GammaSchedule, LocalTraining, Pretraining, ServerLearning, defaults,
-                              make_algorithm, spec)
+from fedsl.algorithms import (
+    Algorithm,
+    GammaSchedule,
+    LocalTraining,
+    Pretraining,
+    ServerLearning,
+    defaults,
+    make_algorithm,
+    spec,
+)
 from fedsl.data.federation import Federation
 from fedsl.experiments.config import ConfigError, RunConfig
 

@@ -16,12 +16,12 @@ from typing import Callable
 
 import torch
 
-from fedsl.engine import metrics
 from fedsl.algorithms import Algorithm, Pretraining
 from fedsl.core import threads
 from fedsl.core.types import Params
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
+from fedsl.engine import metrics
 from fedsl.engine.diagnostics import measure
 from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel

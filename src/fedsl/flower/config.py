@@ -31,8 +31,8 @@ from fedsl.engine.simulator import Simulator
 from fedsl.experiments import presets
 from fedsl.experiments.config import ConfigError, RunConfig, validate
 from fedsl.experiments.loading import read_file, set_dotted
-from fedsl.experiments.sweep import expand_variants
 from fedsl.experiments.runner import prepare  # the runner's own resolution of the paper's defaults
+from fedsl.experiments.sweep import expand_variants
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
 FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes",
