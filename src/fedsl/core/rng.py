@@ -20,6 +20,10 @@ SERVER_DATA = 7
 TEST_SUBSET = 8
 FINETUNE = 9  # the fine-tuning on D0 after the last round (server.finetune_epochs)
 TOY = 10  # the images of data.dataset = 'toy' (fedsl.data.toy)
+AVAILABILITY = 11  # which clients are available in a round (algorithm.availability_pattern = 'bernoulli')
+AVAILABILITY_PHASE = 12  # each client's phase in its fixed availability cycle (pattern 'fixed'), drawn once
+SAMPLE_AVAILABLE = 13  # S of the round's available clients (algorithm.availability < 1)
+STRAGGLERS = 14  # which sampled clients straggle, and how many of their K_i steps a partial one does
 
 # Seed offsets, for generators that take one integer seed rather than a stream tuple
 # (``data.synthetic.make_font_chars``): ``offset_seed(seed, FONT_TEST)``. Fixed numbers too:

@@ -58,6 +58,26 @@ def client_batches(indices: np.ndarray, batch_size: int, epochs: int, steps: int
     return batches[:k]
 
 
+def planned_steps(n: int, batch_size: int, epochs: int, steps: int | None) -> int:
+    """K_i of a client with n samples: ``steps`` when given, else ``epochs`` × ⌈n / B⌉ (``client_batches``)."""
+    return steps if steps is not None else epochs * math.ceil(n / batch_size)
+
+
+def truncate(plan: BatchPlan, steps: tuple[int, ...]) -> BatchPlan:
+    """``plan`` with client j doing only its first ``steps[j]`` steps (stragglers): the later ones become
+    zero-weight no-ops, exactly as if the client had been planned with ``steps[j]`` steps (its first batches
+    and dropout keys are the same draws)."""
+    if tuple(steps) == plan.steps:
+        return plan
+    idx, weight, keys = plan.idx.clone(), plan.weight.clone(), plan.keys.clone()
+    for j, (k, k_old) in enumerate(zip(steps, plan.steps)):
+        if not 1 <= k <= k_old:
+            raise ValueError(f"client {j}: {k} steps, expected 1 to its planned {k_old}")
+        idx[j, k:], weight[j, k:], keys[j, k:] = 0, 0, 0
+    kmax = max(steps)
+    return BatchPlan(idx[:, :kmax], weight[:, :kmax], keys[:, :kmax], tuple(steps))
+
+
 def make_plan(datasets: list[np.ndarray], ids: list[int], batch_size: int, epochs: int, steps: int | None,
               seed: int, round_: int, stream: int) -> BatchPlan:
     """Plan for several clients: client ``ids[j]`` trains on ``datasets[j]``.
@@ -72,7 +92,7 @@ def make_plan(datasets: list[np.ndarray], ids: list[int], batch_size: int, epoch
         batches = client_batches(np.asarray(data), batch_size, epochs, steps, rng(seed, round_, stream, cid))
         per_client.append(batches)
         keys.append(rng(seed, round_, stream + DROPOUT, cid).integers(0, 2**32, size=len(batches), dtype=np.int64))
-    s, kmax = len(datasets), max(len(b) for b in per_client)
+    s, kmax = len(datasets), max((len(b) for b in per_client), default=0)  # a round may have no client
     idx = np.zeros((s, kmax, batch_size), dtype=np.int64)
     weight = np.zeros((s, kmax, batch_size), dtype=np.float64)
     key_arr = np.zeros((s, kmax), dtype=np.int64)

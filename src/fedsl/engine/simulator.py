@@ -21,13 +21,14 @@ import torch
 from fedsl.algorithms.base import Algorithm, ClientResults, LocalTraining, RunState, State
 from fedsl.algorithms.feddu import LabelCounts, label_counts
 from fedsl.algorithms.server_learning import Pretraining, ServerMetrics, ServerSide, initial_gamma, server_update
-from fedsl.core import rng
+from fedsl.core import participation, rng
+from fedsl.core.participation import FULL, Participation
 from fedsl.core.transfer import to_device
 from fedsl.core.types import Params
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import Executor
 from fedsl.engine.functional import EVAL_PRECISIONS, FunctionalModel, evaluate, full_gradient
-from fedsl.engine.plan import BatchPlan, make_plan
+from fedsl.engine.plan import BatchPlan, make_plan, truncate
 
 __all__ = ["ClientWork", "RoundInfo", "RunState", "Simulator"]  # RunState lives in algorithms.base
 
@@ -48,6 +49,7 @@ class RoundInfo:
     gamma: float | None = None  # γ_t used by server learning this round
     cos_theta: float | None = None  # cos of the angle between -∇f0(x_t) and the clients' update
     comm_params: int = 0  # parameters sent down and up this round
+    dropped: tuple[int, ...] = ()  # sampled clients whose update never arrived (stragglers, mode 'drop')
 
 
 @dataclass
@@ -58,6 +60,7 @@ class ClientWork:
     ids_t: torch.Tensor
     sizes: list[int]  # n_i of the sampled clients (D_i ∪ D0 for DS)
     plan: BatchPlan
+    dropped: frozenset[int] = frozenset()  # stragglers that train but whose update never arrives
 
     @property
     def steps(self) -> tuple[int, ...]:
@@ -78,15 +81,17 @@ class Simulator:
         eval_precision: "float32", or "bfloat16" (evaluation's forward passes under bf16 autocast).
         tables_on_host: keep the clients' state tables (SCAFFOLD's c_i, FedDyn's ∇L_i: N × d) in host memory
             and copy the sampled rows to the device and back each round (a GPU too small for N × d).
+        part: client availability and stragglers (``fedsl.core.participation``; default: the paper's setting).
     """
 
     def __init__(self, fm: FunctionalModel, fed: Federation, algorithm: Algorithm, executor: Executor,
                  clients_per_round: int, seed: int, eval_batch_size: int = 500, eval_precision: str = "float32",
-                 tables_on_host: bool = False) -> None:
+                 tables_on_host: bool = False, part: Participation = FULL) -> None:
         assert eval_precision in EVAL_PRECISIONS, eval_precision  # config validation checks it
         self.fm, self.fed, self.alg, self.executor = fm, fed, algorithm, executor
         self.S, self.seed, self.eval_batch_size = clients_per_round, seed, eval_batch_size
         self.eval_precision = eval_precision
+        self.part = part
         if algorithm.share_server_data:  # DS: D'_i = D_i ∪ D0, fixed for the run
             self.client_data = [np.concatenate([c, fed.server]) for c in fed.clients]
         else:
@@ -153,8 +158,8 @@ class Simulator:
         """
         state = replace(state, x=self.layout(state.x))
         work = self.sample(t)
-        finals, rows = self.train_clients(state, work, t)
-        results = ClientResults(finals, work.sizes, work.steps, tuple(work.ids.tolist()))
+        finals, rows = self.train_clients(state, work, t) if len(work.ids) else ({}, {})
+        results = self.results(work, finals)
         new, metrics = server_update(self.alg, state, results, t, self.server)
         return self.end_round(new, work, rows, metrics)
 
@@ -163,11 +168,30 @@ class Simulator:
 
     def sample(self, t: int, host: bool = False) -> ClientWork:
         """Round t's S clients (drawn from (seed, t) alone) and their batches; ``host``: the ids and plan
-        stay on the host (``StackedSimulator`` concatenates those of all runs and copies them once)."""
-        ids = rng.sample_clients(self.seed, t, self.fed.num_clients, self.S)
+        stay on the host (``StackedSimulator`` concatenates those of all runs and copies them once).
+        With availability p < 1: S of the available clients (fewer, or none); with stragglers, their
+        shortened plans and the clients whose update will not arrive (``fedsl.core.participation``)."""
+        ids = participation.sample(self.seed, t, self.fed.num_clients, self.S, self.part)
         ids_t = torch.from_numpy(ids) if host else to_device(torch.from_numpy(ids), self.device)
-        return ClientWork(ids, ids_t, [len(self.client_data[i]) for i in ids], self.plan_clients(ids.tolist(), t,
-                                                                                                  host=host))
+        plan, dropped = self.plan_clients(ids.tolist(), t, host=True), frozenset()
+        if not self.part.full:
+            steps, dropped = participation.stragglers(self.seed, t, ids, plan.steps, self.part)
+            plan = truncate(plan, steps)
+        return ClientWork(ids, ids_t, [len(self.client_data[i]) for i in ids],
+                          plan if host else plan.to(self.device, self.dtype), dropped)
+
+    @staticmethod
+    def results(work: ClientWork, finals: dict) -> ClientResults | None:
+        """What reaches the server of the sampled clients' models ``finals``: all but the dropped stragglers'
+        (None: nothing arrives, x̄ = x_t)."""
+        if not work.dropped:
+            return ClientResults(finals, work.sizes, work.steps, tuple(work.ids.tolist())) if len(work.ids) else None
+        keep = [j for j, i in enumerate(work.ids.tolist()) if i not in work.dropped]
+        if not keep:
+            return None
+        at = torch.tensor(keep, device=next(iter(finals.values())).device)
+        return ClientResults({n: v.index_select(0, at) for n, v in finals.items()}, [work.sizes[j] for j in keep],
+                             tuple(work.steps[j] for j in keep), tuple(int(work.ids[j]) for j in keep))
 
     def plan_clients(self, ids: list[int], t: int, local: LocalTraining | None = None, host: bool = False
                      ) -> BatchPlan:
@@ -192,8 +216,11 @@ class Simulator:
     def end_round(self, new: RunState, work: ClientWork, rows: State, metrics: ServerMetrics
                   ) -> tuple[RunState, RoundInfo]:
         """The round's record, and the sampled clients' new states written into their rows."""
-        comm = 2 * self.S * self.num_params * (self.alg.spec.comm_factor if self.alg.spec else 1)
-        info = RoundInfo(work.ids, work.steps, metrics.server_steps, metrics.gamma, metrics.cos_theta, comm)
+        # x_t down to every sampled client, their models up from those whose update arrives
+        comm = (2 * len(work.ids) - len(work.dropped)) * self.num_params * (self.alg.spec.comm_factor
+                                                                             if self.alg.spec else 1)
+        info = RoundInfo(work.ids, work.steps, metrics.server_steps, metrics.gamma, metrics.cos_theta, comm,
+                         tuple(sorted(work.dropped)))
         # last, so that an interruption inside the round leaves the tables as the checkpoint expects
         at = self._table_index(work)
         for key, new_rows in rows.items():

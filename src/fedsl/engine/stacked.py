@@ -149,12 +149,18 @@ class StackedSimulator:
         sent = [sim.sent(st) for sim, st, s in zip(self.sims, states, sizes) for _ in range(s)]
         mine = [sim.client_rows(st.clients, w) for sim, st, w in zip(self.sims, states, works)]
         rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in states[0].clients.items()}
-        finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows, sent)
+        if sum(sizes):
+            finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows,
+                                                   sent)
+        else:  # no run has an available client this round (algorithm.availability < 1)
+            finals, new_rows = {n: torch.empty(0) for n in states[0].x}, {k: {n: v for n, v in g.items()}
+                                                                          for k, g in rows.items()}
         parts = {n: v.split(sizes) for n, v in finals.items()}  # each run's rows (views; one call per tensor)
-        results = [ClientResults({n: p[r] for n, p in parts.items()}, w.sizes, w.steps, tuple(w.ids.tolist()))
-                   for r, w in enumerate(works)]
+        # each run's clients whose update arrives (all but dropped stragglers; None: none, x̄ = x_t)
+        results = [sim.results(w, {n: p[r] for n, p in parts.items()}) for r, (sim, w) in
+                   enumerate(zip(self.sims, works))]
         rule_updates = None
-        if self.batched_server and len(set(sizes)) == 1:
+        if self.batched_server and len(set(sizes)) == 1 and not any(w.dropped for w in works):
             def rule_updates():
                 return self._rule_updates(states, works, finals, sizes[0])
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
+from fedsl.core.participation import Participation
 from fedsl.data import registry
 from fedsl.engine.executors import COMPILE_MODES
 from fedsl.engine.functional import EVAL_PRECISIONS
@@ -178,6 +179,17 @@ class AlgorithmConfig(_Strict):
                                                                           "local_epochs; at most 10^6)")
     global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
     weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
+    # partial participation and stragglers (fedsl.core.participation); the defaults are the paper's setting
+    availability: float = Field(1.0, gt=0, le=1, description="p, probability that a client is available in a "
+                                "round (S are sampled among the available ones; 1 = always, the paper)")
+    availability_pattern: Literal["bernoulli", "fixed"] = Field(
+        "bernoulli", description="availability: 'bernoulli' (each round afresh, probability p) or 'fixed' (each "
+                                 "client in an evenly spread fraction p of the rounds, its phase seeded)")
+    straggler_fraction: float = Field(0.0, ge=0, lt=1, description="f, fraction of the sampled clients that "
+                                      "straggle each round (0 = none)")
+    straggler_mode: Literal["partial", "drop"] = Field(
+        "partial", description="stragglers: 'partial' (a seeded uniform part of their K_i steps, at least 1) or "
+                               "'drop' (they train, but their update never reaches the server)")
 
 
 # The rules' own hyper-parameters (μ, β, α, ...) are fields of [algorithm] made from their specs
@@ -354,6 +366,12 @@ class RunConfig(_Strict):
     server: ServerConfig = Field(ServerConfig(), description="a [server] table (server learning)")
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides, one run each, compared side by side")
+
+    @property
+    def participation(self) -> Participation:
+        """Client availability and stragglers (``algorithm.availability``, ``straggler_*``)."""
+        a = self.algorithm
+        return Participation(a.availability, a.availability_pattern, a.straggler_fraction, a.straggler_mode)
 
     def evaluates(self, done: int) -> bool:
         """Whether the model after round ``done`` is evaluated: every ``eval_every`` rounds, the last round, and

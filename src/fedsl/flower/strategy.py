@@ -56,10 +56,11 @@ from flwr.supercore import log
 
 from fedsl.algorithms.base import ClientResults, RunState
 from fedsl.algorithms.server_learning import ServerMetrics, initial_gamma, server_update
-from fedsl.core import rng
+from fedsl.core import participation
 from fedsl.experiments import checkpoint
 from fedsl.experiments.checkpoint import Checkpoint, atomic_write
 from fedsl.experiments.config import ConfigError
+from fedsl.engine.plan import planned_steps
 from fedsl.experiments.runner import finetune
 from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
 from fedsl.flower.config import FlowerSetup
@@ -238,7 +239,10 @@ class FedslStrategy(Checkpointing, FedAvg):
             self.state = RunState(self._params(arrays), self.state.algo, self.state.gamma)
         self._refresh_nodes(grid, first=first)
         cfg = self.setup.cfg
-        ids = rng.sample_clients(cfg.seed, t, self.setup.num_clients, cfg.algorithm.clients_per_round)
+        # S clients (of the available ones: algorithm.availability), the simulator's draw
+        part = cfg.participation
+        ids = participation.sample(cfg.seed, t, self.setup.num_clients, cfg.algorithm.clients_per_round, part)
+        steps, drop = self._stragglers(t, ids, part)
         by_partition = {pid: node for node, pid in self.node_partition.items()}  # one node per partition
         targets = {int(i): by_partition[int(i)] for i in ids if int(i) in by_partition}
         missing = [int(i) for i in ids if int(i) not in by_partition]
@@ -249,23 +253,39 @@ class FedslStrategy(Checkpointing, FedAvg):
         messages = []
         for pid, node in targets.items():
             content = RecordDict({"arrays": model,
-                                  "config": ConfigRecord({**dict(config), **self.train_config(t, pid)})})
+                                  "config": ConfigRecord({**dict(config), **self.train_config(t, pid,
+                                                                                               steps.get(pid))})})
             if server_state:
                 content["server-state"] = state_to_record(server_state)
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
         self._pending = {"t": t, "sampled": ids.tolist(), "targets": targets, "missing": missing,
-                         "started": time.time()}
+                         "started": time.time(), "drop": drop}
         return messages
 
-    def train_config(self, t: int, pid: int) -> dict[str, Any]:
+    def _stragglers(self, t: int, ids: np.ndarray, part: participation.Participation
+                    ) -> tuple[dict[int, int], frozenset[int]]:
+        """Round t's simulated stragglers among the sampled ``ids``, as the simulator draws them: the steps K'_i
+        of each partial one (sent as ``local-steps``), and the dropped ones (their replies will be ignored)."""
+        if part.full:
+            return {}, frozenset()
+        loc = self.alg.local
+        planned = tuple(planned_steps(len(self.sim.client_data[int(i)]), loc.batch_size, loc.epochs, loc.steps)
+                        for i in ids)
+        steps, drop = participation.stragglers(self.setup.cfg.seed, t, ids, planned, part)
+        return {int(i): k for i, k, k0 in zip(ids, steps, planned) if k != k0}, drop
+
+    def train_config(self, t: int, pid: int, steps: int | None = None) -> dict[str, Any]:
         """The ConfigRecord ``config`` of round t's train message to the node of partition ``pid``: what a
-        client needs to run the round's client update (README, "The Flower protocol")."""
+        client needs to run the round's client update (README, "The Flower protocol"); ``steps``: a simulated
+        straggler's K'_i (algorithm.straggler_mode = 'partial')."""
         loc, rule = self.alg.local, self.alg.rule
         out: dict[str, Any] = {"server-round": t + 1, "round": t, "partition-id": pid,
                                "num-partitions": self.setup.num_clients, "algorithm": self.alg.name,
                                "lr": float(loc.lr), "local-epochs": int(loc.epochs), "batch-size": int(loc.batch_size)}
         if loc.steps is not None:
             out["local-steps"] = int(loc.steps)
+        if steps is not None:
+            out["local-steps"] = int(steps)
         for attr, key in local_keys(self.alg.spec).items():
             value = getattr(rule, attr, None)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -324,7 +344,10 @@ class FedslStrategy(Checkpointing, FedAvg):
             if node not in impostors:
                 log(WARNING, "fedsl round %d: no update from node %d (partition %d): %s", t + 1, node,
                     node_to_pid[node], failed.get(node, "no reply within round-timeout"))
-        ids = sorted(finals)
+        drop = sorted(pid for pid in pending.get("drop", ()) if pid in finals)
+        if drop:  # simulated stragglers (algorithm.straggler_mode = 'drop'): trained, but their update is lost
+            log(INFO, "fedsl round %d: updates of stragglers %s dropped (algorithm.straggler_fraction)", t + 1, drop)
+        ids = sorted(set(finals) - set(drop))
         if not ids and targets:
             log(WARNING, "fedsl round %d: no usable client update (%d sent, %d replies dropped): x̄ = x_t, "
                 "then server learning", t + 1, len(targets), len(rejected))
@@ -336,6 +359,8 @@ class FedslStrategy(Checkpointing, FedAvg):
                 "client_steps": [finals[i][2] for i in ids], "train_loss": _mean([losses[i] for i in ids]),
                 "server_steps": server_steps, "gamma": gamma,
                 "cos_theta": cos, "seconds": round(time.time() - pending["started"], 3)}
+        if drop:
+            info["straggler_dropped"] = drop
         self.history.append(info)
         every = self.setup.cfg.checkpoint_every
         if every and ((t + 1) % every == 0 or t + 1 == self.setup.cfg.rounds):
