@@ -231,3 +231,13 @@ def test_participation_checks_its_bounds():
         Participation(0.0)
     with pytest.raises(ValueError, match="straggler fraction = 1"):
         Participation(straggler_fraction=1)
+
+
+def test_flower_rounds_with_no_available_client_run_server_learning(one_thread, flower_task_identity):
+    rc = {**BASE, "rounds": 4, "data.num_clients": 6, "data.samples_per_client": 16, "algorithm.availability": 0.1}
+    strategy, grid = run_flower(rc)
+    expected, infos = run_simulator(rc)
+    assert any(len(i.clients) == 0 for i in infos)
+    assert [h["trained"] for h in strategy.history] == [i.clients.tolist() for i in infos]
+    assert all(h["server_steps"] > 0 for h in strategy.history)
+    assert max_diff(strategy.state.x, expected.x) == 0.0
