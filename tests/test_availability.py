@@ -220,8 +220,9 @@ def test_bad_values_are_refused_in_one_line(item, fragment):
 
 
 def test_config_keys_reach_the_simulator():
-    cfg = load(None, ["algorithm.availability=0.5", "algorithm.availability_pattern='fixed'",
-                      "algorithm.straggler_fraction=0.25", "algorithm.straggler_mode='drop'"], base=copy.deepcopy(MINIMAL))
+    keys = ["algorithm.availability=0.5", "algorithm.availability_pattern='fixed'", "algorithm.straggler_fraction=0.25",
+            "algorithm.straggler_mode='drop'"]
+    cfg = load(None, keys, base=copy.deepcopy(MINIMAL))
     assert cfg.participation == Participation(0.5, "fixed", 0.25, "drop")
     assert load(None, [], base=copy.deepcopy(MINIMAL)).participation.full
 

@@ -23,7 +23,7 @@ import torch
 from torch.func import vmap
 
 from fedsl.algorithms import server_learning as sl
-from fedsl.algorithms.base import LOCAL_SGD, ClientResults, RoundContext, client_weights
+from fedsl.algorithms.base import LOCAL_SGD, RoundContext, client_weights
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
 from fedsl.engine.functional import evaluate_each, evaluate_many

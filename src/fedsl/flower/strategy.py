@@ -57,10 +57,10 @@ from flwr.supercore import log
 from fedsl.algorithms.base import ClientResults, RunState
 from fedsl.algorithms.server_learning import ServerMetrics, initial_gamma, server_update
 from fedsl.core import participation
+from fedsl.engine.plan import planned_steps
 from fedsl.experiments import checkpoint
 from fedsl.experiments.checkpoint import Checkpoint, atomic_write
 from fedsl.experiments.config import ConfigError
-from fedsl.engine.plan import planned_steps
 from fedsl.experiments.runner import finetune
 from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
 from fedsl.flower.config import FlowerSetup
