@@ -202,12 +202,12 @@ def eval_layouts(stacked: StackedSimulator, states, device: torch.device, reps: 
         x = xt if layout == "NCHW" else xt.contiguous(memory_format=torch.channels_last)
         models = [s.x if layout == "NCHW" else {n: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4
                                                  else v for n, v in s.x.items()} for s in states]
-        for p in ("float32", "bfloat16"):
+        for p in ("float32", "bfloat16"):  # each lambda is timed before the loop moves on
             out.append((f"vmapped, {layout}, {p}",
-                        seconds_per_call(lambda: evaluate_many(sim.fm, both, x, yt, max(500, 2000 // r), p),
+                        seconds_per_call(lambda: evaluate_many(sim.fm, both, x, yt, max(500, 2000 // r), p),  # noqa: B023
                                          device, reps)))
             out.append((f"one model at a time, batch 10,000, {layout}, {p}",
-                        seconds_per_call(lambda: [evaluate(sim.fm, m, x, yt, 10_000, p) for m in models],
+                        seconds_per_call(lambda: [evaluate(sim.fm, m, x, yt, 10_000, p) for m in models],  # noqa: B023
                                          device, reps)))
     return out
 

@@ -54,10 +54,10 @@ def _clean_errors(fn):
             # one line, whatever the message quotes back (newlines in keys, ':emoji:' codes)
             msg = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(e))
             err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         except KeyboardInterrupt as e:
             from fedsl.experiments.interrupts import Terminated
-            raise typer.Exit(143 if isinstance(e, Terminated) else 130)
+            raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     return wrapper
 
 

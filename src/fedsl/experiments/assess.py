@@ -206,7 +206,7 @@ def hessian_vector(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torc
     for a, b in _chunks(len(x), batch_size):
         w = torch.full((b - a,), 1.0 / len(x), dtype=x.dtype, device=x.device)
         g = grad(fm.loss)
-        _, hv = jvp(lambda p: g(p, x[a:b], y[a:b], w, None), (params,), (v,))
+        _, hv = jvp(lambda p: g(p, x[a:b], y[a:b], w, None), (params,), (v,))  # noqa: B023 (called right here)
         for k in out:
             out[k] += hv[k]
     return out
