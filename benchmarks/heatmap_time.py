@@ -305,7 +305,8 @@ def main() -> None:
     ap.add_argument("--extras", default="rates,loop", help="rates (device's best rate, % per phase), "
                                                            "loop (plain-loop baseline), evalloop (eval without vmap), "
                                                            "ahead (round + evaluation, host work made ahead or not)")
-    ap.add_argument("--ahead-rounds", type=int, default=5, help="rounds per block of the 'ahead' timing (3 blocks each)")
+    ap.add_argument("--ahead-rounds", type=int, default=5,
+                    help="rounds per block of the 'ahead' timing (3 blocks each)")
     ap.add_argument("--tf32", action="store_true", help="TF32 matrix products too (cuDNN convolutions use TF32 "
                                                          "by default; matmuls do not)")
     args = ap.parse_args()

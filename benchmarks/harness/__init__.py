@@ -71,7 +71,8 @@ class Report:
                 "+ actors x the largest actor peak), or CUDA memory allocated on a GPU.", ""]
         out += ["Best rates measured in this run (FLOPs per sample from `torch.utils.flop_counter`):", "",
                 "| model | train MFLOP/sample | eval MFLOP/sample | best train samples/s (GFLOP/s) | setting "
-                "| best eval samples/s (GFLOP/s) | setting | matmul GFLOP/s |", "|---|---:|---:|---:|---|---:|---|---:|"]
+                "| best eval samples/s (GFLOP/s) | setting | matmul GFLOP/s |",
+                "|---|---:|---:|---:|---|---:|---|---:|"]
         for name, r in self.rates.items():
             out.append(f"| {name} | {r.train_flops / 1e6:.1f} | {r.eval_flops / 1e6:.1f} | {r.train_samples_s:,.0f} "
                        f"({r.train_gflops:.1f}) | {r.train_setting} | {r.eval_samples_s:,.0f} ({r.eval_gflops:.1f}) "

@@ -405,7 +405,8 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
 
 
 COLUMNS = ("rank", "name", "n0", "xi2", "G2", "cos_F_f0", "L", "server_lr", "condition", "condition_margin",
-           "predicted_gain", "predicted_gain_rel", "server_steps", "round_gain_rel", "measured_gain", "measured_gain_rel", "verdict", "reason")
+           "predicted_gain", "predicted_gain_rel", "server_steps", "round_gain_rel", "measured_gain",
+           "measured_gain_rel", "verdict", "reason")
 
 
 def write(results: list[Assessment], out: Path, meta: dict) -> tuple[Path, Path]:
