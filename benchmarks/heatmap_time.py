@@ -202,12 +202,12 @@ def eval_layouts(stacked: StackedSimulator, states, device: torch.device, reps: 
         x = xt if layout == "NCHW" else xt.contiguous(memory_format=torch.channels_last)
         models = [s.x if layout == "NCHW" else {n: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4
                                                  else v for n, v in s.x.items()} for s in states]
-        for p in ("float32", "bfloat16"):
+        for p in ("float32", "bfloat16"):  # each lambda is timed before the loop moves on
             out.append((f"vmapped, {layout}, {p}",
-                        seconds_per_call(lambda: evaluate_many(sim.fm, both, x, yt, max(500, 2000 // r), p),
+                        seconds_per_call(lambda: evaluate_many(sim.fm, both, x, yt, max(500, 2000 // r), p),  # noqa: B023
                                          device, reps)))
             out.append((f"one model at a time, batch 10,000, {layout}, {p}",
-                        seconds_per_call(lambda: [evaluate(sim.fm, m, x, yt, 10_000, p) for m in models],
+                        seconds_per_call(lambda: [evaluate(sim.fm, m, x, yt, 10_000, p) for m in models],  # noqa: B023
                                          device, reps)))
     return out
 
@@ -305,7 +305,8 @@ def main() -> None:
     ap.add_argument("--extras", default="rates,loop", help="rates (device's best rate, % per phase), "
                                                            "loop (plain-loop baseline), evalloop (eval without vmap), "
                                                            "ahead (round + evaluation, host work made ahead or not)")
-    ap.add_argument("--ahead-rounds", type=int, default=5, help="rounds per block of the 'ahead' timing (3 blocks each)")
+    ap.add_argument("--ahead-rounds", type=int, default=5,
+                    help="rounds per block of the 'ahead' timing (3 blocks each)")
     ap.add_argument("--tf32", action="store_true", help="TF32 matrix products too (cuDNN convolutions use TF32 "
                                                          "by default; matmuls do not)")
     args = ap.parse_args()

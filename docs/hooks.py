@@ -61,7 +61,8 @@ def config_reference() -> str:
         "",
         "## Claims (`[[claims]]`)",
         "",
-        "What `fedsl report` judges from a group's runs (see [Reproduce a figure](../tutorials/reproduce-a-figure.md)).",
+        "What `fedsl report` judges from a group's runs "
+        "(see [Reproduce a figure](../tutorials/reproduce-a-figure.md)).",
         "",
         *head, *_rows(Claim),
         "",

@@ -19,8 +19,8 @@ BEGIN = "<!-- summary: computed by `python reproduction/summary.py --write` from
 END = "<!-- end of summary -->"
 COST_BEGIN = "<!-- cost: computed by `python reproduction/summary.py --write` from reproduction/; do not edit -->"
 COST_END = "<!-- end of cost -->"
-TABLE1_BEGIN = ("<!-- table1: computed by `python reproduction/summary.py --write` from reproduction/table1-cifar10-full; "
-                "do not edit -->")
+TABLE1_BEGIN = ("<!-- table1: computed by `python reproduction/summary.py --write` from "
+                "reproduction/table1-cifar10-full; do not edit -->")
 TABLE1_END = "<!-- end of table1 -->"
 BLOCKS = ((BEGIN, END), (COST_BEGIN, COST_END), (TABLE1_BEGIN, TABLE1_END))
 

@@ -21,7 +21,8 @@ def test_workloads_match_the_presets():
     w = workloads()
     assert set(DEFAULT_WORKLOADS) <= set(w)
     s2 = w["s2-cifar10+eval"]
-    assert (s2.num_clients, s2.samples_per_client, s2.clients_per_round, s2.batch_size, s2.steps) == (1000, 50, 10, 10, 5)
+    assert ((s2.num_clients, s2.samples_per_client, s2.clients_per_round, s2.batch_size, s2.steps)
+            == (1000, 50, 10, 10, 5))
     s1 = w["s1-cifar10"]
     assert (s1.num_clients, s1.clients_per_round, s1.batch_size, s1.steps, s1.evaluate) == (10, 4, 50, 100, False)
     assert w["s1-emnist"].steps == 48 and w["s2-emnist"].steps == 5

@@ -85,7 +85,7 @@ for _name, _field in RunConfig.model_fields.items():
     if isinstance(_ann, type) and issubclass(_ann, BaseModel):
         SECTIONS[_name] = _ann
         LEAVES += [leaf for sub, f in _ann.model_fields.items() if (leaf := _leaf((_name, sub), f)) is not None]
-    elif _name not in ("variants", "seeds", "sweep", "paper", "paper_claims", "quick"):  # tables/lists: covered by test_config.py
+    elif _name not in ("variants", "seeds", "sweep", "paper", "paper_claims", "quick"):  # tables/lists: test_config.py
         if (leaf := _leaf((_name,), _field)) is not None:  # mixed unions (stack: int | "auto") are skipped
             LEAVES.append(leaf)
 

@@ -69,8 +69,8 @@ def write_emnist(folder: Path, split: str, part: str, raw_labels, *, first_id: i
 
 
 BALANCED_MAPPING = [(i, ord(c)) for i, c in enumerate(EMNIST_BALANCED_CHARS)]
-LETTERS_MAPPING = [(i + 1, ord(u), ord(l)) for i, (u, l) in enumerate(zip(string.ascii_uppercase,
-                                                                          string.ascii_lowercase))]
+LETTERS_MAPPING = [(i + 1, ord(up), ord(low)) for i, (up, low) in enumerate(zip(string.ascii_uppercase,
+                                                                                string.ascii_lowercase))]
 
 
 @pytest.fixture()

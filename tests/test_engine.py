@@ -200,4 +200,4 @@ def test_bfloat16_evaluation_is_close_to_float32_and_opt_in():
     assert abs(acc16 - acc32) <= 0.01 and loss16 == pytest.approx(loss32, rel=1e-2)
     stacked = {n: torch.stack([p, p]) for n, p in params.items()}
     many = evaluate_many(fm, stacked, fed.x_test, fed.y_test, 100, "bfloat16")
-    assert all(abs(a - acc32) <= 0.01 and l == pytest.approx(loss32, rel=1e-2) for a, l in many)
+    assert all(abs(acc - acc32) <= 0.01 and loss == pytest.approx(loss32, rel=1e-2) for acc, loss in many)

@@ -195,7 +195,7 @@ class Deployment:
         return log.read_text(errors="replace")[-n:] if log and log.exists() else ""
 
     def close(self) -> None:
-        for name, proc in reversed(list(self.procs.items())):
+        for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
@@ -338,7 +338,7 @@ def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     dep.start_superlink()
     keys = {i: make_node_keys(dep.root, f"node{i}") for i in range(3)}
     registered = set()
-    for i, (_, public) in keys.items():
+    for _, public in keys.values():
         res = dep.flwr("supernode", "register", str(public), "test", "--format", "json")
         assert res.returncode == 0, res.stdout + res.stderr
         registered.add(int(json.loads(res.stdout[res.stdout.index("{"):])["node-id"]))

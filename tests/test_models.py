@@ -132,7 +132,7 @@ def keras_limit(w: torch.Tensor) -> float:
                                                 ("small_cnn", 10, (1, 28, 28)), ("mlp", 4, (1, 8, 8))])
 def test_keras_init_is_glorot_uniform_with_zero_biases(name, classes, shape):
     m = build_model(name, classes, shape, seed=0)  # 'auto' is keras for the built-in models
-    layers = [l for l in m.modules() if isinstance(l, (nn.Conv2d, nn.Linear))]
+    layers = [mod for mod in m.modules() if isinstance(mod, (nn.Conv2d, nn.Linear))]
     assert layers
     for layer in layers:
         w, a = layer.weight.detach().double(), keras_limit(layer.weight)

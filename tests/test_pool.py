@@ -153,7 +153,8 @@ def test_algorithms_are_picklable():
     from fedsl.algorithms import ALGORITHMS
     server = ServerLearning(gamma=0.8, lr=0.05, batch_size=6, epochs=1)
     for name in ALGORITHMS:
-        alg = make_algorithm(name, LocalTraining(0.1, 8), 1.0, server if name in ("fsl", "fsl_p", "feddu", "d0_only") else None)
+        alg = make_algorithm(name, LocalTraining(0.1, 8), 1.0,
+                             server if name in ("fsl", "fsl_p", "feddu", "d0_only") else None)
         back = pickle.loads(pickle.dumps(alg))
         assert back == alg and type(back.rule) is type(alg.rule)
 

@@ -214,7 +214,8 @@ def test_one_check_of_server_learning_and_what_it_runs():
     expected, what does not compose: the one check config validation makes (the algorithms' own copy
     let fsl and fsl_p "compose with FSL-p", and turned fsl + 'parallel' into FSL without a word)."""
     from fedsl.algorithms import check_server_learning as check
-    assert [check(n, "auto", True) for n in ("fsl", "fsl_p", "ds", "fedavg")] == ["incremental", "parallel", "off", "off"]
+    assert ([check(n, "auto", True) for n in ("fsl", "fsl_p", "ds", "fedavg")]
+            == ["incremental", "parallel", "off", "off"])
     assert check("scaffold", "incremental", True) == "incremental" and check("fedprox", "parallel", True) == "parallel"
     assert check("fedavg", "off", False) == "off"
     cases = {("fsl", "parallel", True): "server.learning = 'parallel' contradicts algorithm.name = 'fsl': expected "

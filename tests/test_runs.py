@@ -261,7 +261,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error:") and "missing.toml" in err[0]
     assert main(["run", "--preset", "nope"]) == 2
     assert "quickstart" in capsys.readouterr().err
-    assert main(["run", str(tiny(tmp_path)), "--set", "algorithm.clients_per_round=9", "--out", str(tmp_path / "o")]) == 2
+    assert main(["run", str(tiny(tmp_path)), "--set", "algorithm.clients_per_round=9",
+                 "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "algorithm.clients_per_round = 9" in err and "data.num_clients = 6" in err
     # batch larger than a client's data is caught once the data is known, before training
@@ -379,7 +380,8 @@ def test_bad_sweep_is_a_one_line_error(tmp_path, capsys):
 
 def test_run_only_some_variants(tmp_path, capsys):
     out = tmp_path / "only"
-    assert main(["run", str(tiny(tmp_path, rounds=2, extra='\n[variants.A]\n[variants.B]\nalgorithm = { "local_lr" = 0.1 }\n')),
+    extra = '\n[variants.A]\n[variants.B]\nalgorithm = { "local_lr" = 0.1 }\n'
+    assert main(["run", str(tiny(tmp_path, rounds=2, extra=extra)),
                  "--variants", "B", "--out", str(out), "--quiet"]) == 0
     assert list(json.loads((out / "group.json").read_text())["runs"]) == ["B"]
     assert main(["run", str(tiny(tmp_path, rounds=2, extra='\n[variants.A]\n')), "--variants", "A,C",

@@ -186,7 +186,8 @@ def user_models(tmp_path, monkeypatch):
     (tmp_path / "fedsl_safety_models.py").write_text(
         "from torch import nn\n"
         "def good(num_classes, input_shape):\n"
-        "    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0] * input_shape[1] * input_shape[2], num_classes))\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0] * input_shape[1] * input_shape[2], "
+        "num_classes))\n"
         "def not_a_module(num_classes, input_shape):\n"
         "    return 3\n"
         "def boom(num_classes, input_shape):\n"
@@ -205,7 +206,8 @@ def test_import_path_needs_the_environment_opt_in(monkeypatch, user_models):
         build_model(f"{user_models}:good", 3, (1, 2, 2), seed=0)
     monkeypatch.setenv("FEDSL_ALLOW_IMPORT", "1")
     assert validate(tiny(model={"name": f"{user_models}:good"})).model.name == f"{user_models}:good"
-    assert build_model(f"{user_models}:good", 3, (1, 2, 2), seed=0)(__import__("torch").zeros(1, 1, 2, 2)).shape == (1, 3)
+    model = build_model(f"{user_models}:good", 3, (1, 2, 2), seed=0)
+    assert model(__import__("torch").zeros(1, 1, 2, 2)).shape == (1, 3)
 
 
 @pytest.mark.parametrize("path", ["os:system", "os.path:join", "subprocess:run", "builtins:eval", "sys:exit",
@@ -286,7 +288,8 @@ def test_absurd_numbers_are_refused_naming_the_key(key, value):
 
 
 def test_stack_and_seeds_have_bounds_too():
-    assert error_of(tiny(stack=10**6)).startswith("stack = 1000000: expected 'auto' or an integer >= 1 (1 = no stacking), at most 1024")
+    assert error_of(tiny(stack=10**6)).startswith(
+        "stack = 1000000: expected 'auto' or an integer >= 1 (1 = no stacking), at most 1024")
     msg = error_of(tiny(seeds=[0, 2**64]))
     assert msg.startswith("seeds = [0, 18446744073709551616]: 18446744073709551616 is out of range") and "2**63" in msg
 

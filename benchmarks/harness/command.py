@@ -12,8 +12,8 @@ from harness.workloads import DEFAULT_WORKLOADS, workloads
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="fedsl engine vs a plain PyTorch loop vs Flower's and pfl-research's simulations "
-                                             "(random data, interleaved, medians)")
+    ap = argparse.ArgumentParser(description="fedsl engine vs a plain PyTorch loop vs Flower's and pfl-research's "
+                                             "simulations (random data, interleaved, medians)")
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
                     help=f"comma-separated, from: {', '.join(workloads())}")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per repetition (Scenario 1: 1)")
@@ -24,7 +24,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from: {', '.join(PEERS)}")
     ap.add_argument("--executor", default="auto", help="the engine's executor: auto, sequential, vectorised")
     ap.add_argument("--threads", default="auto",
-                    help="torch intra-op threads: a number, 'auto' (chosen by measurement) or 'torch' (torch's default)")
+                    help="torch intra-op threads: a number, 'auto' (chosen by measurement) or 'torch' "
+                         "(torch's default)")
     ap.add_argument("--flower-actors", type=int, default=2)
     ap.add_argument("--flower-cpus", type=int, default=1, help="CPUs (and torch threads) per Ray actor")
     ap.add_argument("--footprint-clients", type=int, default=1000,

@@ -128,9 +128,9 @@ def best_rates(model_factory: Callable[[], nn.Module], input_shape: tuple[int, .
             y = torch.randint(0, num_classes, (b,), device=device)
             m.train(True)
 
-            def step() -> None:
-                m.zero_grad(set_to_none=True)
-                F.cross_entropy(m(x), y).backward()
+            def step() -> None:  # timed right here, in this iteration
+                m.zero_grad(set_to_none=True)  # noqa: B023
+                F.cross_entropy(m(x), y).backward()  # noqa: B023
             rate = b / _time(step, device, repeats)
             if rate > best_t[0]:
                 best_t = (rate, f"batch {b}, {tag}")
@@ -138,9 +138,9 @@ def best_rates(model_factory: Callable[[], nn.Module], input_shape: tuple[int, .
         for b in eval_batches:
             x = _layout(torch.rand(b, *input_shape, device=device), cl)
 
-            def fwd() -> None:
+            def fwd() -> None:  # timed right here, in this iteration
                 with torch.inference_mode():
-                    m(x)
+                    m(x)  # noqa: B023
             rate = b / _time(fwd, device, repeats)
             if rate > best_e[0]:
                 best_e = (rate, f"batch {b}, {tag}")

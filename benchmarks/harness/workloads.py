@@ -100,7 +100,8 @@ def _base() -> dict[str, Workload]:
 
 def workloads(smoke: bool = False) -> dict[str, Workload]:
     """All workloads by name: each base case with (``+eval``) and without evaluation every
-    round, ``eval-cifar10`` / ``eval-emnist`` (evaluation only), and ``s2-cifar10-8seeds+eval`` (a sweep of 8 seeds, evaluated every round).
+    round, ``eval-cifar10`` / ``eval-emnist`` (evaluation only), and ``s2-cifar10-8seeds+eval`` (a sweep of
+    8 seeds, evaluated every round).
 
     ``smoke``: the same names on a tiny model and data (CI checks the harness, not speed).
     """

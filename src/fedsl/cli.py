@@ -54,10 +54,10 @@ def _clean_errors(fn):
             # one line, whatever the message quotes back (newlines in keys, ':emoji:' codes)
             msg = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(e))
             err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         except KeyboardInterrupt as e:
             from fedsl.experiments.interrupts import Terminated
-            raise typer.Exit(143 if isinstance(e, Terminated) else 130)
+            raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     return wrapper
 
 
@@ -169,7 +169,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         names = [v.strip() for v in variants.split(",") if v.strip()]
         unknown = [v for v in names if v not in cfg.variants]
         if unknown or not names:
-            raise UserError(f"--variants {variants!r}: expected names from {list(cfg.variants) or 'none (the config has no variants)'}")
+            raise UserError(f"--variants {variants!r}: expected names from "
+                            f"{list(cfg.variants) or 'none (the config has no variants)'}")
         cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
     from fedsl.experiments.runner import check_all
     from fedsl.experiments.sweep import expand_variants
@@ -190,7 +191,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and any(out.iterdir()):
-        raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with `fedsl resume {out}`")
+        raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with "
+                        f"`fedsl resume {out}`")
     from fedsl.experiments.compare import run_group
     from fedsl.experiments.interrupts import terminate_as_interrupt
     from fedsl.report.tables import write_comparison
@@ -377,7 +379,8 @@ def data_synth(out: Path = typer.Option(Path("synthetic-chars"), "--out", "-o", 
 @data_app.command("partition")
 @_clean_errors
 def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML config file"),
-                   preset: Optional[str] = typer.Option(None, "--preset", "-p", help="a bundled preset instead of CONFIG (see `fedsl presets`)"),
+                   preset: Optional[str] = typer.Option(None, "--preset", "-p", help="a bundled preset instead of "
+                                                        "CONFIG (see `fedsl presets`)"),
                    set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set data.num_clients=50"),
                    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
                    out: Path = typer.Option(Path("partition.png"), "--out", "-o", help="heat-map PNG")) -> None:
@@ -410,7 +413,8 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
 @data_app.command("assess")
 @_clean_errors
 def data_assess(config: Optional[Path] = typer.Argument(None, help="TOML config file (an FSL run)"),
-                preset: Optional[str] = typer.Option(None, "--preset", "-p", help="a bundled preset instead of CONFIG (see `fedsl presets`)"),
+                preset: Optional[str] = typer.Option(None, "--preset", "-p", help="a bundled preset instead of "
+                                                     "CONFIG (see `fedsl presets`)"),
                 set_: List[str] = typer.Option([], "--set", "-s", help="override a key of the run"),
                 candidate: List[str] = typer.Option([], "--candidate", "-c", help="a candidate D0: "
                                                     "NAME:key=value[,key=value...] over data.server_* keys, e.g. "

@@ -110,6 +110,7 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
 
 
 __all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientResults", "LocalSGD",
-           "RunState", "client_update", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule", "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
+           "RunState", "client_update", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule",
+           "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule",
            "check_server_learning"]

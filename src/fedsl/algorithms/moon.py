@@ -73,5 +73,6 @@ class Moon(FedAvg):
 SPEC = Spec("moon", Moon, (HyperParam("moon_mu", 1.0, "μ", "MOON contrastive-loss weight (paper: 1)", ge=0),
                            HyperParam("moon_tau", 0.5, "τ", "MOON temperature (paper: 0.5)", gt=0)),
             global_lr=1.0, parallel_ok=True, local_keys=("moon_mu", "moon_tau"), needs_representation=True,
-            client_state=("prev", "seen"),  # seen: one number per client, counted as d (memory plans err on the safe side)
+            # seen: one number per client, counted as d (memory plans err on the safe side)
+            client_state=("prev", "seen"),
             summary="MOON: FedAvg with a model-contrastive term μ·ℓ_con on the representations in the local loss")

@@ -158,7 +158,8 @@ def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
     else:
         from fedsl.data.image_folder import load_image_folder
         if not d.server_data_dir:
-            raise DataError("data.server_dataset = 'image_folder' needs data.server_data_dir: a folder of class folders")
+            raise DataError("data.server_dataset = 'image_folder' needs data.server_data_dir: "
+                            "a folder of class folders")
         s = load_image_folder(Path(d.server_data_dir).expanduser(), class_names=names, size=shape[:2],
                               mode="L" if len(shape) == 2 else "RGB", per_class=d.server_per_class, seed=seed)
     if s.x.shape[1:] != shape:

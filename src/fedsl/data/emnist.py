@@ -87,8 +87,8 @@ _BUILTIN_MAPPING: dict[str, list[tuple[int, tuple[int, ...]]]] = {
     "bymerge": [(i, (ord(c),)) for i, c in enumerate(EMNIST_BALANCED_CHARS)],
     "byclass": [(i, (ord(c),)) for i, c in enumerate(string.digits + string.ascii_uppercase
                                                        + string.ascii_lowercase)],
-    "letters": [(i + 1, (ord(u), ord(l))) for i, (u, l) in enumerate(zip(string.ascii_uppercase,
-                                                                         string.ascii_lowercase))],
+    "letters": [(i + 1, (ord(up), ord(low))) for i, (up, low) in enumerate(zip(string.ascii_uppercase,
+                                                                               string.ascii_lowercase))],
     "digits": [(i, (ord(c),)) for i, c in enumerate(string.digits)],
     "mnist": [(i, (ord(c),)) for i, c in enumerate(string.digits)],
 }

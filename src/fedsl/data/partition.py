@@ -86,7 +86,8 @@ def by_classes(labels: np.ndarray, num_clients: int, classes_per_client: int, sa
         raise PartitionError(f"data.classes_per_client = {classes_per_client}: expected 1..{L} ({has})")
     if samples_per_client < classes_per_client:
         raise PartitionError(
-            f"data.samples_per_client = {samples_per_client}: expected at least data.classes_per_client = {classes_per_client}")
+            f"data.samples_per_client = {samples_per_client}: expected at least "
+            f"data.classes_per_client = {classes_per_client}")
     gen = rng(seed, PARTITION)
     sets = classes[class_sets(L, num_clients, classes_per_client, gen)]
     base, extra = divmod(samples_per_client, classes_per_client)
@@ -183,7 +184,8 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: i
     pool = np.arange(len(labels)) if pool is None else np.asarray(pool, dtype=np.int64)
     total = num_clients * shards_per_client
     if shards_per_client < 1 or total > len(pool):
-        raise PartitionError(f"data.shards_per_client = {shards_per_client}: expected >= 1 and N·s <= {len(pool)} samples")
+        raise PartitionError(f"data.shards_per_client = {shards_per_client}: expected >= 1 and "
+                             f"N·s <= {len(pool)} samples")
     gen = rng(seed, PARTITION)
     # a seeded shuffle first, then a stable sort: ties within a class are in random order
     order = pool[gen.permutation(len(pool))]

@@ -71,7 +71,8 @@ class FunctionalModel:
         buffers = {n: key for n in self.key_names} if key is not None else {}
         return functional_call(self.module, {**params, **buffers}, (x,))
 
-    def loss(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    def loss(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+             key: torch.Tensor) -> torch.Tensor:
         """Weighted cross-entropy: sum_j w_j * ce_j (w = 1/b on real samples, 0 on padding)."""
         logits = self.forward(params, x, key)
         return (F.cross_entropy(logits, y, reduction="none") * w).sum()

@@ -37,8 +37,8 @@ class BatchPlan:
     def to(self, device: torch.device, dtype: torch.dtype) -> "BatchPlan":
         # queued copies: a plan is made on the host every round, and a blocking copy would make the
         # host wait for the GPU's queue (fedsl.core.transfer)
-        return BatchPlan(to_device(self.idx, device), to_device(self.weight, device, dtype), to_device(self.keys, device),
-                         self.steps)
+        return BatchPlan(to_device(self.idx, device), to_device(self.weight, device, dtype),
+                         to_device(self.keys, device), self.steps)
 
 
 def client_batches(indices: np.ndarray, batch_size: int, epochs: int, steps: int | None,

@@ -120,7 +120,8 @@ class StackedSimulator:
             return f"server rule {type(b.alg.rule).__name__} differs from {type(a.alg.rule).__name__}"
         local = {k for alg in (a.alg, b.alg) if alg.spec for k in alg.spec.local_keys}
         if any(getattr(a.alg.rule, k, None) != getattr(b.alg.rule, k, None) for k in sorted(local)):
-            return f"a hyper-parameter of the local step ({', '.join(sorted(local))}) differs; one vmapped step takes one"
+            return (f"a hyper-parameter of the local step ({', '.join(sorted(local))}) differs; "
+                    "one vmapped step takes one")
         if a.alg.share_server_data != b.alg.share_server_data:
             return "one shares the server data with clients (DS) and the other does not"
         return ""

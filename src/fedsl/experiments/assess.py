@@ -206,7 +206,7 @@ def hessian_vector(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torc
     for a, b in _chunks(len(x), batch_size):
         w = torch.full((b - a,), 1.0 / len(x), dtype=x.dtype, device=x.device)
         g = grad(fm.loss)
-        _, hv = jvp(lambda p: g(p, x[a:b], y[a:b], w, None), (params,), (v,))
+        _, hv = jvp(lambda p: g(p, x[a:b], y[a:b], w, None), (params,), (v,))  # noqa: B023 (called right here)
         for k in out:
             out[k] += hv[k]
     return out
@@ -405,7 +405,8 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
 
 
 COLUMNS = ("rank", "name", "n0", "xi2", "G2", "cos_F_f0", "L", "server_lr", "condition", "condition_margin",
-           "predicted_gain", "predicted_gain_rel", "server_steps", "round_gain_rel", "measured_gain", "measured_gain_rel", "verdict", "reason")
+           "predicted_gain", "predicted_gain_rel", "server_steps", "round_gain_rel", "measured_gain",
+           "measured_gain_rel", "verdict", "reason")
 
 
 def write(results: list[Assessment], out: Path, meta: dict) -> tuple[Path, Path]:

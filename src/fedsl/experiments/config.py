@@ -314,8 +314,8 @@ class RunConfig(_Strict):
     checkpoint_every: int = Field(10, ge=0, le=ROUNDS_MAX, description="write a resumable checkpoint (with the "
                                   "clients' tables: N × d for SCAFFOLD/FedDyn) every this many rounds; 0 = only on "
                                   "interruption. A finished run's checkpoint keeps its model and server state only")
-    diag_every: int = Field(0, ge=0, le=ROUNDS_MAX, description="measure ξ², G² and cos(∇F, ∇f0) every this many rounds "
-                                                 "(full-batch gradients; 0 = never; paper: 50)")
+    diag_every: int = Field(0, ge=0, le=ROUNDS_MAX, description="measure ξ², G² and cos(∇F, ∇f0) every this many "
+                                                                "rounds (full-batch gradients; 0 = never; paper: 50)")
     diverge_loss: float = Field(100.0, ge=0, description="stop a run as 'diverged' when its test loss exceeds this "
                                                          "factor × max(initial loss, ln L) for diverge_patience "
                                                          "evaluations in a row (a finite blow-up: weights ≈ 1e25, "
@@ -344,7 +344,8 @@ class RunConfig(_Strict):
                                               "faster than 2. Results depend on it in the last bits: set N for "
                                               "bit-identical reruns across machines and loads")
     deterministic: bool = Field(False, description="CUDA: deterministic cuDNN convolutions, so that a resumed run "
-                                                   "equals an uninterrupted one bit for bit (slower); CPU runs always are")
+                                                   "equals an uninterrupted one bit for bit (slower); CPU runs "
+                                                   "always are")
     client_tables: Literal["auto", "device", "host"] = Field(
         "auto", description="where the clients' state tables live on a GPU (SCAFFOLD's c_i, FedDyn's ∇L_i: N × d "
                             "numbers per run, 2.2 GB for 1,000 CIFAR clients): 'device'; 'host' (CPU memory: each "
@@ -382,7 +383,8 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
         if isinstance(self.stack, int) and not 1 <= self.stack <= 1024:
-            raise ValueError(f"stack = {self.stack}: expected 'auto' or an integer >= 1 (1 = no stacking), at most 1024")
+            raise ValueError(f"stack = {self.stack}: expected 'auto' or an integer >= 1 (1 = no stacking), "
+                             "at most 1024")
         if self.compile == "cuda-graphs" and self.device == "cpu":
             raise ValueError("compile = 'cuda-graphs' captures CUDA graphs: expected device = 'cuda' or 'auto' (on a "
                              "machine with a GPU), not 'cpu'")
@@ -412,7 +414,8 @@ class RunConfig(_Strict):
         d, a = self.data, self.algorithm
         if a.clients_per_round > d.num_clients:
             raise ValueError(
-                f"algorithm.clients_per_round = {a.clients_per_round}: expected at most data.num_clients = {d.num_clients}")
+                f"algorithm.clients_per_round = {a.clients_per_round}: expected at most "
+                f"data.num_clients = {d.num_clients}")
         check_server_learning(a.name, self.server.learning, d.has_server_data)  # needs D0, composes with FSL-p
         if a.name == "feddu" and self.server.gamma_schedule == "adaptive":
             raise ValueError("server.gamma_schedule = 'adaptive' adapts γ from cos θ_t, and FedDU sets γ_t itself: "

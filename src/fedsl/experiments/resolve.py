@@ -44,7 +44,8 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     N, S, n, n0 = fed.num_clients, a.clients_per_round, fed.n, fed.n0
     smallest = min(len(c) for c in fed.clients)
     if a.batch_size > smallest:
-        raise ConfigError(f"algorithm.batch_size = {a.batch_size}: expected at most the smallest client's n_i = {smallest}")
+        raise ConfigError(f"algorithm.batch_size = {a.batch_size}: expected at most the smallest client's "
+                          f"n_i = {smallest}")
     note("N", "clients", N, True)
     note("S", "clients per round", S, True)
     note("n_i", "samples per client (mean)", round(n / N, 2), True, "derived")

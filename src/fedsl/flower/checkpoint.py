@@ -60,7 +60,7 @@ class Checkpointing:
         theirs, ours = ckpt.extra.get("config"), self._config_dump()
         if not isinstance(theirs, dict):
             raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is not a ServerApp's checkpoint (it holds "
-                              f"no config; a `fedsl run` folder?): use another out-dir, or resume = false to start over")
+                              "no config; a `fedsl run` folder?): use another out-dir, or resume = false to start over")
         diff = [k for k in config_diff(theirs, ours) if k.split(".")[0] not in ignore]
         if diff:
             raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is of another config (differs in "

@@ -155,5 +155,6 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MODELS", "INITS", "ALLOW_IMPORT_ENV", "DENIED_MODULES", "import_problem", "build_model", "keras_init_", "count_parameters", "emnist_cnn", "cifar_cnn",
-           "small_cnn", "mlp", "KeyedDropout", "replace_dropout", "Classifier", "has_representation"]
+__all__ = ["MODELS", "INITS", "ALLOW_IMPORT_ENV", "DENIED_MODULES", "import_problem", "build_model", "keras_init_",
+           "count_parameters", "emnist_cnn", "cifar_cnn", "small_cnn", "mlp", "KeyedDropout", "replace_dropout",
+           "Classifier", "has_representation"]

@@ -64,7 +64,8 @@ def emnist_cnn(num_classes: int = 45, in_channels: int = 1) -> Classifier:
 
 
 def cifar_cnn(num_classes: int = 10, in_channels: int = 3) -> Classifier:
-    """32x32x3 -> Conv32(same) -> MaxPool -> Conv64(same) -> MaxPool -> Dropout .25 -> Dense128 -> Dropout .5 -> Dense."""
+    """32x32x3 -> Conv32(same) -> MaxPool -> Conv64(same) -> MaxPool -> Dropout .25 -> Dense128 -> Dropout .5
+    -> Dense."""
     return Classifier(
         nn.Conv2d(in_channels, 32, 3, padding=1),
         nn.MaxPool2d(2), nn.ReLU(),  # = ReLU then pool (see the module docstring)
