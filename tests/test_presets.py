@@ -8,6 +8,7 @@ from fedsl.cli import main
 from fedsl.experiments import loading, presets
 
 PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
+BEYOND = [n for n in presets.names() if n.startswith("rivals")]  # beyond the paper, on its data
 
 
 def test_paper_presets_name_their_figure_and_have_quick_forms():
@@ -29,7 +30,7 @@ def test_paper_presets_name_their_figure_and_have_quick_forms():
 # Every quick form runs in CI: the CIFAR-10 ones evaluate a 1,000-image test subset (data.test_size), which
 # took them from 35-55 s each to 4-16 s on 2 cores (evaluating 10,000 images was 3/4 of their time).
 @pytest.mark.slow
-@pytest.mark.parametrize("name", PAPER)
+@pytest.mark.parametrize("name", PAPER + BEYOND)
 def test_quick_form_runs_and_reports(name, shared_data, tmp_path, capsys):
     out = tmp_path / name
     assert main(["run", "--preset", name, "--quick", "--data-dir", str(shared_data), "--out", str(out), "--quiet"]) == 0
