@@ -373,6 +373,29 @@ def test_resume_refuses_another_config_and_resume_false_starts_over(one_thread, 
     assert any("resume = false: removed" in r.getMessage() for r in caplog.records)
 
 
+def _rewrite_config(path: Path, edit) -> None:
+    """The checkpoint's stored config, changed by ``edit`` (as an older or other fedsl would have written it)."""
+    ckpt = checkpoint.load(path)
+    edit(ckpt.extra["config"])
+    checkpoint.save(path, ckpt)
+
+
+def test_a_checkpoint_from_before_a_config_key_existed_resumes(one_thread, tmp_path):
+    """A key added to the config since the checkpoint was written (absent there, so at its default) is no
+    difference: the run resumes. A key this fedsl does not know is refused in one line."""
+    rc = {**BASE, "rounds": 2, "checkpoint_every": 1, "out-dir": str(tmp_path)}
+    serve(rc)
+    _rewrite_config(tmp_path / "checkpoint.pt", lambda c: [c["algorithm"].pop(k) for k in
+                                                            ("availability", "straggler_fraction", "straggler_mode")])
+    longer = serve({**rc, "rounds": 3})
+    assert longer.offset == 2 and [h["round"] for h in longer.history] == [1, 2, 3]
+    _rewrite_config(tmp_path / "checkpoint.pt", lambda c: c["algorithm"].update(warp_factor=9))
+    with pytest.raises(ConfigError) as err:
+        serve({**rc, "rounds": 4})
+    assert "holds a config this fedsl cannot read" in str(err.value) and "warp_factor" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def _old_flower_layout(path: Path) -> None:
     """Rewrite the ServerApp's checkpoint as it wrote it before the one format ("fedsl-flower-checkpoint/1")."""
     ckpt = checkpoint.load(path)

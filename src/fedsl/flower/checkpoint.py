@@ -16,7 +16,7 @@ from flwr.supercore import log
 from fedsl.engine.simulator import RunState
 from fedsl.experiments import checkpoint
 from fedsl.experiments.checkpoint import RESTART_SERVER_APP, Checkpoint, CorruptCheckpoint
-from fedsl.experiments.config import ConfigError
+from fedsl.experiments.config import ConfigError, validate
 from fedsl.experiments.results import RunDir
 
 CHECKPOINT = "checkpoint.pt"
@@ -61,6 +61,11 @@ class Checkpointing:
         if not isinstance(theirs, dict):
             raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is not a ServerApp's checkpoint (it holds "
                               "no config; a `fedsl run` folder?): use another out-dir, or resume = false to start over")
+        try:  # through today's schema: a key added since (absent there, so at its default) is no difference
+            theirs = validate(theirs).model_dump(mode="json")
+        except ConfigError as e:
+            raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} holds a config this fedsl cannot read "
+                              f"({e}): use another out-dir, or resume = false to start over") from None
         diff = [k for k in config_diff(theirs, ours) if k.split(".")[0] not in ignore]
         if diff:
             raise ConfigError(f"{self.setup.options.out_dir}/{CHECKPOINT} is of another config (differs in "
