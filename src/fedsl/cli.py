@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+PRESET_HELP = "a bundled preset instead of CONFIG (see `fedsl presets`)"
 DATA_DIR_HELP = "dataset folder (default: $FEDSL_DATA_DIR, else ~/.cache/fedsl/data)"
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Federated Learning with Server Learning (FSL): simulate, compare, reproduce.")
@@ -379,8 +380,7 @@ def data_synth(out: Path = typer.Option(Path("synthetic-chars"), "--out", "-o", 
 @data_app.command("partition")
 @_clean_errors
 def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML config file"),
-                   preset: Optional[str] = typer.Option(None, "--preset", "-p", help="a bundled preset instead of "
-                                                        "CONFIG (see `fedsl presets`)"),
+                   preset: Optional[str] = typer.Option(None, "--preset", "-p", help=PRESET_HELP),
                    set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set data.num_clients=50"),
                    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
                    out: Path = typer.Option(Path("partition.png"), "--out", "-o", help="heat-map PNG")) -> None:
@@ -413,8 +413,7 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
 @data_app.command("assess")
 @_clean_errors
 def data_assess(config: Optional[Path] = typer.Argument(None, help="TOML config file (an FSL run)"),
-                preset: Optional[str] = typer.Option(None, "--preset", "-p", help="a bundled preset instead of "
-                                                     "CONFIG (see `fedsl presets`)"),
+                preset: Optional[str] = typer.Option(None, "--preset", "-p", help=PRESET_HELP),
                 set_: List[str] = typer.Option([], "--set", "-s", help="override a key of the run"),
                 candidate: List[str] = typer.Option([], "--candidate", "-c", help="a candidate D0: "
                                                     "NAME:key=value[,key=value...] over data.server_* keys, e.g. "
