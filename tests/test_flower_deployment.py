@@ -4,6 +4,8 @@ processes on 127.0.0.1 (free ports, one FLWR_HOME per process, process groups ki
 - parity: a few rounds of FSL on 3 SuperNodes give the simulator's model (same seed, partition
   and sampled clients), and the server received parameters only;
 - `flwr run` in Flower's simulation runtime (3 virtual SuperNodes) gives the same model;
+- a stock Flower ClientApp (Flower's quickstart in shape, its own data) trains FSL in an open federation, on the
+  deployment and the simulation runtimes, and a failed run is visible as failed (`flwr ls`, failed.json);
 - TLS + SuperNode authentication: an unregistered node is refused, registered ones train, and a
   SuperNode killed in the middle of a round leaves a round that completes with the others, with
   server learning, and a run that goes on.
@@ -247,7 +249,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (BIN / "flower-superlink"
 def app_run_config(**overrides: object) -> dict:
     """The example app's run config (as Flower flattens it), with overrides."""
     config = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    return {**flatten_dict(config), **overrides}
+    return {**flatten_dict(config), "federation": "replay", **overrides}  # the simulator's run, to compare with
 
 
 @pytest.fixture
@@ -295,7 +297,7 @@ def _check_only_parameters(received: list[dict], model: dict[str, torch.Tensor])
 def test_fsl_on_flower_deployment_equals_the_simulator(deployments, tmp_path, one_thread):
     """3 SuperNodes (partition-id 0, 1, 2), S = 2 of N = 3 per round, 3 rounds of FSL."""
     out = tmp_path / "out"
-    run_config = {"rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0}
+    run_config = {"federation": "replay", "rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0}
     cfg, _ = parse_run_config(app_run_config(**run_config), APP)
     sim = prepare(cfg).sim  # the simulator's run (this also fills the dataset cache the nodes read)
     expected, infos = run_rounds(sim, cfg.rounds)
@@ -330,8 +332,8 @@ def _wait_for(predicate, timeout: float, what: str, dep: Deployment) -> None:
 def test_tls_node_auth_and_a_node_killed_mid_round(deployments, tmp_path):
     """TLS (certificates made here) + SuperNode authentication; node 2 dies while training in round 2."""
     out = tmp_path / "out"
-    run_config = {"rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 180.0, "straggler-timeout": 15.0,
-                  "client-delay": 2.0, "algorithm.clients_per_round": 3}
+    run_config = {"federation": "replay", "rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 180.0,
+                  "straggler-timeout": 15.0, "client-delay": 2.0, "algorithm.clients_per_round": 3}
     cfg, _ = parse_run_config(app_run_config(**run_config), APP)
     build_federation(cfg.data, cfg.seed)  # fills the dataset cache the apps read
     dep = deployments(tls=True, auth=True)
@@ -384,7 +386,7 @@ def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one
     """`flwr run` on a SuperLink in simulation mode (Ray): same model as the simulator."""
     pytest.importorskip("ray", reason="Flower's simulation runtime needs flwr[simulation] (Ray)")
     out = tmp_path / "out"
-    run_config = {"rounds": 2, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0}
+    run_config = {"federation": "replay", "rounds": 2, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0}
     cfg, _ = parse_run_config(app_run_config(**run_config), APP)
     expected, infos = run_rounds(prepare(cfg).sim, cfg.rounds)
     dep = deployments(simulation=True)
@@ -402,7 +404,8 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     same `flwr run` continue from out-dir/checkpoint.pt: 4 rounds in all and the simulator's model. Then the
     checkpoint cut in half: one line."""
     out = tmp_path / "out"
-    run_config = {"rounds": 4, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0, "client-delay": 1.0,
+    run_config = {"federation": "replay", "rounds": 4, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0,
+                  "client-delay": 1.0,
                   "checkpoint_every": 1}
     cfg, _ = parse_run_config(app_run_config(**run_config), APP)
     expected, infos = run_rounds(prepare(cfg).sim, cfg.rounds)
@@ -454,50 +457,53 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     assert run["status"] == "finished:failed" and line in run["status-details"], run
 
 
-# ----------------------------------------------------------------------------- a plain Flower ClientApp
+# ----------------------------------------------------------------------------- a stock Flower ClientApp
 
-def _plain_app(tmp_path: Path, **overrides: object) -> tuple[Path, dict]:
-    """A Flower App of fedsl's ServerApp and a plain ClientApp that does not import fedsl
-    (``test_flower_protocol.PLAIN_CLIENT``), with its partitions exported to a data folder."""
-    from test_flower_protocol import BASE, export_partitions, write_plain_app
+def _stock_app(tmp_path: Path, **overrides: object) -> tuple[Path, dict]:
+    """A Flower App of fedsl's ServerApp and a stock ClientApp (``test_flower_open.STOCK_CLIENT``: Flower's
+    quickstart in shape, no fedsl), each node's own data exported to a data folder; an open federation."""
+    from test_flower_open import OPEN, STOCK_CLIENT
+    from test_flower_protocol import export_partitions, write_plain_app
 
-    config = {**BASE, "data-dir": str(tmp_path / "data"), "min-nodes": 4, "node-wait": 120.0, "round-timeout": 120.0,
+    config = {**OPEN, "data-dir": str(tmp_path / "data"), "min-nodes": 4, "node-wait": 120.0, "round-timeout": 120.0,
               **overrides}
     export_partitions(config, tmp_path / "data")
-    return write_plain_app(tmp_path / "app", config), config
+    return write_plain_app(tmp_path / "app", config, STOCK_CLIENT), config
 
 
-def _check_plain_run(out: Path, config: dict) -> None:
-    cfg, _ = parse_run_config(config)
-    expected, infos = run_rounds(prepare(cfg).sim, cfg.rounds)
+def _check_stock_run(out: Path) -> None:
+    """Three rounds of FSL in which S = 2 nodes trained, their stock replies were taken as they are, and server
+    learning ran."""
+    assert json.loads((out / "done.json").read_text())["federation"] == "open"
     rounds = json.loads((out / "rounds.json").read_text())
-    assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
-    assert all(r["server_steps"] == info.server_steps > 0 for r, info in zip(rounds, infos))
-    assert all(r["rejected"] == [] and r["train_loss"] > 0 for r in rounds)
-    final = torch.load(out / "final.pt")
-    assert max((final["params"][n] - expected.x[n].cpu()).abs().max().item() for n in expected.x) <= 1e-10
+    assert len(rounds) == 3 and all(len(r["trained"]) == 2 and r["rejected"] == [] for r in rounds), rounds
+    assert all(r["server_steps"] > 0 and r["train_loss"] > 0 for r in rounds), rounds
+    replies = [e for e in json.loads((out / "received.json").read_text()) if e["kind"] == "train"]
+    assert len(replies) == 6 and all(sorted(e["metrics"]["metrics"]) == ["num-examples", "train_loss"]
+                                     for e in replies), replies
 
 
-def test_a_plain_client_app_in_flowers_deployment_runtime(deployments, tmp_path, one_thread):
-    """4 SuperNodes run a ClientApp without fedsl and without a query handler: the server assigns them
-    partitions, FSL runs with server learning and gives the simulator's model. Then a run in which every
-    client fails: the ServerApp fails with one line, the run's status says so, and no final.pt is written."""
+def test_a_stock_client_app_in_flowers_deployment_runtime(deployments, tmp_path, one_thread):
+    """4 SuperNodes run a stock ClientApp (its own data, Adam, the quickstart's reply) in an open federation:
+    FSL runs to completion with server learning. Then a run in which every client fails: the ServerApp fails
+    with one line, `flwr ls` shows the run failed, failed.json says why, and no final.pt is written."""
     out = tmp_path / "out"
-    app, config = _plain_app(tmp_path, **{"out-dir": str(out)})
+    app, _ = _stock_app(tmp_path, **{"out-dir": str(out)})
     dep = deployments()
     dep.start_superlink()
     for i in range(4):
         dep.start_node(f"node{i}", i)
     res = dep.flwr("run", str(app), "test", "--stream", timeout=300)
     assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
-    assert res.stdout.count("has no query handler: the server assigns it partition") == 4, _logs(dep, res)
-    _check_plain_run(out, config)
+    assert "an open federation: the clients own their data" in res.stdout, _logs(dep, res)
+    _check_stock_run(out)
 
     failed = tmp_path / "failed"
     res = dep.flwr("run", str(app), "test", "--stream", "--run-config", f'data-dir="{tmp_path / "nowhere"}"',
                    "--run-config", f'out-dir="{failed}"', "--run-config", "rounds=2", timeout=300)
     assert "fedsl: no client update was aggregated in any of the 2 rounds" in res.stdout, _logs(dep, res)
     assert "final test accuracy" not in res.stdout and not (failed / "final.pt").exists(), _logs(dep, res)
+    assert "no client update was aggregated" in json.loads((failed / "failed.json").read_text())["reason"]
     run_id = re.search(r"started run (\d+)", res.stdout)
     assert run_id, _logs(dep, res)
     runs = json.loads(dep.flwr("ls", "test", "--format", "json").stdout)["runs"]
@@ -505,13 +511,13 @@ def test_a_plain_client_app_in_flowers_deployment_runtime(deployments, tmp_path,
     assert run["status"] == "finished:failed" and "no client update was aggregated" in run["status-details"], run
 
 
-def test_a_plain_client_app_under_flwr_run_in_simulation(deployments, tmp_path, one_thread):
-    """The same plain ClientApp in Flower's simulation runtime (virtual SuperNodes, Ray)."""
+def test_a_stock_client_app_under_flwr_run_in_simulation(deployments, tmp_path, one_thread):
+    """The same stock ClientApp in Flower's simulation runtime (virtual SuperNodes, Ray)."""
     pytest.importorskip("ray", reason="Flower's simulation runtime needs flwr[simulation] (Ray)")
     out = tmp_path / "out"
-    app, config = _plain_app(tmp_path, **{"out-dir": str(out)})
+    app, _ = _stock_app(tmp_path, **{"out-dir": str(out)})
     dep = deployments(simulation=True)
     dep.start_superlink()
     res = dep.flwr("run", str(app), "test", "--stream", "--federation-config", "num-supernodes=4", timeout=300)
     assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
-    _check_plain_run(out, config)
+    _check_stock_run(out)

@@ -47,7 +47,7 @@ BASE = {"rounds": 3, "seed": 1, "dtype": "float64", "eval_every": 100, "data.dat
         "data.classes_per_client": 2, "data.samples_per_client": 24, "data.server_size": 12, "model.name": "mlp",
         "algorithm.name": "fsl", "algorithm.clients_per_round": 2, "algorithm.local_lr": 0.05,
         "algorithm.batch_size": 24, "algorithm.local_epochs": 2, "server.batch_size": 12, "round-timeout": 5.0,
-        "min-nodes": 0, "node-wait": 0.0}
+        "min-nodes": 0, "node-wait": 0.0, "federation": "replay"}
 
 # A plain Flower ClientApp: Flower's documented message API and PyTorch, no fedsl. It trains the partition
 # the train message names (loaded from the folder of its own run-config key ``data-dir``) with local SGD.
@@ -122,12 +122,13 @@ def export_partitions(run_config: dict, folder: Path, app_dir: Path | None = Non
         np.savez(folder / f"part-{i}.npz", x=sim.fed.x[rows].cpu().numpy(), y=sim.fed.y[rows].cpu().numpy())
 
 
-def write_plain_app(folder: Path, config: dict) -> Path:
-    """A Flower App folder: fedsl's ServerApp, ``PLAIN_CLIENT`` as the ClientApp, ``config`` as its run config."""
+def write_plain_app(folder: Path, config: dict, client: str = PLAIN_CLIENT) -> Path:
+    """A Flower App folder: fedsl's ServerApp, ``client`` (``PLAIN_CLIENT``) as the ClientApp, ``config`` as its
+    run config."""
     package = folder / "plain_app"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text("")
-    (package / "client_app.py").write_text(PLAIN_CLIENT)
+    (package / "client_app.py").write_text(client)
     (package / "server_app.py").write_text("from fedsl.flower import make_server_app\n\napp = make_server_app()\n")
 
     def toml(value: object) -> str:

@@ -39,7 +39,8 @@ BASE = {"rounds": 3, "seed": 1, "dtype": "float64", "eval_every": 100, "data.dat
         "data.chars": "0123", "data.train_per_class": 30, "data.test_per_class": 10, "data.num_clients": 4,
         "data.classes_per_client": 2, "data.samples_per_client": 24, "data.server_size": 12, "model.name": "mlp",
         "algorithm.name": "fsl", "algorithm.clients_per_round": 4, "algorithm.local_lr": 0.05,
-        "algorithm.batch_size": 10, "round-timeout": 5.0, "min-nodes": 0, "node-wait": 0.0}
+        "algorithm.batch_size": 10, "round-timeout": 5.0, "min-nodes": 0, "node-wait": 0.0,
+        "federation": "replay"}
 HONEST = {100 + i: i for i in range(4)}  # node id -> the partition-id in its node config
 
 Tamper = Callable[[Message, Message], Message]  # (train message, honest reply) -> what the node sends

@@ -24,6 +24,7 @@ AVAILABILITY = 11  # which clients are available in a round (algorithm.availabil
 AVAILABILITY_PHASE = 12  # each client's phase in its fixed availability cycle (pattern 'fixed'), drawn once
 SAMPLE_AVAILABLE = 13  # S of the round's available clients (algorithm.availability < 1)
 STRAGGLERS = 14  # which sampled clients straggle, and how many of their K_i steps a partial one does
+SAMPLE_NODES = 20  # S of the connected nodes of a round (a Flower run with federation = 'open')
 
 # Seed offsets, for generators that take one integer seed rather than a stream tuple
 # (``data.synthetic.make_font_chars``): ``offset_seed(seed, FONT_TEST)``. Fixed numbers too:
@@ -65,3 +66,13 @@ def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> 
     """S of N client ids, without replacement, sorted (order does not change the mean)."""
     chosen = rng(seed, round_, SAMPLE_CLIENTS).choice(num_clients, size=per_round, replace=False)
     return np.sort(chosen)
+
+
+def sample_nodes(seed: int, round_: int, nodes: list[int], per_round: int) -> list[int]:
+    """min(S, len(nodes)) of the connected node ids, without replacement, sorted; the draw depends on the
+    sorted ids, not the order the SuperLink lists them in."""
+    ordered = sorted(nodes)
+    if per_round >= len(ordered):
+        return ordered
+    chosen = rng(seed, round_, SAMPLE_NODES).choice(len(ordered), size=per_round, replace=False)
+    return sorted(ordered[int(i)] for i in chosen)

@@ -36,7 +36,12 @@ from fedsl.experiments.sweep import expand_variants
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
 FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes",
-               "node-wait", "client-delay", "resume", "node-partitions")
+               "node-wait", "client-delay", "resume", "node-partitions", "federation", "max-examples")
+# How the server treats its clients (run config ``federation``; docs/reference/flower-protocol.md):
+# open: clients own their data and the server knows only what they report (the default: a real federation);
+# replay: every machine rebuilds the simulator's federation from the config, and the server replays the
+# simulator's run exactly (partition ids, n_i, sampled clients): for parity tests and simulated availability.
+FEDERATIONS = ("open", "replay")
 # fedsl's own keys: the first dotted part of every key validated as a fedsl config key
 FEDSL_KEYS = tuple(RunConfig.model_fields)
 # What a ClientApp assumes when the run config leaves it out (it does not sample clients nor count rounds):
@@ -91,6 +96,11 @@ class FlowerOptions:
             connected node that claims it (its node config's ``partition-id``), and the lowest free
             one to a node whose ClientApp answers no query (a plain Flower client).
         user_keys: run-config keys fedsl ignores (the user's own, left to their code).
+        federation: ``open`` (default): the server samples S of the connected nodes (seeded) and accepts a stock
+            Flower reply (``arrays`` + ``num-examples``); ``replay``: the simulator's run over the network
+            (partition ids, the simulator's sampled clients, n_i checked against the rebuilt federation).
+        max_examples: an open federation's bound on a reply's ``num-examples`` (n_i weighs updates under
+            ``algorithm.weighted`` and FSL-p); a reply above it is left out of the round, with one log line.
     """
 
     out_dir: str = ""
@@ -102,6 +112,34 @@ class FlowerOptions:
     resume: bool = True
     node_partitions: tuple[tuple[int, int], ...] = ()
     user_keys: tuple[str, ...] = ()
+    federation: str = "open"
+    max_examples: int = 1_000_000
+
+    @property
+    def open(self) -> bool:
+        """Whether clients own their data (``federation = "open"``)."""
+        return self.federation == "open"
+
+
+def check_open_federation(cfg: RunConfig, options: FlowerOptions) -> None:
+    """What an open federation cannot run, in one line each: what needs the server to know the clients' data.
+
+    Raises:
+        ConfigError: the first key that needs ``federation = "replay"``.
+    """
+    replay = 'set the run config key federation = "replay" (every machine rebuilds the federation from the config)'
+    alg = cfg.algorithm
+    if options.node_partitions:
+        raise ConfigError(f"run config node-partitions assigns partitions, but in an open federation the clients own "
+                          f"their data: {replay}")
+    if alg.availability < 1 or alg.straggler_fraction > 0:
+        raise ConfigError(f"algorithm.availability = {alg.availability} and algorithm.straggler_fraction = "
+                          f"{alg.straggler_fraction} simulate partial participation; an open federation has real "
+                          f"nodes (the connected ones are sampled): {replay}")
+    if alg.name in ("feddu", "ds"):
+        why = ("reads the sampled clients' label counts, which open clients do not report" if alg.name == "feddu"
+               else "trains the clients on D_i ∪ D0, so each client needs the server's D0")
+        raise ConfigError(f"algorithm.name = {alg.name!r} {why}: {replay}")
 
 
 def parse_node_partitions(text: str, num_clients: int) -> tuple[tuple[int, int], ...]:
@@ -202,7 +240,15 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
         resume=_option(flat, "resume", bool, FlowerOptions.resume),
         node_partitions=parse_node_partitions(_option(flat, "node-partitions", str, ""), cfg.data.num_clients),
         user_keys=tuple(sorted(users)),
+        federation=_option(flat, "federation", str, FlowerOptions.federation),
+        max_examples=_option(flat, "max-examples", int, FlowerOptions.max_examples),
     )
+    if options.federation not in FEDERATIONS:
+        raise ConfigError(f"run config federation = {options.federation!r}: expected one of {', '.join(FEDERATIONS)}")
+    if options.max_examples < 1:
+        raise ConfigError(f"run config max-examples = {options.max_examples}: expected an integer >= 1")
+    if options.open:
+        check_open_federation(cfg, options)
     if options.round_timeout <= 0:
         raise ConfigError(f"run config round-timeout = {options.round_timeout}: expected seconds > 0")
     if options.straggler_timeout < 0:

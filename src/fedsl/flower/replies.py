@@ -1,10 +1,18 @@
-"""What the server accepts from a client: the checks on train and query replies (the protocol is in the
-README, "The Flower protocol").
+"""What the server accepts from a client: the checks on train and query replies (the protocol is in
+docs/reference/flower-protocol.md).
 
-A train reply must carry an ArrayRecord ``arrays`` (x_i: the model's parameter names, shapes and dtype,
-finite values) and a MetricRecord ``metrics`` with the integers ``num-examples`` (n_i), ``steps`` (K_i),
-``partition-id`` and ``round`` (both as sent), and may carry ``train-loss`` (a finite number). Anything
-else is refused with ``BadReply``: one line saying what is wrong, which the strategy logs with the node.
+Both federation modes (``federation`` in the run config) check a train reply's ArrayRecord ``arrays``: x_i with
+the model's parameter names, shapes and dtype, finite values. The metrics differ:
+
+- ``open`` (``check_open_reply``): what Flower's stock clients send. A MetricRecord ``metrics`` with the integer
+  ``num-examples`` (n_i, as the client reports it, in 1..``max-examples``); any other metrics are the client's
+  own. fedsl reads ``steps`` (K_i), ``round`` and a loss (``train-loss``, ``train_loss`` or ``loss``) when they
+  are there, and checks what it reads.
+- ``replay`` (``check_reply``): fedsl's exact replay of the simulator. ``metrics`` must carry the integers
+  ``num-examples`` (n_i, the partition's size), ``steps`` (K_i), ``partition-id`` and ``round`` (both as sent),
+  and may carry ``train-loss``.
+
+Anything else is refused with ``BadReply``: one line saying what is wrong, which the strategy logs with the node.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 TRAIN_METRICS = ("num-examples", "steps", "partition-id", "round")
 # Optional train-reply metrics, each a finite number when present.
 OPTIONAL_METRICS = ("train-loss",)
+# The loss keys an open-federation reply may use, in the order fedsl reads them (fedsl's, Flower's quickstart's, plain)
+LOSS_KEYS = ("train-loss", "train_loss", "loss")
 # The reason Flower gives when a ClientApp has no handler for a query message (a plain Flower client).
 NO_QUERY_HANDLER = "No query function registered"
 
@@ -64,9 +74,7 @@ def check_reply(msg: Message, expected: dict[str, torch.Tensor], partition: int,
     if wrong:
         raise BadReply(f"metric {', '.join(f'{k} = {v!r}' for k, v in wrong.items())}: expected an integer")
     for key in OPTIONAL_METRICS:
-        value = metrics.get(key)
-        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
-            raise BadReply(f"metric {key} = {value!r}: expected a finite number")
+        _number(metrics, key)
     if metrics["partition-id"] != partition:
         raise BadReply(f"claims partition-id {metrics['partition-id']}, but the server sent it partition {partition}",
                        impostor=True)
@@ -77,6 +85,15 @@ def check_reply(msg: Message, expected: dict[str, torch.Tensor], partition: int,
             raise BadReply(f"metric {key} = {metrics[key]}: expected >= 1")
     if examples is not None and metrics["num-examples"] != examples:
         raise BadReply(f"metric num-examples = {metrics['num-examples']}: partition {partition} has {examples} samples")
+    return check_arrays(content, expected), metrics["num-examples"], metrics["steps"]
+
+
+def check_arrays(content: RecordDict, expected: dict[str, torch.Tensor]) -> dict:
+    """The reply's ArrayRecord ``arrays`` as numpy arrays by name, after checking names, shapes, dtype and finiteness.
+
+    Raises:
+        BadReply: one line saying what is wrong.
+    """
     arrays = content.array_records.get("arrays")
     if arrays is None:
         raise BadReply(f"no ArrayRecord 'arrays' (records: {sorted(content.keys())})")
@@ -104,7 +121,49 @@ def check_reply(msg: Message, expected: dict[str, torch.Tensor], partition: int,
         if bad:
             raise BadReply(f"array {name!r} has {bad} non-finite value{'s' if bad > 1 else ''} (NaN or inf)")
         out[name] = value
-    return out, metrics["num-examples"], metrics["steps"]
+    return out
+
+
+def _number(metrics: MetricRecord, key: str) -> float | None:
+    value = metrics.get(key)
+    if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
+        raise BadReply(f"metric {key} = {value!r}: expected a finite number")
+    return value
+
+
+def check_open_reply(msg: Message, expected: dict[str, torch.Tensor], t: int, max_examples: int
+                     ) -> tuple[dict, int, int | None, float | None]:
+    """An open-federation train reply's x_i, n_i, K_i (when it reports ``steps``) and loss, after checking them.
+
+    Args:
+        msg: the reply (without an error); the round and node are those of the message it answers.
+        expected: the model's parameters (their names, shapes and dtype are what x_i must have).
+        t: the round (0-based); a ``round`` metric, when there, must be t (else it is a stale reply).
+        max_examples: the largest n_i the server believes (run config ``max-examples``): n_i weighs the
+            update under ``algorithm.weighted`` and FSL-p, so an unbounded claim would let one client dominate.
+    Returns:
+        (x_i as numpy arrays by name, n_i, K_i or None, the loss or None).
+    Raises:
+        BadReply: one line saying what is wrong.
+    """
+    content = msg.content
+    metrics = content.metric_records.get("metrics")
+    if metrics is None:
+        raise BadReply(f"no MetricRecord 'metrics' (records: {sorted(content.keys())})")
+    n = metrics.get("num-examples")
+    if n is None:
+        raise BadReply(f"metric num-examples missing (has {sorted(metrics.keys())})")
+    if type(n) is not int or not 1 <= n <= max_examples:
+        raise BadReply(f"metric num-examples = {n!r}: expected an integer in 1..{max_examples} (run config "
+                       "max-examples)")
+    for key, low in (("steps", 1), ("round", 0)):
+        value = metrics.get(key)
+        if value is not None and (type(value) is not int or value < low):
+            raise BadReply(f"metric {key} = {value!r}: expected an integer >= {low}")
+    if metrics.get("round", t) != t:
+        raise BadReply(f"round = {metrics['round']}: expected {t} (a stale or replayed reply)")
+    loss = next((_number(metrics, k) for k in LOSS_KEYS if k in metrics), None)
+    return check_arrays(content, expected), n, metrics.get("steps"), None if loss is None else float(loss)
 
 
 def train_loss(msg: Message) -> float | None:

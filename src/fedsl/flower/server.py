@@ -71,16 +71,23 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
         log(INFO, "fedsl: run config keys left to your code (not fedsl's): %s", ", ".join(setup.options.user_keys))
     strategy = FedslStrategy(setup)
     done = strategy.resume()  # the checkpoint's round in out-dir (0: none, or resume = false)
-    log(INFO, "fedsl: %s, T=%d rounds, N=%d clients (partition ids 0..%d), S=%d per round, n0=%d on the server",
-        setup.algorithm.name, cfg.rounds, setup.num_clients, setup.num_clients - 1, cfg.algorithm.clients_per_round,
-        setup.fed.n0)
+    if setup.options.open:
+        log(INFO, "fedsl: %s, T=%d rounds, S=%d of the connected nodes per round, n0=%d on the server (an open "
+            "federation: the clients own their data)", setup.algorithm.name, cfg.rounds,
+            cfg.algorithm.clients_per_round, setup.fed.n0)
+    else:
+        log(INFO, "fedsl: %s, T=%d rounds, N=%d clients (partition ids 0..%d), S=%d per round, n0=%d on the server "
+            "(federation = replay)", setup.algorithm.name, cfg.rounds, setup.num_clients, setup.num_clients - 1,
+            cfg.algorithm.clients_per_round, setup.fed.n0)
     straggler = setup.options.straggler_timeout or None
     strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x),
                    num_rounds=cfg.rounds - done, timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
     if not any(h["trained"] for h in strategy.history):
-        raise NoClientUpdate(f"fedsl: no client update was aggregated in any of the {len(strategy.history)} rounds "
-                             f"(every sampled client was missing, failed or sent an unusable reply; see rounds.json "
-                             f"and the log): the model is server learning alone, so the run failed")
+        failure = NoClientUpdate(f"fedsl: no client update was aggregated in any of the {len(strategy.history)} "
+                                 f"rounds (every sampled client was missing, failed or sent an unusable reply; see "
+                                 f"rounds.json and the log): the model is server learning alone, so the run failed")
+        strategy.fail(str(failure))  # out-dir/failed.json: `flwr run` itself exits 0 whatever the ServerApp did
+        raise failure
     strategy.finish()
     if strategy.evaluations:
         last = strategy.evaluations[-1]

@@ -54,9 +54,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from fedsl.algorithms.base import ClientResults, RunState
+from fedsl.algorithms.base import ClientResults, LocalSGD, RunState
 from fedsl.algorithms.server_learning import ServerMetrics, initial_gamma, server_update
-from fedsl.core import participation
+from fedsl.core import participation, rng
 from fedsl.engine.plan import planned_steps
 from fedsl.experiments import checkpoint
 from fedsl.experiments.checkpoint import Checkpoint, atomic_write
@@ -69,6 +69,7 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
     TRAIN_METRICS,
     BadReply,
     check_claim,
+    check_open_reply,
     check_reply,
     describe_content,
     lacks_query_handler,
@@ -89,6 +90,15 @@ def _mean(values: list[float | None]) -> float | None:
 
 def _finite(params: dict[str, torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in params.values())
+
+
+def plain_client_half(rule: object) -> bool:
+    """Whether a rule's clients run plain local SGD (FedAvg, FSL, FedAvgM, FedAdam, FedNova, ...): then any
+    Flower client that trains and returns its model runs the algorithm. SCAFFOLD, FedDyn, FedProx and MOON
+    correct the client's steps, which a stock client does not do."""
+    cls = type(rule)
+    return (all(getattr(cls, f) is getattr(LocalSGD, f) for f in ("client_init", "client_step", "client_final"))
+            and cls.local_loss is None)
 
 
 class FedslStrategy(Checkpointing, FedAvg):
@@ -120,7 +130,9 @@ class FedslStrategy(Checkpointing, FedAvg):
             if not 0 <= pid < setup.num_clients:
                 raise ConfigError(f"run config node-partitions {node}:{pid}: expected 0 <= partition id < "
                                   f"{setup.num_clients} (the federation's clients)")
-        self.node_partition: dict[int, int] = {}  # node id -> partition id (client id i)
+        self.open = setup.options.open  # clients own their data (federation = "open")
+        self.nodes: list[int] = []  # an open federation's connected nodes (those not left out), sorted
+        self.node_partition: dict[int, int] = {}  # replay: node id -> partition id (client id i)
         self.dropped: set[int] = set()  # nodes left out of the rest of this run
         self.offset = 0
         self.history: list[dict[str, Any]] = []
@@ -217,6 +229,14 @@ class FedslStrategy(Checkpointing, FedAvg):
         deadline = time.monotonic() + (self.setup.options.node_wait if first else 0.0)
         while True:
             connected = set(grid.get_node_ids()) - self.dropped
+            if self.open:  # no partitions to learn: every connected node is a client
+                self.nodes = sorted(connected)
+                if len(self.nodes) >= self.min_available_nodes or time.monotonic() >= deadline:
+                    return
+                log(INFO, "fedsl: waiting for nodes: %d connected (minimum %d)", len(self.nodes),
+                    self.min_available_nodes)
+                time.sleep(1.0)
+                continue
             for gone in set(self.node_partition) - connected:
                 del self.node_partition[gone]  # its partition is free again (e.g. for the node restarted)
             unknown = sorted(connected - set(self.node_partition))
@@ -239,15 +259,23 @@ class FedslStrategy(Checkpointing, FedAvg):
             self.state = RunState(self._params(arrays), self.state.algo, self.state.gamma)
         self._refresh_nodes(grid, first=first)
         cfg = self.setup.cfg
-        # S clients (of the available ones: algorithm.availability), the simulator's draw
-        part = cfg.participation
-        ids = participation.sample(cfg.seed, t, self.setup.num_clients, cfg.algorithm.clients_per_round, part)
-        steps, drop = self._stragglers(t, ids, part)
-        by_partition = {pid: node for node, pid in self.node_partition.items()}  # one node per partition
-        targets = {int(i): by_partition[int(i)] for i in ids if int(i) in by_partition}
-        missing = [int(i) for i in ids if int(i) not in by_partition]
-        log(INFO, "fedsl round %d: clients %s sampled, %d reachable%s", t + 1, ids.tolist(), len(targets),
-            f" (no node for {missing})" if missing else "")
+        steps: dict[int, int] = {}
+        drop: frozenset[int] = frozenset()
+        if self.open:  # S of the connected nodes, seeded; a client is its node (ids up to 2^64: Python ints)
+            sampled = rng.sample_nodes(cfg.seed, t, self.nodes, cfg.algorithm.clients_per_round)
+            targets, missing = {n: n for n in sampled}, []
+            log(INFO, "fedsl round %d: nodes %s sampled of %d connected", t + 1, sampled, len(self.nodes))
+        else:
+            # S clients (of the available ones: algorithm.availability), the simulator's draw
+            part = cfg.participation
+            ids = participation.sample(cfg.seed, t, self.setup.num_clients, cfg.algorithm.clients_per_round, part)
+            sampled = ids.tolist()
+            steps, drop = self._stragglers(t, ids, part)
+            by_partition = {pid: node for node, pid in self.node_partition.items()}  # one node per partition
+            targets = {int(i): by_partition[int(i)] for i in ids if int(i) in by_partition}
+            missing = [int(i) for i in ids if int(i) not in by_partition]
+            log(INFO, "fedsl round %d: clients %s sampled, %d reachable%s", t + 1, ids.tolist(), len(targets),
+                f" (no node for {missing})" if missing else "")
         model = to_record(self.state.x)
         server_state = self.sim.sent(self.state)  # what the clients read of the server state (SCAFFOLD: c)
         messages = []
@@ -258,7 +286,7 @@ class FedslStrategy(Checkpointing, FedAvg):
             if server_state:
                 content["server-state"] = state_to_record(server_state)
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
-        self._pending = {"t": t, "sampled": ids.tolist(), "targets": targets, "missing": missing,
+        self._pending = {"t": t, "sampled": sampled, "targets": targets, "missing": missing,
                          "started": time.time(), "drop": drop}
         return messages
 
@@ -275,13 +303,15 @@ class FedslStrategy(Checkpointing, FedAvg):
         return {int(i): k for i, k, k0 in zip(ids, steps, planned) if k != k0}, drop
 
     def train_config(self, t: int, pid: int, steps: int | None = None) -> dict[str, Any]:
-        """The ConfigRecord ``config`` of round t's train message to the node of partition ``pid``: what a
-        client needs to run the round's client update (README, "The Flower protocol"); ``steps``: a simulated
-        straggler's K'_i (algorithm.straggler_mode = 'partial')."""
+        """The ConfigRecord ``config`` of round t's train message to the node of partition ``pid`` (an open
+        federation: to node ``pid``, and no partition is named): what a client needs to run the round's client
+        update (docs/reference/flower-protocol.md); ``steps``: a simulated straggler's K'_i
+        (algorithm.straggler_mode = 'partial')."""
         loc, rule = self.alg.local, self.alg.rule
-        out: dict[str, Any] = {"server-round": t + 1, "round": t, "partition-id": pid,
-                               "num-partitions": self.setup.num_clients, "algorithm": self.alg.name,
+        out: dict[str, Any] = {"server-round": t + 1, "round": t, "algorithm": self.alg.name,
                                "lr": float(loc.lr), "local-epochs": int(loc.epochs), "batch-size": int(loc.batch_size)}
+        if not self.open:
+            out.update({"partition-id": pid, "num-partitions": self.setup.num_clients})
         if loc.steps is not None:
             out["local-steps"] = int(loc.steps)
         if steps is not None:
@@ -320,11 +350,16 @@ class FedslStrategy(Checkpointing, FedAvg):
                 failed[node] = _flat(msg.error.reason)
                 continue
             try:
-                # n_i weighs the update (algorithm.weighted, FSL-p): the federation, rebuilt from the
-                # seed on every machine, says what it is
-                arrays, n_i, k_i = check_reply(msg, self.state.x, pid, t, len(self.sim.client_data[pid]))
+                if self.open:
+                    arrays, n_i, k_i, losses[pid] = self._open_reply(msg, t)
+                else:
+                    # n_i weighs the update (algorithm.weighted, FSL-p): the federation, rebuilt from the
+                    # seed on every machine, says what it is
+                    arrays, n_i, k_i = check_reply(msg, self.state.x, pid, t, len(self.sim.client_data[pid]))
+                    losses[pid] = train_loss(msg)
             except BadReply as e:
-                log(WARNING, "fedsl round %d: dropped the reply of node %d (partition %d): %s", t + 1, node, pid, e)
+                where = "" if self.open else f" (partition {pid})"
+                log(WARNING, "fedsl round %d: dropped the reply of node %d%s: %s", t + 1, node, where, e)
                 rejected.append({"node": node, "partition": pid, "reason": str(e)})
                 if e.impostor:
                     impostors.add(node)
@@ -333,7 +368,6 @@ class FedslStrategy(Checkpointing, FedAvg):
                                                                              dtype=self.sim.dtype)
                       for n in self.sim.fm.names}
             finals[pid] = (params, n_i, k_i)
-            losses[pid] = train_loss(msg)
         # no reply in time, an error or another partition's reply: left out for the rest of the run
         # (a reply that was merely unusable leaves its node in the run: it gets x_{t+1} next time)
         bad_content = {r["node"] for r in rejected if r["partition"] is not None} - impostors
@@ -342,8 +376,9 @@ class FedslStrategy(Checkpointing, FedAvg):
             self.dropped.add(node)
             self.node_partition.pop(node, None)
             if node not in impostors:
-                log(WARNING, "fedsl round %d: no update from node %d (partition %d): %s", t + 1, node,
-                    node_to_pid[node], failed.get(node, "no reply within round-timeout"))
+                where = "" if self.open else f" (partition {node_to_pid[node]})"
+                log(WARNING, "fedsl round %d: no update from node %d%s: %s", t + 1, node, where,
+                    failed.get(node, "no reply within round-timeout"))
         drop = sorted(pid for pid in pending.get("drop", ()) if pid in finals)
         if drop:  # simulated stragglers (algorithm.straggler_mode = 'drop'): trained, but their update is lost
             log(INFO, "fedsl round %d: updates of stragglers %s dropped (algorithm.straggler_fraction)", t + 1, drop)
@@ -371,6 +406,24 @@ class FedslStrategy(Checkpointing, FedAvg):
             metrics["train-loss"] = info["train_loss"]
         return to_record(self.state.x), metrics
 
+    def _open_reply(self, msg: Message, t: int) -> tuple[dict, int, int, float | None]:
+        """An open federation's reply: x_i, n_i as reported (bounded by ``max-examples``), K_i (the reply's
+        ``steps``, else derived from what the server sent: K, or E·⌈n_i/B⌉) and the loss it reports.
+
+        Raises:
+            BadReply: the reply is unusable, or the rule corrects the client's steps (SCAFFOLD, FedDyn, ...) and
+                the reply has no ``steps``: it came from a client that does not run the rule's client half.
+        """
+        arrays, n_i, k_i, loss = check_open_reply(msg, self.state.x, t, self.setup.options.max_examples)
+        if k_i is None:
+            if not plain_client_half(self.alg.rule):
+                raise BadReply(f"algorithm {self.alg.name!r} corrects the clients' local steps, and this reply has no "
+                               "'steps' metric (a stock client, which runs plain local SGD): use a client that runs "
+                               "the rule's client half (fedsl's ClientApp), or a plain-SGD algorithm (fedavg, fsl)")
+            loc = self.alg.local
+            k_i = planned_steps(n_i, loc.batch_size, loc.epochs, loc.steps)
+        return arrays, n_i, k_i, loss
+
     def _server_update(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, ServerMetrics, bool]:
         """The algorithm's server half (``server_learning.server_update``: the rule's update, FSL-p, line 10,
         γ) on the usable replies of clients ``ids`` (none: x̄ = x_t, then server learning as usual); and
@@ -380,7 +433,8 @@ class FedslStrategy(Checkpointing, FedAvg):
         results = None
         if ids:
             results = ClientResults({n: torch.stack([finals[i][0][n] for i in ids]) for n in state.x},
-                                    [finals[i][1] for i in ids], tuple(finals[i][2] for i in ids), tuple(ids))
+                                    [finals[i][1] for i in ids], tuple(finals[i][2] for i in ids),
+                                    () if self.open else tuple(ids))  # open: node ids, not client ids
         new, metrics = server_update(self.alg, state, results, t, sim.server)
         if results is not None and not (_finite(new.x) and all(_finite(v) for v in new.algo.values())):
             # finite replies whose aggregate (or server learning from it) overflows
@@ -430,8 +484,18 @@ class FedslStrategy(Checkpointing, FedAvg):
         if final:
             # x_T, the server state and γ_T in the checkpoints' format (``fedsl.experiments.checkpoint.load``)
             checkpoint.save(d / "final.pt", Checkpoint(len(self.history), self.state))
-            done = {"status": "completed", "rounds": len(self.history), **(self.finetuned or {})}
+            done = {"status": "completed", "rounds": len(self.history), "federation": self.setup.options.federation,
+                    **(self.finetuned or {})}
             atomic_write(d / "done.json", lambda p: p.write_text(json.dumps(done)))
+            (d / "failed.json").unlink(missing_ok=True)  # an earlier attempt's, now resumed and completed
+
+    def fail(self, reason: str) -> None:
+        """Record a failed run in ``out-dir/failed.json`` (its one-line reason): Flower's ``flwr run`` exits 0
+        whatever the ServerApp did, so this file (or ``flwr ls --run-id ID``'s status) is how a script knows."""
+        d = self._out()
+        if d is not None:
+            text = json.dumps({"status": "failed", "reason": reason, "rounds": len(self.history)})
+            atomic_write(d / "failed.json", lambda p: p.write_text(text))
 
     def finish(self) -> None:
         """Write the final model (``final.pt``) and ``done.json`` to ``out-dir``; with ``server.finetune_epochs``,
