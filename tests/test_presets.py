@@ -8,7 +8,8 @@ from fedsl.cli import main
 from fedsl.experiments import loading, presets
 
 PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
-BEYOND = [n for n in presets.names() if n.startswith(("rivals", "availability", "robustness", "privacy"))]  # on its data
+# beyond the paper, on its data
+BEYOND = [n for n in presets.names() if n.startswith(("rivals", "availability", "robustness", "privacy"))]
 
 
 def test_paper_presets_name_their_figure_and_have_quick_forms():
