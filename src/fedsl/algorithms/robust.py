@@ -83,7 +83,7 @@ def unflatten(vec: torch.Tensor, x: Params) -> Params:
     """[..., d] back to parameters shaped as ``x``'s (leading dimensions kept)."""
     out, at = {}, 0
     for n, p in x.items():
-        out[n] = vec[..., at:at + p.numel()].reshape(*vec.shape[:-1], *p.shape)
+        out[n] = vec[..., at:at + p.numel()].reshape((*vec.shape[:-1], *p.shape))
         at += p.numel()
     return out
 
