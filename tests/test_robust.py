@@ -292,3 +292,16 @@ def test_nonsense_robust_configs_are_one_line(robust, top, fragment):
 def test_krum_with_three_clients_and_the_default_f_validates():
     cfg = C.validate(tiny_config(alg="fedavg", robust={"aggregator": "krum"}))  # S = 3, f = 0: one neighbour
     assert cfg.robust.krum_f is None
+
+
+# ----------------------------------------------------------------------------- Flower
+
+@pytest.mark.parametrize("aggregator", ["fltrust", "krum"])
+def test_a_robust_rule_on_flower_equals_the_simulator(aggregator, flower_task_identity):
+    """The Flower strategy calls the same server half: FLTrust (its g0 from the server's Simulator) and Krum,
+    then server learning, give the simulator's x_T bit for bit."""
+    from test_flower import BASE, run_flower, run_simulator
+    rc = {**BASE, "robust.aggregator": aggregator, "algorithm.clients_per_round": 3, "rounds": 3}
+    strategy, _ = run_flower(rc)
+    expected, _ = run_simulator(rc)
+    assert all(torch.equal(strategy.state.x[n], expected.x[n]) for n in expected.x)
