@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from fedsl.algorithms.robust import Robust
 from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params, State
 
-if TYPE_CHECKING:  # server_learning imports this module
+if TYPE_CHECKING:  # server_learning and robust import this module
+    from fedsl.algorithms.robust import Robust
     from fedsl.algorithms.server_learning import ServerLearning
 
 Carry = dict[str, Params]  # what a client's local steps change: {"y": local model, ...optimiser buffers}

@@ -33,14 +33,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from fedsl.algorithms.base import ClientResults, LocalTraining
 from fedsl.core.types import Params
-
-if TYPE_CHECKING:  # base imports nothing of this module; the annotations only
-    from fedsl.algorithms.base import ClientResults, LocalTraining
 
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound", "fltrust")
 
@@ -211,8 +208,6 @@ def robust_results(x: Params, results: ClientResults, robust: Robust, root: Para
         robust: the rule (``robust.active``).
         root: FLTrust's server model after its local steps on D0 from x_t (g0 = root − x_t); None otherwise.
     """
-    from fedsl.algorithms.base import ClientResults  # base imports this module's Robust
-
     deltas = flat_deltas(x, results.params)
     g0 = flat_deltas(x, {n: v.unsqueeze(0) for n, v in root.items()})[0] if root is not None else None
     agg = robust_delta(robust, deltas, g0)

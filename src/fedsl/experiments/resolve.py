@@ -5,7 +5,9 @@ from, for the printed table and summary.json."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fedsl.algorithms import (
     Algorithm,
@@ -109,7 +111,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     return algorithm, pretrain, hp
 
 
-def robust_rule(cfg: RunConfig, fed: Federation, k: int, note) -> Robust | None:
+def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any]) -> Robust | None:
     """The ``[robust]`` rule (None for 'mean'); FLTrust's server update g0 takes the clients' schedule by default
     (η_l, K = ``k`` the mean client's steps, batches of min(B, n0)), as Cao et al. (NDSS 2021) train it, so that
     ‖g0‖, to which every update is rescaled, is a client update's size."""
