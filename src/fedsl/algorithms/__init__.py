@@ -8,6 +8,8 @@
   ``d0_only``: the control that drops the clients' updates and keeps line 10 (``feddu.py``).
 - ``scaffold``, ``feddyn``, ``fedprox``, ``fedavgm``, ``fedadam``, ``fednova``: the baselines;
   any of them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
+- ``robust``: robust server rules (median, trimmed mean, Krum, norm bounding, FLTrust) in front of any
+  rule's mean of the clients' updates.
 
 Each module ends with its ``Spec`` (``spec.py``); ``SPECS`` below is the registry that config
 validation, defaults, stacking and Flower read. Server learning (Algorithm 1, line 10), FSL-p
@@ -36,6 +38,7 @@ from fedsl.algorithms.feddyn import FedDyn
 from fedsl.algorithms.fedopt import FedAdam, FedAvgM
 from fedsl.algorithms.fedprox import FedProx
 from fedsl.algorithms.gamma_schedule import GammaSchedule
+from fedsl.algorithms.robust import Robust
 from fedsl.algorithms.scaffold import Scaffold
 from fedsl.algorithms.server_learning import Pretraining, ServerLearning
 from fedsl.algorithms.spec import HyperParam, Spec
@@ -88,13 +91,14 @@ def check_server_learning(name: str, learning: str, has_server_data: bool) -> st
 
 
 def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: ServerLearning | None,
-                   weighted: bool = False, **hp) -> Algorithm:
+                   weighted: bool = False, robust: Robust | None = None, **hp) -> Algorithm:
     """Build algorithm ``name``.
 
     - fsl: FedAvg + ``server`` as incremental SL (Algorithm 1); fsl_p: FedAvg + ``server``
       as parallel SL (FSL-p), whatever ``server.mode`` says. Both require ``server``.
     - ds: FedAvg with clients training on D_i ∪ D0 (Zhao et al. 2018).
     - any other rule: ``server``, when given, runs after its server update (e.g. SCAFFOLD + SL).
+    - ``robust``: a robust aggregate of the clients' updates before any rule's mean (``robust.py``).
     ``hp`` holds the rules' own hyper-parameters (their specs' ``hyperparams``: mu, momentum, beta1,
     beta2, tau, alpha, rho; the spec's defaults for those not given). Whether ``server`` composes with
     the rule is ``check_server_learning``'s question, asked once at config validation; here it is assumed.
@@ -106,11 +110,11 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
         server = replace(server, mode=sp.server_learning)
     assert server is None or server.mode != "parallel" or sp.parallel_ok, f"FSL-p with {name}: check_server_learning"
     return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=sp.shares_server_data,
-                     spec=sp)
+                     spec=sp, robust=robust if robust is not None and robust.active else None)
 
 
 __all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientResults", "LocalSGD",
            "RunState", "client_update", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule",
-           "LocalTraining", "Pretraining", "RoundContext", "Scaffold", "ServerLearning",
+           "LocalTraining", "Pretraining", "Robust", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule",
            "check_server_learning"]

@@ -46,7 +46,8 @@ import torch
 from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params, State
 
-if TYPE_CHECKING:  # server_learning imports this module
+if TYPE_CHECKING:  # server_learning and robust import this module
+    from fedsl.algorithms.robust import Robust
     from fedsl.algorithms.server_learning import ServerLearning
 
 Carry = dict[str, Params]  # what a client's local steps change: {"y": local model, ...optimiser buffers}
@@ -255,6 +256,8 @@ class Algorithm:
         server_learning: SL on D0 after (incremental) or beside (parallel) aggregation.
         share_server_data: DS, clients train on D_i ∪ D0.
         spec: what outside the arithmetic depends on the algorithm (stacking, Flower, defaults).
+        robust: a robust aggregate of the clients' updates before the rule's mean (``robust.robust_results``);
+            None: the rule's own aggregation.
     """
 
     name: str
@@ -264,6 +267,7 @@ class Algorithm:
     server_learning: ServerLearning | None = None
     share_server_data: bool = False
     spec: Spec | None = None  # the algorithm's spec (fedsl.algorithms.spec); set by make_algorithm
+    robust: Robust | None = None  # a robust server rule (fedsl.algorithms.robust); None or "mean": none
 
     @property
     def global_lr(self) -> float | None:

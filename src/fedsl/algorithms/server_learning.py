@@ -1,5 +1,6 @@
 """The server's round for any rule: its update, then server learning on D0 (Algorithm 1, lines 8-10).
 
+    {x_i}   = robust_results(x_t, {x_i})                           a robust server rule, if any (robust.py)
     x̄_t     = rule.server_update(x_t, {x_i})                       lines 8-9 (FedAvg: x + η_g·mean Δ_i)
     x_{t+1} = LocalSGD(x̄_t, γ_t·η0, K0, D0)                        line 10 (FSL)
 
@@ -30,6 +31,7 @@ import torch
 from fedsl.algorithms.base import Algorithm, ClientResults, RoundContext, RunState, client_weights
 from fedsl.algorithms.feddu import LabelCounts
 from fedsl.algorithms.gamma_schedule import GammaSchedule
+from fedsl.algorithms.robust import robust_results
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
 
@@ -111,6 +113,8 @@ class ServerSide:
         f0_grad: ∇f0(x), the full gradient of the server loss (the angle diagnostic).
         d0_accuracy: the accuracy of a model on D0 (FedDU's acc_t).
         label_counts: the clients' and D0's class counts (FedDU's non-IID degrees), made when first read.
+        root_update: ``root_update(x, t) -> x'``: FLTrust's server model, LocalSGD on D0 from x with the
+            robust rule's own schedule (``Robust.root``) over round t's batches; None where no rule needs it.
     """
 
     num_clients: int
@@ -119,6 +123,7 @@ class ServerSide:
     f0_grad: Callable[[Params], Params]
     d0_accuracy: Callable[[Params], float] | None = None
     label_counts: Callable[[], LabelCounts] | None = None
+    root_update: Callable[[Params, int], Params] | None = None
 
 
 @dataclass
@@ -165,6 +170,7 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
         return Aggregated(state.x, state.algo, gamma, None, 0, incremental)
     if updated is not None:
         return Aggregated(*updated, gamma, None, 0, incremental)
+    results = robust_step(alg, state.x, results, t, server)  # the clients' rows only: FSL-p's joins below
     x, finals = state.x, results.params
     device = next(iter(x.values())).device
     weights = to_device(client_weights(results.sizes, alg.weighted), device)  # queued, no GPU sync
@@ -187,10 +193,27 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     return Aggregated(x_bar, algo, gamma, cos, server_steps, incremental)
 
 
+def robust_step(alg: Algorithm, x: Params, results: ClientResults, t: int, server: ServerSide) -> ClientResults:
+    """The algorithm's robust server rule on round t's replies (``robust.robust_results``: every model x_t + Δ̂),
+    or the replies as they are without one. FLTrust's server update g0 is the engine's (``server.root_update``)."""
+    rb = alg.robust
+    if rb is None or not rb.active:
+        return results
+    root = None
+    if rb.aggregator == "fltrust":
+        if server.root_update is None:
+            raise ValueError(f"robust.aggregator = 'fltrust' needs the server's update on D0: the engine of "
+                             f"algorithm {alg.name!r} gives no root_update")
+        root = server.root_update(x, t)
+    return robust_results(x, results, rb, root)
+
+
 def _rule_alone(alg: Algorithm) -> bool:
-    """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone: no FSL-p server update
-    beside the clients', no cos θ_t (a full gradient on D0). Only then may the engine's ``RuleUpdates`` stand
-    in for them."""
+    """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone: no robust step before it,
+    no FSL-p server update beside the clients', no cos θ_t (a full gradient on D0). Only then may the engine's
+    ``RuleUpdates`` stand in for them."""
+    if alg.robust is not None and alg.robust.active:
+        return False
     sl = alg.server_learning
     return not (sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle or dynamic(alg)))
 

@@ -24,7 +24,11 @@ AVAILABILITY = 11  # which clients are available in a round (algorithm.availabil
 AVAILABILITY_PHASE = 12  # each client's phase in its fixed availability cycle (pattern 'fixed'), drawn once
 SAMPLE_AVAILABLE = 13  # S of the round's available clients (algorithm.availability < 1)
 STRAGGLERS = 14  # which sampled clients straggle, and how many of their K_i steps a partial one does
-SAMPLE_NODES = 20  # S of the connected nodes of a round (a Flower run with federation = 'open')
+SAMPLE_NODES = 19  # S of the connected nodes of a round (a Flower run with federation = 'open')
+# 20 onwards: issue 29's Byzantine clients and robust rules (15-19 left to its other features)
+ATTACKERS = 20  # which ⌊f·N⌋ clients are malicious for the whole run (attack.fraction), drawn once
+ATTACK_NOISE = 21  # a malicious client's Gaussian update in round t (attack.kind = 'gaussian')
+ROOT_BATCHES = 22  # the batches of D0 behind FLTrust's server update g0 in round t (robust.aggregator = 'fltrust')
 
 # Seed offsets, for generators that take one integer seed rather than a stream tuple
 # (``data.synthetic.make_font_chars``): ``offset_seed(seed, FONT_TEST)``. Fixed numbers too:

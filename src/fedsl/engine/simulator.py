@@ -1,7 +1,8 @@
 """The simulator: one process, all clients in memory, rounds of any algorithm.
 
     sample S clients -> the algorithm's client half on each (executor, vmapped or a loop)
-    -> its server half (the rule's update, then server learning on D0) -> clients' new states
+    -> the malicious clients' attack on their models, if any (``fedsl.core.attacks``)
+    -> its server half (a robust rule, the rule's update, then server learning on D0) -> clients' new states
 
 The algorithm owns the arithmetic (``fedsl.algorithms``); the simulator samples, plans batches
 and schedules. Everything random is drawn from (seed, round), so ``round(state, t)`` is a
@@ -21,11 +22,13 @@ import torch
 from fedsl.algorithms.base import Algorithm, ClientResults, LocalTraining, RunState, State
 from fedsl.algorithms.feddu import LabelCounts, label_counts
 from fedsl.algorithms.server_learning import Pretraining, ServerMetrics, ServerSide, initial_gamma, server_update
-from fedsl.core import participation, rng
+from fedsl.core import attacks, participation, rng
+from fedsl.core.attacks import NO_ATTACK, Attack
 from fedsl.core.participation import FULL, Participation
 from fedsl.core.transfer import to_device
 from fedsl.core.types import Params
 from fedsl.data.federation import Federation
+from fedsl.data.poisoning import flip_labels
 from fedsl.engine.executors import Executor
 from fedsl.engine.functional import EVAL_PRECISIONS, FunctionalModel, evaluate, full_gradient
 from fedsl.engine.plan import BatchPlan, make_plan, truncate
@@ -82,12 +85,19 @@ class Simulator:
         tables_on_host: keep the clients' state tables (SCAFFOLD's c_i, FedDyn's ∇L_i: N × d) in host memory
             and copy the sampled rows to the device and back each round (a GPU too small for N × d).
         part: client availability and stragglers (``fedsl.core.participation``; default: the paper's setting).
+        attack: Byzantine clients (``fedsl.core.attacks``; default none): the run's malicious clients
+            (``malicious``, drawn once from the seed) train on flipped labels (label_flip: their samples are
+            copied into the pool relabelled, ``fedsl.data.poisoning``) or replace their models after training.
     """
 
     def __init__(self, fm: FunctionalModel, fed: Federation, algorithm: Algorithm, executor: Executor,
                  clients_per_round: int, seed: int, eval_batch_size: int = 500, eval_precision: str = "float32",
-                 tables_on_host: bool = False, part: Participation = FULL) -> None:
+                 tables_on_host: bool = False, part: Participation = FULL, attack: Attack = NO_ATTACK) -> None:
         assert eval_precision in EVAL_PRECISIONS, eval_precision  # config validation checks it
+        self.attack = attack
+        self.malicious = attacks.malicious_clients(seed, fed.num_clients, attack)  # M, fixed for the run
+        if attack.kind == "label_flip":
+            fed = flip_labels(fed, self.malicious.tolist())
         self.fm, self.fed, self.alg, self.executor = fm, fed, algorithm, executor
         self.S, self.seed, self.eval_batch_size = clients_per_round, seed, eval_batch_size
         self.eval_precision = eval_precision
@@ -159,7 +169,7 @@ class Simulator:
         state = replace(state, x=self.layout(state.x))
         work = self.sample(t)
         finals, rows = self.train_clients(state, work, t) if len(work.ids) else ({}, {})
-        results = self.results(work, finals)
+        results = self.results(work, finals, state.x, t)
         new, metrics = server_update(self.alg, state, results, t, self.server)
         return self.end_round(new, work, rows, metrics)
 
@@ -180,18 +190,30 @@ class Simulator:
         return ClientWork(ids, ids_t, [len(self.client_data[i]) for i in ids],
                           plan if host else plan.to(self.device, self.dtype), dropped)
 
-    @staticmethod
-    def results(work: ClientWork, finals: dict) -> ClientResults | None:
-        """What reaches the server of the sampled clients' models ``finals``: all but the dropped stragglers'
-        (None: nothing arrives, x̄ = x_t)."""
+    def results(self, work: ClientWork, finals: dict, x: Params, t: int) -> ClientResults | None:
+        """What reaches the server of the sampled clients' models ``finals`` trained from x_t = ``x`` in round t:
+        all but the dropped stragglers' (None: nothing arrives, x̄ = x_t), a malicious client's attacked
+        (``fedsl.core.attacks.attack_finals``: x_t + A(Δ_i); honest rows and runs without an attack as they are)."""
         if not work.dropped:
-            return ClientResults(finals, work.sizes, work.steps, tuple(work.ids.tolist())) if len(work.ids) else None
+            if not len(work.ids):
+                return None
+            ids = tuple(work.ids.tolist())
+            return ClientResults(self._attacked(x, finals, ids, t), work.sizes, work.steps, ids)
         keep = [j for j, i in enumerate(work.ids.tolist()) if i not in work.dropped]
         if not keep:
             return None
         at = torch.tensor(keep, device=next(iter(finals.values())).device)
-        return ClientResults({n: v.index_select(0, at) for n, v in finals.items()}, [work.sizes[j] for j in keep],
-                             tuple(work.steps[j] for j in keep), tuple(int(work.ids[j]) for j in keep))
+        ids = tuple(int(work.ids[j]) for j in keep)
+        return ClientResults(self._attacked(x, {n: v.index_select(0, at) for n, v in finals.items()}, ids, t),
+                             [work.sizes[j] for j in keep], tuple(work.steps[j] for j in keep), ids)
+
+    def _attacked(self, x: Params, finals: Params, ids: tuple[int, ...], t: int) -> Params:
+        return attacks.attack_finals(self.attack, x, finals, ids, self.malicious, self.seed, t)
+
+    @property
+    def attacked(self) -> bool:
+        """Whether some client's model may be replaced by an attack (``results`` changes rows)."""
+        return self.attack.on_updates and len(self.malicious) > 0
 
     def plan_clients(self, ids: list[int], t: int, local: LocalTraining | None = None, host: bool = False
                      ) -> BatchPlan:
@@ -239,8 +261,10 @@ class Simulator:
     @property
     def server(self) -> ServerSide:
         """N, n0, LocalSGD on D0, ∇f0, the accuracy on D0 and the label counts: what the server half needs."""
+        rb = self.alg.robust
+        root = self.root_sgd if rb is not None and rb.aggregator == "fltrust" else None
         return ServerSide(self.fed.num_clients, self.fed.n0, self.server_sgd, self.f0_gradient, self.d0_accuracy,
-                          self.label_counts)
+                          self.label_counts, root)
 
     def d0_accuracy(self, x: Params) -> float:
         """The accuracy of ``x`` on D0 (FedDU's acc_t)."""
@@ -264,6 +288,16 @@ class Simulator:
         plan = self.server_plan(t)
         x = self._one(self.executor.local_sgd(params, plan, self.fed.x, self.fed.y, lr))
         return x, plan.steps[0]
+
+    def root_sgd(self, params: Params, t: int) -> Params:
+        """FLTrust's server model in round t: LocalSGD on D0 from ``params`` (x_t) with the robust rule's schedule
+        (``Robust.root``: η, B, K, by default the clients'), its batches from (seed, t, ROOT_BATCHES)."""
+        rb = self.alg.robust
+        assert rb is not None and rb.root is not None, "FLTrust's root schedule (resolve sets it)"
+        loc = rb.root
+        plan = make_plan([self.fed.server], [SERVER_ID], loc.batch_size, loc.epochs, loc.steps, self.seed, t,
+                         rng.ROOT_BATCHES).to(self.device, self.dtype)
+        return self._one(self.executor.local_sgd(self.layout(params), plan, self.fed.x, self.fed.y, loc.lr))
 
     def finetune(self, params: Params, epochs: int, lr: float, batch_size: int) -> Params:
         """``epochs`` epochs of SGD on D0 from ``params`` (step ``lr``, batches of ``batch_size``): the

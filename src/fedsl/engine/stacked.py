@@ -158,12 +158,16 @@ class StackedSimulator:
                                                                           for k, g in rows.items()}
         parts = {n: v.split(sizes) for n, v in finals.items()}  # each run's rows (views; one call per tensor)
         # each run's clients whose update arrives (all but dropped stragglers; None: none, x̄ = x_t)
-        results = [sim.results(w, {n: p[r] for n, p in parts.items()}) for r, (sim, w) in
-                   enumerate(zip(self.sims, works))]
+        # each run's malicious clients' models attacked, as a run alone does (Simulator.results)
+        results = [sim.results(w, {n: p[r] for n, p in parts.items()}, st.x, t) for r, (sim, w, st) in
+                   enumerate(zip(self.sims, works, states))]
         rule_updates = None
         if self.batched_server and len(set(sizes)) == 1 and not any(w.dropped for w in works):
-            def rule_updates():
-                return self._rule_updates(states, works, finals, sizes[0])
+            def rule_updates():  # called only when every run's replies arrived (server_updates)
+                received = finals  # what the servers receive: the clients' models, a malicious one's attacked
+                if any(sim.attacked for sim in self.sims):
+                    received = {n: torch.cat([res.params[n] for res in results]) for n in finals}
+                return self._rule_updates(states, works, received, sizes[0])
 
         def line10(runs: list[int], x_bars: list[Params], _t: int, server_lrs: list[float]
                    ) -> list[tuple[Params, int]]:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
+from fedsl.algorithms.robust import AGGREGATORS, default_krum_f
+from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
 from fedsl.core.participation import Participation
 from fedsl.data import registry
 from fedsl.engine.executors import COMPILE_MODES
@@ -235,6 +237,41 @@ class ServerConfig(_Strict):
                                                               "its batch size is B0")
 
 
+class AttackConfig(_Strict):
+    """Byzantine clients in simulation (``fedsl.core.attacks``; docs/how-to/robustness.md)."""
+    kind: Literal[KINDS] = Field(
+        "none", description="what the malicious clients do: 'none'; after honest local training 'sign_flip' "
+                            "(Δ → −λ·Δ), 'scale' (Δ → λ·Δ), 'gaussian' (Δ → N(0, σ²) per coordinate), 'constant' "
+                            "(every coordinate of Δ = c); or 'label_flip' (they train on their own samples with "
+                            "labels y → L − 1 − y)")
+    fraction: float = Field(0.0, ge=0, lt=1, description="f, share of the N clients that are malicious: ⌊f·N⌋ of "
+                                                         "them, drawn once from the seed, the same every round")
+    scale: float | None = Field(None, gt=0, description=f"λ of sign_flip (default {DEFAULT_SCALE['sign_flip']:g}) "
+                                                        f"and scale (default {DEFAULT_SCALE['scale']:g})")
+    noise_std: float = Field(1.0, gt=0, description="σ of gaussian: each coordinate of a malicious update ~ N(0, σ²)")
+    constant: float = Field(1.0, description="c of constant: every coordinate of a malicious update")
+
+
+class RobustConfig(_Strict):
+    """A robust server rule before the algorithm's mean of the updates (``fedsl.algorithms.robust``)."""
+    aggregator: Literal[AGGREGATORS] = Field(
+        "mean", description="'mean' (the algorithm's own aggregation), 'median' and 'trimmed_mean' (coordinate-wise), "
+                            "'krum', 'multi_krum', 'norm_bound' (clip each Δ_i to norm τ, then the mean) or "
+                            "'fltrust' (trust scores from the server's own update on D0; needs server data)")
+    trim: float = Field(0.1, ge=0, lt=0.5, description="β of trimmed_mean: the ⌊β·S⌋ largest and ⌊β·S⌋ smallest "
+                                                       "values of each coordinate are dropped")
+    krum_f: int | None = Field(None, ge=0, le=CLIENTS_MAX, description="f, the Byzantine count Krum assumes; its "
+                               "scores sum the S − f − 2 nearest updates (default ⌊(S − 3)/2⌋, at least 0)")
+    krum_m: int | None = Field(None, ge=1, le=CLIENTS_MAX, description="m, the updates Multi-Krum averages "
+                                                                       "(default S − f)")
+    norm_bound: float | None = Field(None, gt=0, description="τ of norm_bound (required there): each update cut to "
+                                                             "norm at most τ")
+    trust_lr: float | None = Field(None, gt=0, description="fltrust: step size of the server's update on D0 "
+                                                           "(default η_l, as the clients)")
+    trust_steps: int | None = Field(None, ge=1, le=STEPS_MAX, description="fltrust: local steps of the server's "
+                                    "update on D0 (default K, the mean client's; batches of min(B, n0); at most 10^6)")
+
+
 CLAIM_METRICS = ("final_accuracy", "T_0.5", "rise_time")
 
 
@@ -365,6 +402,8 @@ class RunConfig(_Strict):
     model: ModelConfig = Field(ModelConfig(), description="a [model] table")
     algorithm: AlgorithmConfig = Field(description="an [algorithm] table with at least name = ...")
     server: ServerConfig = Field(ServerConfig(), description="a [server] table (server learning)")
+    attack: AttackConfig = Field(AttackConfig(), description="an [attack] table (Byzantine clients, simulation only)")
+    robust: RobustConfig = Field(RobustConfig(), description="a [robust] table (a robust server rule)")
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides, one run each, compared side by side")
 
@@ -373,6 +412,12 @@ class RunConfig(_Strict):
         """Client availability and stragglers (``algorithm.availability``, ``straggler_*``)."""
         a = self.algorithm
         return Participation(a.availability, a.availability_pattern, a.straggler_fraction, a.straggler_mode)
+
+    @property
+    def byzantine(self) -> Attack:
+        """The Byzantine clients' attack (``[attack]``)."""
+        k = self.attack
+        return Attack(k.kind, k.fraction, k.scale, k.noise_std, k.constant)
 
     def evaluates(self, done: int) -> bool:
         """Whether the model after round ``done`` is evaluated: every ``eval_every`` rounds, the last round, and
@@ -426,7 +471,26 @@ class RunConfig(_Strict):
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
                              "or data.server_source = 'clients' / 'dataset'")
+        self._robust_checks()
         return self
+
+    def _robust_checks(self) -> None:
+        """Robust rules that cannot run with this config (one line each)."""
+        r, s = self.robust, self.algorithm.clients_per_round
+        if r.aggregator == "fltrust" and not self.data.has_server_data:
+            raise ValueError("robust.aggregator = 'fltrust' scores the clients against the server's own update on "
+                             "D0: expected data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
+        if r.aggregator == "norm_bound" and r.norm_bound is None:
+            raise ValueError("robust.aggregator = 'norm_bound' clips each update to norm τ: expected robust.norm_bound "
+                             "= τ > 0")
+        if r.aggregator in ("krum", "multi_krum"):
+            f = r.krum_f if r.krum_f is not None else default_krum_f(s)
+            if s - f - 2 < 1:
+                raise ValueError(f"robust.aggregator = {r.aggregator!r} scores each update by its S − f − 2 nearest: "
+                                 f"expected algorithm.clients_per_round S >= f + 3 = {f + 3}, got S = {s} "
+                                 f"(robust.krum_f = {f})")
+            if r.krum_m is not None and r.krum_m > s:
+                raise ValueError(f"robust.krum_m = {r.krum_m}: expected at most algorithm.clients_per_round = {s}")
 
 
 # ----------------------------------------------------------------------------- validation

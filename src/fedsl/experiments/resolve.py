@@ -5,18 +5,22 @@ from, for the printed table and summary.json."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fedsl.algorithms import (
     Algorithm,
     GammaSchedule,
     LocalTraining,
     Pretraining,
+    Robust,
     ServerLearning,
     defaults,
     make_algorithm,
     spec,
 )
+from fedsl.algorithms.robust import default_krum_f
 from fedsl.data.federation import Federation
 from fedsl.experiments.config import ConfigError, RunConfig
 
@@ -93,7 +97,8 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
                                 log_angle=s.log_angle)
     if sp.shares_server_data:
         note("n0", "shared samples |D0|", n0, True)
-    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, **rule_hp)  # validation checked it all
+    robust = robust_rule(cfg, fed, k, note)
+    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, robust, **rule_hp)  # validation checked it all
 
     if s.finetune_epochs:
         note("E_ft", "fine-tuning epochs on D0 after round T", s.finetune_epochs, True)
@@ -104,6 +109,36 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         pretrain = Pretraining(s.pretrain_epochs, s.pretrain_lr, min(pb, n0))
         note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, True)
     return algorithm, pretrain, hp
+
+
+def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any]) -> Robust | None:
+    """The ``[robust]`` rule (None for 'mean'); FLTrust's server update g0 takes the clients' schedule by default
+    (η_l, K = ``k`` the mean client's steps, batches of min(B, n0)), as Cao et al. (NDSS 2021) train it, so that
+    ‖g0‖, to which every update is rescaled, is a client update's size."""
+    r, a = cfg.robust, cfg.algorithm
+    if r.aggregator == "mean":
+        return None
+    note("robust", "robust server rule", r.aggregator, True)
+    root = None
+    if r.aggregator == "fltrust":
+        if fed.n0 == 0:
+            raise ConfigError("robust.aggregator = 'fltrust' needs server data: D0 came out empty")
+        lr = note("η_tr", "FLTrust server update: step size", r.trust_lr or a.local_lr, r.trust_lr, "default η_l")
+        steps = note("K_tr", "FLTrust server update: steps on D0", r.trust_steps or k, r.trust_steps,
+                     "default K (the clients')")
+        root = LocalTraining(lr, min(a.batch_size, fed.n0), steps=steps)
+    elif r.aggregator == "trimmed_mean":
+        note("β", "trimmed-mean fraction", r.trim, True)
+    elif r.aggregator == "norm_bound":
+        note("τ", "norm bound of each update", r.norm_bound, True)
+    elif r.aggregator in ("krum", "multi_krum"):
+        # the defaults are per round, of the S' replies that arrive; shown here for S' = S
+        f = note("f", "Krum's assumed Byzantine count", r.krum_f if r.krum_f is not None else default_krum_f(
+            a.clients_per_round), r.krum_f, "default ⌊(S' − 3)/2⌋ of the S' replies")
+        if r.aggregator == "multi_krum":
+            note("m", "Multi-Krum's averaged updates", r.krum_m or a.clients_per_round - f, r.krum_m,
+                 "default S' − f")
+    return Robust(r.aggregator, r.trim, r.krum_f, r.krum_m, r.norm_bound, root)
 
 
 def format_hparams(hp: list[Setting]) -> str:

@@ -176,7 +176,7 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     d = sum(p.numel() for p in fm.module.parameters())
     sim = Simulator(fm, on_device, algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
                     cfg.eval_batch_size, cfg.eval_precision, tables_on_host(cfg, device, algorithm, fed.num_clients, d),
-                    cfg.participation)
+                    cfg.participation, cfg.byzantine)
     return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device)
 
 
@@ -255,6 +255,9 @@ class RunSession:
             "model_init": cfg.model.init,
             "hyperparameters": {h.symbol: {"value": h.value, "source": h.source} for h in prep.hparams},
         })
+        if cfg.attack.kind != "none":  # who was malicious: ⌊f·N⌋ ids, the same every round
+            self.summary["attack"] = {"kind": cfg.attack.kind, "fraction": cfg.attack.fraction,
+                                      "malicious_count": len(sim.malicious), "malicious": sim.malicious.tolist()}
         # round 0 (x_0's accuracy) is a row of metrics.csv for the curves, but not part of the
         # paper's metrics (rolling, final accuracy, rise time, T_a), which are over rounds 1..T
         self.rounds = [int(r["round"]) for r in history if r["round"] > 0]
