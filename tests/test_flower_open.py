@@ -311,3 +311,41 @@ def test_the_open_run_is_deterministic_given_the_nodes(one_thread, stock):
     b, _ = run_fedsl({**rc, "rounds": 2}, dict(reversed(list(nodes.items()))))
     assert [h["sampled"] for h in a.history] == [h["sampled"] for h in b.history]
 
+
+
+def _sign_flip(replies: list, scale: float = 10.0):
+    """A malicious node: it trains honestly, then sends x_t − λ·(x_i − x_t) (attack.kind = 'sign_flip', λ = 10)."""
+    def tamper(msg: Message, reply: Message) -> Message:
+        x_t = msg.content["arrays"].to_torch_state_dict()
+        x_i = reply.content["arrays"].to_torch_state_dict()
+        bad = {n: x_t[n] - scale * (x_i[n] - x_t[n]) for n in x_t}
+        out = Message(RecordDict({"arrays": ArrayRecord(torch_state_dict=bad),
+                                  "metrics": reply.content["metrics"]}), reply_to=msg)
+        replies.append(out)
+        return out
+    return tamper
+
+
+def test_a_malicious_client_app_against_a_robust_rule_on_flower(one_thread, stock):
+    """One of 4 nodes flips and scales its update. FedAvg (η_g = 1, no server learning) averages it in: its model is
+    the mean of the 4 replies. With robust.aggregator = 'median' the model is their coordinate-wise median, and
+    stays next to the honest nodes' mean, at most half as far from it as FedAvg's."""
+    rc, nodes = stock
+    gaps = {}
+    for aggregator in ("mean", "median"):
+        replies: list[Message] = []
+        honest = {n: _recording(replies) for n in NODES[:3]}
+        run = {**rc, "rounds": 1, "algorithm.name": "fedavg", "algorithm.global_lr": 1.0,
+               "algorithm.clients_per_round": 4, "robust.aggregator": aggregator}
+        strategy, _ = run_fedsl(run, nodes, tamper={**honest, NODES[3]: _sign_flip(replies)})
+        assert strategy.history[0]["trained"] == NODES and len(replies) == 4
+        models = [r.content["arrays"].to_torch_state_dict() for r in replies]
+        stacked = {n: torch.stack([m[n] for m in models]) for n in models[0]}
+        if aggregator == "median":  # of an even count: the midpoint of the two middle values
+            expected = {n: v.sort(0).values[1:3].mean(0) for n, v in stacked.items()}
+        else:
+            expected = {n: v.mean(0) for n, v in stacked.items()}
+        assert max_diff(strategy.state.x, expected) <= 1e-6
+        gaps[aggregator] = max_diff(strategy.state.x, {n: v[:3].mean(0) for n, v in stacked.items()})
+    print(f"max |x_1 - honest mean|: {gaps}")
+    assert gaps["median"] < 0.5 * gaps["mean"], gaps
