@@ -79,6 +79,9 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
         log(INFO, "fedsl: %s, T=%d rounds, N=%d clients (partition ids 0..%d), S=%d per round, n0=%d on the server "
             "(federation = replay)", setup.algorithm.name, cfg.rounds, setup.num_clients, setup.num_clients - 1,
             cfg.algorithm.clients_per_round, setup.fed.n0)
+        log(INFO, "fedsl: replay requires every SuperNode to run fedsl's ClientApp (or the replay protocol) with "
+            "--node-config 'partition-id=I' and the config's data: the server checks each reply against the "
+            "federation it rebuilt from the config")
     straggler = setup.options.straggler_timeout or None
     strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x),
                    num_rounds=cfg.rounds - done, timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
