@@ -196,6 +196,19 @@ def test_aggregate_fit_applies_the_server_update_to_a_made_up_aggregate(one_thre
     assert strategy.core.history[0]["trained"] == [7, 8, 9] and strategy.core.history[0]["client_steps"] == [2] * 3
 
 
+def test_feddyn_reads_the_aggregate_once_per_client(one_thread):
+    """FedDyn's h = h - α·Σ_{i∈S} (x_i - x)/N counts the round's S clients: with every row = agg it is
+    -α·S·(agg - x)/N (S = 3, N = 4, α = 0.01), and x̄ = mean x_i - h/α = agg - h/α, by hand."""
+    strategy = _strategy(**{"algorithm.name": "feddyn"})
+    x = {n: v.clone() for n, v in strategy.core.state.x.items()}
+    agg = [np.full(tuple(x[n].shape), 0.25) for n in strategy.names]
+    proxies = [GridClientProxy(n, None, 1) for n in (7, 8, 9)]
+    strategy.aggregate_fit(1, [(p, _fitres(agg, 1, steps=2)) for p in proxies], [])
+    h = {n: -0.01 * 3 * (0.25 - x[n]) / 4 for n in x}
+    assert max_diff(strategy.core.state.algo["h"], h) <= 1e-17
+    assert max_diff(strategy.core.state.x, {n: 0.25 - h[n] / 0.01 for n in x}) <= 1e-15
+
+
 def test_a_reply_with_a_wrong_secagg_weight_spoils_the_round(one_thread, caplog):
     """A weight of 24 under the plain mean: the masked sum holds it and cannot be taken apart, so no client update
     (x̄ = x_t), then server learning; one line names the node."""

@@ -222,6 +222,9 @@ class SecAggStrategy(Strategy):
                   "error_bound": aggregate_error_bound(weights, secagg_weight_bound(options, self.weighted),
                                                        options.secagg_clipping_range,
                                                        options.secagg_quantization_range) if weights else None}
+        if ids:
+            log(INFO, "fedsl round %d: the SecAgg+ aggregate of %d clients (within %.3g of their %s mean per entry), "
+                "then %d server steps", t + 1, len(ids), secagg["error_bound"], secagg["weights"], m.server_steps)
         self._record(t, pending, ids, [rows[i][1] for i in ids], _mean([rows[i][2] for i in ids]), lost, rejected,
                      m, secagg)
         metrics: dict[str, Scalar] = {"clients": len(ids), "server-steps": m.server_steps}
