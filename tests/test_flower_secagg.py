@@ -29,6 +29,9 @@ pytest.importorskip("flwr")
 
 from conftest import max_diff
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.client import NumPyClient
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp import ClientApp
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from test_flower_protocol import APP, BASE, Grid, fedsl_nodes
@@ -172,6 +175,32 @@ def test_a_client_that_fails_mid_protocol_is_unmasked_away(one_thread, tmp_path,
     assert all(h["server_steps"] > 0 for h in strategy.history)
 
 
+class ShiftClient(NumPyClient):
+    """A stock Flower client (the legacy NumPyClient, no fedsl): returns x_t + 0.01·(i + 1), n_i = 10·(i + 1)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def fit(self, parameters, config):
+        return [p + 0.01 * (self.pid + 1) for p in parameters], 10 * (self.pid + 1), {"train_loss": 0.5}
+
+
+def test_a_stock_numpy_client_with_secaggplus_mod_takes_part(one_thread, rounds_seen):
+    """Flower's legacy route: a NumPyClient's ClientApp with ``secaggplus_mod``, its FitRes weighted by its n_i
+    (algorithm.weighted): the aggregate is x_t + Σ q_i·0.01(i + 1) / Σ q_i, q_i = round(n_i / 30 · Q)."""
+    app = ClientApp(client_fn=lambda context: ShiftClient(context.node_config["partition-id"]).to_client(),
+                    mods=[secaggplus_mod])
+    rc = {**SECAGG, "rounds": 1, "algorithm.weighted": True, "max-examples": 30}
+    strategy, _ = serve(rc, {100 + i: (app, {"partition-id": i}) for i in range(3)})
+    (t, x_t, agg, rows, _), = rounds_seen
+    q = [quantised_weight(n, 30, 2**22) for n in (10, 20, 30)]
+    shift = sum(qi * 0.01 * (i + 1) for i, qi in enumerate(q)) / sum(q)
+    assert max_diff(agg, {n: v + shift for n, v in x_t.items()}) <= aggregate_error_bound([10, 20, 30], 30, 8.0, 2**22)
+    h = strategy.history[0]
+    assert h["trained"] == [100, 101, 102] and h["client_steps"] == [2, 2, 4] and h["server_steps"] == 4
+    assert h["train_loss"] == 0.5
+
+
 # ----------------------------------------------------------------------------- aggregate_fit by hand
 
 def _fitres(agg: list[np.ndarray], weight: int, **metrics) -> FitRes:
@@ -219,7 +248,7 @@ def test_a_reply_with_a_wrong_secagg_weight_spoils_the_round(one_thread, caplog)
     strategy.aggregate_fit(1, [(p1, _fitres(agg, 1)), (p2, _fitres(agg, 24))], [])
     h = strategy.core.history[0]
     assert h["trained"] == [] and h["server_steps"] == 4 and max_diff(strategy.core.state.x, x) > 0
-    assert "the reply of node 2 is unusable: SecAgg+ weight num_examples = 24: expected 1 (the plain mean)" \
+    assert "the reply of node 2 is unusable: SecAgg+ weight num_examples = 24: expected 1 (the plain mean; " \
         in caplog.text
     assert h["rejected"][0]["node"] == 2
 

@@ -146,12 +146,14 @@ class SecAggStrategy(Strategy):
             BadReply: one line saying what is wrong.
         """
         options = self.core.setup.options
-        metrics = fitres.metrics or {}
+        # a stock Flower client (a NumPyClient) reports n_i as its FitRes's num_examples only
+        metrics = {"num-examples": fitres.num_examples, **(fitres.metrics or {})}
         n_i, k_i, loss = check_open_metrics(metrics, t, options.max_examples)
         weight = n_i if self.weighted else 1
         if fitres.num_examples != weight:
-            raise BadReply(f"SecAgg+ weight num_examples = {fitres.num_examples!r}: expected {weight} "
-                           f"({'its num-examples, algorithm.weighted' if self.weighted else 'the plain mean'})")
+            why = ("its num-examples, algorithm.weighted" if self.weighted else "the plain mean; a stock Flower "
+                   "client weighs by its n_i: set algorithm.weighted = true for it")
+            raise BadReply(f"SecAgg+ weight num_examples = {fitres.num_examples!r}: expected {weight} ({why})")
         clipped = metrics.get("secagg-clipped", 0)
         if type(clipped) is not int or clipped < 0:
             raise BadReply(f"metric secagg-clipped = {clipped!r}: expected an integer >= 0")
