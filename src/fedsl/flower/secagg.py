@@ -60,14 +60,14 @@ from flwr.supercore import log
 
 from fedsl.core import rng
 from fedsl.core.types import Params
-from fedsl.flower.config import FlowerSetup
+from fedsl.flower.config import FlowerOptions, FlowerSetup
 from fedsl.flower.replies import BadReply, check_open_metrics
 from fedsl.flower.secagg_client import SECAGG_CONFIG
 from fedsl.flower.server import RoundGrid
 from fedsl.flower.strategy import FedslStrategy, _mean
 
 
-def secagg_weight_bound(options: Any, weighted: bool) -> float:
+def secagg_weight_bound(options: FlowerOptions, weighted: bool) -> float:
     """Flower's ``max_weight``: the largest w_i, n_i ≤ ``max-examples`` (weighted) or 1 (the plain mean)."""
     return float(options.max_examples) if weighted else 1.0
 
@@ -134,6 +134,7 @@ class SecAggStrategy(Strategy):
         log(INFO, "fedsl round %d: nodes %s sampled of %d connected (secure aggregation)", t + 1, sampled,
             len(proxies))
         self._pending = {"t": t, "sampled": sampled, "started": time.time()}
+        # an open federation's train config names no partition (the node trains what it owns)
         config = {**core.train_config(t, 0), "secagg-weighted": self.weighted,
                   "secagg-clipping-range": float(core.setup.options.secagg_clipping_range)}
         fitins = FitIns(self.parameters(), cast(dict[str, Scalar], config))
