@@ -194,7 +194,7 @@ def write_idx(path: str | Path, array: np.ndarray) -> Path:
 # Under pytest-xdist (`-n 2`, the README's test command) the tests that start services or process pools
 # run on one worker, one after another: two SuperLinks or Ray clusters at once would fight over the
 # machine's two cores (and Flower's default API ports), and their timeouts are sized for one at a time.
-SERIAL_MODULES = {"test_flower_deployment", "test_ray", "test_parallel", "test_group_faults"}
+SERIAL_MODULES = {"test_flower_deployment", "test_flower_secagg", "test_ray", "test_parallel", "test_group_faults"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks

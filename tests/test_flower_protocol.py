@@ -174,7 +174,7 @@ class Grid:
         node = msg.metadata.dst_node_id
         try:
             if msg.metadata.message_type == "train":
-                config = msg.content.config_records["config"]
+                config = msg.content.config_records.get("config") or {}  # SecAgg+'s stages carry none
                 if config.get("round", config.get("server-round", 0) - 1) in self.fail_rounds:
                     raise RuntimeError("this node fails in this round")
             reply = self.apps[node](msg, self.contexts[node])

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -31,6 +32,7 @@ from fedsl.engine.functional import evaluate
 from fedsl.engine.simulator import Simulator
 from fedsl.flower.config import load_setup
 from fedsl.flower.records import from_record, local_keys, state_from_record, to_record
+from fedsl.flower.secagg_client import clipped, fitres_reply, is_fitins, make_secagg_mod, read_fitins
 
 STATE_PREFIX = "fedsl."  # context.state keys of the per-client rows, e.g. "fedsl.c_i"
 
@@ -158,9 +160,9 @@ def message_algorithm(alg: Algorithm, config: Mapping[str, Any]) -> Algorithm:
     return replace(alg, rule=replace(alg.rule, **given))
 
 
-def _partition(msg: Message, context: Context, num_clients: int) -> int:
+def _partition(msg: Message, context: Context, num_clients: int, config: Mapping[str, Any] | None = None) -> int:
     pid = partition_id(context.node_config, num_clients)
-    config = msg.content.config_records.get("config") or {}
+    config = (msg.content.config_records.get("config") or {}) if config is None else config
     if "partition-id" in config and config["partition-id"] != pid:
         raise ValueError(f"{msg.metadata.message_type} message for partition-id {config['partition-id']!r} reached "
                          f"node partition-id {pid}")
@@ -189,7 +191,9 @@ def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
     fedsl config; the round from ``round`` or Flower's ``server-round``), ``evaluate`` (accuracy and loss
     of the sent model on the partition) and ``query`` (the node's partition id and n_i, so that
     ``FedslStrategy`` can address the clients the simulator would sample). It runs under
-    ``FedslStrategy`` and under Flower's own strategies (``FedAvg``, ``FedAvgM``, ...).
+    ``FedslStrategy`` and under Flower's own strategies (``FedAvg``, ``FedAvgM``, ...). Train messages of
+    Flower's SecAgg+ go through its ``secaggplus_mod`` (run config ``secagg``; ``fedsl.flower.secagg_client``):
+    the model goes back masked, in SecAgg+'s legacy layout; with ``secagg = true`` a plain train message is refused.
     """
     app = ClientApp()
 
@@ -200,12 +204,19 @@ def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
         info = ConfigRecord({"partition-id": pid, "num-examples": len(setup.sim.client_data[pid])})
         return Message(RecordDict({"partition": info}), reply_to=msg)
 
-    @app.train()
+    def secagg_required(context: Context) -> bool:
+        return load_setup(context.run_config, app_dir, client=True).options.secagg
+
+    @app.train(mods=[make_secagg_mod(secagg_required)])
     def train(msg: Message, context: Context) -> Message:
         setup = load_setup(context.run_config, app_dir, client=True)
         sim = setup.sim
-        pid = _partition(msg, context, setup.num_clients)
-        config = msg.content.config_records.get("config") or {}
+        legacy = is_fitins(msg)  # SecAgg+'s stage "collect masked vectors": the legacy FitIns layout
+        if legacy:
+            arrays, config = read_fitins(msg, {n: p.shape for n, p in sim.fm.params().items()})
+        else:
+            config = msg.content.config_records.get("config") or {}
+        pid = _partition(msg, context, setup.num_clients, config)
         t = message_round(config)
         if "algorithm" in config and config["algorithm"] != setup.algorithm.name:
             raise ValueError(f"train message algorithm = {config['algorithm']!r}: this ClientApp's run config has "
@@ -214,7 +225,11 @@ def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
         alg = message_algorithm(sim.alg, config)
         if setup.options.client_delay:
             time.sleep(setup.options.client_delay)
-        params = _arrays(msg, sim)
+        if legacy:
+            params = {n: torch.from_numpy(np.array(a, copy=True)).to(device=sim.device, dtype=sim.dtype)
+                      for n, a in arrays.items()}
+        else:
+            params = _arrays(msg, sim)
         server_state = {}
         if "server-state" in msg.content.array_records:
             server_state = state_from_record(msg.content.array_records["server-state"], sim.device, sim.dtype)
@@ -222,9 +237,14 @@ def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
         for key, row in rows.items():
             context.state[STATE_PREFIX + key] = to_record(row)
         _, loss = _on(sim, final, sim.client_data[pid])
-        metrics = MetricRecord({"num-examples": len(sim.client_data[pid]), "steps": steps, "partition-id": pid,
-                                "round": t, "train-loss": loss})
-        return Message(RecordDict({"arrays": to_record(final), "metrics": metrics}), reply_to=msg)
+        n_i = len(sim.client_data[pid])
+        metrics = {"num-examples": n_i, "steps": steps, "partition-id": pid, "round": t, "train-loss": loss}
+        if legacy:  # SecAgg+ masks w_i · x_i: w_i = n_i for a weighted mean, else 1 (Algorithm 1's plain mean)
+            weight = n_i if config.get("secagg-weighted", False) else 1
+            if "secagg-clipping-range" in config:
+                metrics["secagg-clipped"] = clipped(final, float(config["secagg-clipping-range"]))
+            return fitres_reply(msg, {n: final[n] for n in sim.fm.names}, weight, metrics)
+        return Message(RecordDict({"arrays": to_record(final), "metrics": MetricRecord(metrics)}), reply_to=msg)
 
     @app.evaluate()
     def evaluate_(msg: Message, context: Context) -> Message:

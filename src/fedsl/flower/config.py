@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedsl.algorithms import Algorithm, Pretraining
+from fedsl.algorithms import spec as algorithm_spec
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments import presets
@@ -36,7 +38,8 @@ from fedsl.experiments.sweep import expand_variants
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
 FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes",
-               "node-wait", "client-delay", "resume", "node-partitions", "federation", "max-examples")
+               "node-wait", "client-delay", "resume", "node-partitions", "federation", "max-examples", "secagg",
+               "secagg-shares", "secagg-threshold", "secagg-clipping-range", "secagg-quantization-range")
 # How the server treats its clients (run config ``federation``; docs/reference/flower-protocol.md):
 # open: clients own their data and the server knows only what they report (the default: a real federation);
 # replay: every machine rebuilds the simulator's federation from the config, and the server replays the
@@ -48,6 +51,15 @@ FEDSL_KEYS = tuple(RunConfig.model_fields)
 # plain local SGD (the rule's correction only matters to the ClientApps of fedsl's own strategy, whose run
 # config names it), one round, one client per round.
 CLIENT_DEFAULTS = {"algorithm.name": "fedavg", "rounds": 1, "algorithm.clients_per_round": 1}
+# SecAgg+ masks with integers modulo 2^32 (Flower's largest modulus_range): the sum of S quantised models, each
+# entry in 0..Q, must stay below it (S · Q < 2^32), else the aggregate wraps around.
+SECAGG_MODULUS = 2**32
+# Rules whose server half cannot run on the clients' aggregate alone (docs/how-to/secure-aggregation.md)
+SECAGG_REFUSED = {
+    "scaffold": "updates its control variate c with each client's update scaled by 1/(K_i·η_l), and sends c with "
+                "x_t, which Flower's SecAgg+ train message (one array list) cannot carry",
+    "fednova": "normalises each client's update by its own local steps (Δ_i / a_i) before averaging",
+}
 
 
 def user_key(key: str) -> bool:
@@ -101,6 +113,16 @@ class FlowerOptions:
             (partition ids, the simulator's sampled clients, n_i checked against the rebuilt federation).
         max_examples: an open federation's bound on a reply's ``num-examples`` (n_i weighs updates under
             ``algorithm.weighted`` and FSL-p); a reply above it is left out of the round, with one log line.
+            Under SecAgg+ with ``algorithm.weighted`` it is also the largest weight (Flower's ``max_weight``).
+        secagg: secure aggregation (Flower's SecAgg+, ``fedsl.flower.secagg``): the server gets only the sum
+            of the round's models, never one x_i (docs/how-to/secure-aggregation.md).
+        secagg_shares: SecAgg+'s ``num_shares``: each client's secrets are split into this many shares, one per
+            neighbour (an integer >= 3, or a fraction in (0, 1] of the round's clients; 1.0: all of them).
+        secagg_threshold: SecAgg+'s ``reconstruction_threshold``: shares needed to rebuild a client's secret (an
+            integer >= 2 below ``secagg_shares``, or a fraction in (0, 1] of the shares); Flower uses at least 2.
+        secagg_clipping_range: c: every (weighted) model entry is clipped to [-c, c] before it is quantised.
+        secagg_quantization_range: Q: [-c, c] is mapped onto the integers 0..Q (stochastic rounding), so an
+            entry of the aggregate is within 2c/Q of the mean of the clipped models (uniform weights).
     """
 
     out_dir: str = ""
@@ -114,6 +136,11 @@ class FlowerOptions:
     user_keys: tuple[str, ...] = ()
     federation: str = "open"
     max_examples: int = 1_000_000
+    secagg: bool = False
+    secagg_shares: int | float = 1.0
+    secagg_threshold: int | float = 0.67
+    secagg_clipping_range: float = 8.0
+    secagg_quantization_range: int = 2**22
 
     @property
     def open(self) -> bool:
@@ -140,6 +167,69 @@ def check_open_federation(cfg: RunConfig, options: FlowerOptions) -> None:
         why = ("reads the sampled clients' label counts, which open clients do not report" if alg.name == "feddu"
                else "trains the clients on D_i ∪ D0, so each client needs the server's D0")
         raise ConfigError(f"algorithm.name = {alg.name!r} {why}: {replay}")
+
+
+def _number_option(flat: Mapping[str, Any], key: str, default: int | float) -> int | float:
+    """A run-config value that may be an integer (a count) or a float (a fraction), as Flower's SecAgg+ reads it."""
+    value = flat.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"run config {key} = {value!r}: expected an integer or a fraction")
+    return value
+
+
+def check_secagg(cfg: RunConfig, options: FlowerOptions) -> None:
+    """What cannot run under SecAgg+, and bad SecAgg+ values, in one line each (docs/how-to/secure-aggregation.md).
+
+    The server sees only the sum of the round's models. A rule runs under it when its server half reads the models
+    through their (weighted) mean alone: FedAvg, FSL, FSL-p, FedAvgM, FedAdam, FedProx, MOON, FedDyn (plain mean).
+
+    Raises:
+        ConfigError: the first key that SecAgg+ cannot run with, or a bad ``secagg-*`` value.
+    """
+    alg, s = cfg.algorithm, cfg.algorithm.clients_per_round
+    if not options.open:
+        raise ConfigError('run config secagg = true with federation = "replay": secure aggregation runs in an open '
+                          'federation (federation = "open"); replay checks each client\'s x_i against the '
+                          "simulator's, which the server never sees under SecAgg+")
+    if cfg.robust.aggregator != "mean":
+        raise ConfigError(f"robust.aggregator = {cfg.robust.aggregator!r} needs every client's model x_i, and under "
+                          "secagg = true the server sees only their sum: expected robust.aggregator = 'mean'")
+    reason = SECAGG_REFUSED.get(alg.name)
+    if reason is None and algorithm_spec(alg.name).sends:
+        reason = f"sends its server state {', '.join(algorithm_spec(alg.name).sends)} with x_t, which Flower's " \
+                 "SecAgg+ train message (one array list) cannot carry"
+    if reason is not None:
+        raise ConfigError(f"algorithm.name = {alg.name!r} {reason}; under secagg = true the server sees only the sum "
+                          "of the models: use fedavg, fsl, fsl_p, fedavgm, fedadam, fedprox, moon or feddyn")
+    if alg.name == "feddyn" and alg.weighted:
+        raise ConfigError("algorithm.name = 'feddyn' averages the models plainly, so under secagg = true the clients "
+                          "are weighted equally: expected algorithm.weighted = false")
+    if s < 2:
+        raise ConfigError(f"algorithm.clients_per_round = {s} with secagg = true: SecAgg+ sums the models of at "
+                          "least 2 clients (expected >= 2; with 1 the sum is that client's model)")
+    shares, threshold = options.secagg_shares, options.secagg_threshold
+    if isinstance(shares, int) and not 3 <= shares <= s:
+        raise ConfigError(f"run config secagg-shares = {shares}: expected an integer in 3..algorithm.clients_per_round "
+                          f"= {s}, or a fraction in (0, 1] of the round's clients")
+    if isinstance(shares, float) and not 0 < shares <= 1:
+        raise ConfigError(f"run config secagg-shares = {shares}: expected a fraction in (0, 1] of the round's clients, "
+                          "or an integer >= 3")
+    top = shares - 1 if isinstance(shares, int) else s  # Flower: an integer threshold below an integer shares
+    if isinstance(threshold, int) and not 2 <= threshold <= top:
+        raise ConfigError(f"run config secagg-threshold = {threshold}: expected an integer in 2..{top} (below "
+                          f"secagg-shares, at most algorithm.clients_per_round), or a fraction in (0, 1] of the shares")
+    if isinstance(threshold, float) and not 0 < threshold <= 1:
+        raise ConfigError(f"run config secagg-threshold = {threshold}: expected a fraction in (0, 1] of the shares, "
+                          "or an integer >= 2")
+    c, q = options.secagg_clipping_range, options.secagg_quantization_range
+    if not (math.isfinite(c) and c > 0):
+        raise ConfigError(f"run config secagg-clipping-range = {c}: expected a finite number > 0")
+    if q < 2:
+        raise ConfigError(f"run config secagg-quantization-range = {q}: expected an integer >= 2")
+    if s * q >= SECAGG_MODULUS:
+        raise ConfigError(f"run config secagg-quantization-range = {q} with algorithm.clients_per_round = {s}: the sum "
+                          f"of the quantised models would wrap around 2^32 (expected S · Q < 2^32, i.e. Q <= "
+                          f"{(SECAGG_MODULUS - 1) // s})")
 
 
 def parse_node_partitions(text: str, num_clients: int) -> tuple[tuple[int, int], ...]:
@@ -245,6 +335,12 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
         user_keys=tuple(sorted(users)),
         federation=_option(flat, "federation", str, FlowerOptions.federation),
         max_examples=_option(flat, "max-examples", int, FlowerOptions.max_examples),
+        secagg=_option(flat, "secagg", bool, False),
+        secagg_shares=_number_option(flat, "secagg-shares", FlowerOptions.secagg_shares),
+        secagg_threshold=_number_option(flat, "secagg-threshold", FlowerOptions.secagg_threshold),
+        secagg_clipping_range=_option(flat, "secagg-clipping-range", float, FlowerOptions.secagg_clipping_range),
+        secagg_quantization_range=_option(flat, "secagg-quantization-range", int,
+                                          FlowerOptions.secagg_quantization_range),
     )
     if options.federation not in FEDERATIONS:
         raise ConfigError(f"run config federation = {options.federation!r}: expected one of {', '.join(FEDERATIONS)}")
@@ -252,6 +348,8 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
         raise ConfigError(f"run config max-examples = {options.max_examples}: expected an integer >= 1")
     if options.open:
         check_open_federation(cfg, options)
+    if options.secagg:
+        check_secagg(cfg, options)
     if options.round_timeout <= 0:
         raise ConfigError(f"run config round-timeout = {options.round_timeout}: expected seconds > 0")
     if options.straggler_timeout < 0:

@@ -18,6 +18,7 @@ Anything else is refused with ``BadReply``: one line saying what is wrong, which
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -124,7 +125,7 @@ def check_arrays(content: RecordDict, expected: dict[str, torch.Tensor]) -> dict
     return out
 
 
-def _number(metrics: MetricRecord, key: str) -> float | None:
+def _number(metrics: Mapping[str, Any], key: str) -> float | None:
     value = metrics.get(key)
     if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
         raise BadReply(f"metric {key} = {value!r}: expected a finite number")
@@ -150,6 +151,17 @@ def check_open_reply(msg: Message, expected: dict[str, torch.Tensor], t: int, ma
     metrics = content.metric_records.get("metrics")
     if metrics is None:
         raise BadReply(f"no MetricRecord 'metrics' (records: {sorted(content.keys())})")
+    n, steps, loss = check_open_metrics(metrics, t, max_examples)
+    return check_arrays(content, expected), n, steps, loss
+
+
+def check_open_metrics(metrics: Mapping[str, Any], t: int, max_examples: int) -> tuple[int, int | None, float | None]:
+    """An open-federation reply's n_i, K_i (when it reports ``steps``) and loss (``check_open_reply``; under SecAgg+
+    the metrics of the legacy FitRes, which travel in clear).
+
+    Raises:
+        BadReply: one line saying what is wrong.
+    """
     n = metrics.get("num-examples")
     if n is None:
         raise BadReply(f"metric num-examples missing (has {sorted(metrics.keys())})")
@@ -163,7 +175,7 @@ def check_open_reply(msg: Message, expected: dict[str, torch.Tensor], t: int, ma
     if metrics.get("round", t) != t:
         raise BadReply(f"round = {metrics['round']}: expected {t} (a stale or replayed reply)")
     loss = next((_number(metrics, k) for k in LOSS_KEYS if k in metrics), None)
-    return check_arrays(content, expected), n, metrics.get("steps"), None if loss is None else float(loss)
+    return n, metrics.get("steps"), None if loss is None else float(loss)
 
 
 def train_loss(msg: Message) -> float | None:
@@ -201,5 +213,14 @@ def describe_content(content: RecordDict) -> dict[str, Any]:
         elif isinstance(rec, MetricRecord):
             out["metrics"][name] = dict(rec)
         elif isinstance(rec, ConfigRecord):
-            out["configs"][name] = {k: (v if not isinstance(v, bytes) else f"<{len(v)} bytes>") for k, v in rec.items()}
+            out["configs"][name] = {k: _describe_value(v) for k, v in rec.items()}
     return out
+
+
+def _describe_value(value: Any) -> Any:
+    """A config value as the audit keeps it: bytes by their size (SecAgg+'s keys, shares and masked vectors)."""
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, list) and value and all(isinstance(v, bytes) for v in value):
+        return f"<{len(value)} byte strings, {sum(len(v) for v in value)} bytes>"
+    return value

@@ -60,6 +60,7 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
 
     With ``out-dir`` set, the run continues from ``out-dir/checkpoint.pt`` when there is one (a
     ServerApp or SuperLink that crashed: start the same run again) unless ``resume = false``.
+    With ``secagg = true`` the rounds run under Flower's SecAgg+ (``fedsl.flower.secagg``).
 
     Raises:
         NoClientUpdate: no round (of the whole run, a resumed one's included) aggregated any client
@@ -69,6 +70,11 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
     cfg = setup.cfg
     if setup.options.user_keys:
         log(INFO, "fedsl: run config keys left to your code (not fedsl's): %s", ", ".join(setup.options.user_keys))
+    if setup.options.secagg:
+        from fedsl.flower.secagg import run_secagg  # here: secagg builds on this module's RoundGrid
+
+        strategy = run_secagg(grid, context, setup)
+        return _finish(strategy)
     strategy = FedslStrategy(setup)
     done = strategy.resume()  # the checkpoint's round in out-dir (0: none, or resume = false)
     if setup.options.open:
@@ -85,6 +91,11 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
     straggler = setup.options.straggler_timeout or None
     strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x),
                    num_rounds=cfg.rounds - done, timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
+    return _finish(strategy)
+
+
+def _finish(strategy: FedslStrategy) -> FedslStrategy:
+    """The run's end: it failed when no round aggregated a client update, else ``final.pt`` and ``done.json``."""
     if not any(h["trained"] for h in strategy.history):
         failure = NoClientUpdate(f"fedsl: no client update was aggregated in any of the {len(strategy.history)} "
                                  f"rounds (every sampled client was missing, failed or sent an unusable reply; see "

@@ -396,15 +396,19 @@ class FedslStrategy(Checkpointing, FedAvg):
                 "cos_theta": cos, "seconds": round(time.time() - pending["started"], 3)}
         if drop:
             info["straggler_dropped"] = drop
-        self.history.append(info)
-        every = self.setup.cfg.checkpoint_every
-        if every and ((t + 1) % every == 0 or t + 1 == self.setup.cfg.rounds):
-            self.save_checkpoint()
-        self._write()
+        self.record_round(info)
         metrics = MetricRecord({"clients": len(ids), "server-steps": server_steps})
         if info["train_loss"] is not None:
             metrics["train-loss"] = info["train_loss"]
         return to_record(self.state.x), metrics
+
+    def record_round(self, info: dict[str, Any]) -> None:
+        """Round ``info["t"]`` is done: its line in ``rounds.json``, and the checkpoint when one is due."""
+        self.history.append(info)
+        t, every = info["t"], self.setup.cfg.checkpoint_every
+        if every and ((t + 1) % every == 0 or t + 1 == self.setup.cfg.rounds):
+            self.save_checkpoint()
+        self._write()
 
     def _open_reply(self, msg: Message, t: int) -> tuple[dict, int, int, float | None]:
         """An open federation's reply: x_i, n_i as reported (bounded by ``max-examples``), K_i (the reply's
@@ -415,14 +419,24 @@ class FedslStrategy(Checkpointing, FedAvg):
                 the reply has no ``steps``: it came from a client that does not run the rule's client half.
         """
         arrays, n_i, k_i, loss = check_open_reply(msg, self.state.x, t, self.setup.options.max_examples)
-        if k_i is None:
-            if not plain_client_half(self.alg.rule):
-                raise BadReply(f"algorithm {self.alg.name!r} corrects the clients' local steps, and this reply has no "
-                               "'steps' metric (a stock client, which runs plain local SGD): use a client that runs "
-                               "the rule's client half (fedsl's ClientApp), or a plain-SGD algorithm (fedavg, fsl)")
-            loc = self.alg.local
-            k_i = planned_steps(n_i, loc.batch_size, loc.epochs, loc.steps)
-        return arrays, n_i, k_i, loss
+        return arrays, n_i, self.open_steps(n_i, k_i), loss
+
+    def open_steps(self, n_i: int, k_i: int | None) -> int:
+        """K_i of an open-federation reply: its ``steps`` metric, else derived from what the server sent (K, or
+        E·⌈n_i/B⌉).
+
+        Raises:
+            BadReply: no ``steps``, and the rule corrects the client's steps (SCAFFOLD, FedDyn, ...): the reply came
+                from a client that does not run the rule's client half.
+        """
+        if k_i is not None:
+            return k_i
+        if not plain_client_half(self.alg.rule):
+            raise BadReply(f"algorithm {self.alg.name!r} corrects the clients' local steps, and this reply has no "
+                           "'steps' metric (a stock client, which runs plain local SGD): use a client that runs "
+                           "the rule's client half (fedsl's ClientApp), or a plain-SGD algorithm (fedavg, fsl)")
+        loc = self.alg.local
+        return planned_steps(n_i, loc.batch_size, loc.epochs, loc.steps)
 
     def _server_update(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, ServerMetrics, bool]:
         """The algorithm's server half (``server_learning.server_update``: the rule's update, FSL-p, line 10,
