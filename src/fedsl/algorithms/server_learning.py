@@ -30,6 +30,7 @@ import torch
 from fedsl.algorithms.base import Algorithm, ClientResults, RoundContext, RunState, client_weights
 from fedsl.algorithms.feddu import LabelCounts
 from fedsl.algorithms.gamma_schedule import GammaSchedule
+from fedsl.algorithms.privacy import privatize
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
 
@@ -111,6 +112,7 @@ class ServerSide:
         f0_grad: ∇f0(x), the full gradient of the server loss (the angle diagnostic).
         d0_accuracy: the accuracy of a model on D0 (FedDU's acc_t).
         label_counts: the clients' and D0's class counts (FedDU's non-IID degrees), made when first read.
+        seed: the run's seed (the stream of DP-FedAvg's noise, with t: ``fedsl.algorithms.privacy``).
     """
 
     num_clients: int
@@ -119,6 +121,7 @@ class ServerSide:
     f0_grad: Callable[[Params], Params]
     d0_accuracy: Callable[[Params], float] | None = None
     label_counts: Callable[[], LabelCounts] | None = None
+    seed: int = 0
 
 
 @dataclass
@@ -165,6 +168,8 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
         return Aggregated(state.x, state.algo, gamma, None, 0, incremental)
     if updated is not None:
         return Aggregated(*updated, gamma, None, 0, incremental)
+    if alg.privacy is not None:  # DP-FedAvg: the rule, FSL-p and cos θ_t read the private aggregate only
+        results = privatize(state.x, results, alg.privacy, server.seed, t)
     x, finals = state.x, results.params
     device = next(iter(x.values())).device
     weights = to_device(client_weights(results.sizes, alg.weighted), device)  # queued, no GPU sync
@@ -189,9 +194,11 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
 
 def _rule_alone(alg: Algorithm) -> bool:
     """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone: no FSL-p server update
-    beside the clients', no cos θ_t (a full gradient on D0). Only then may the engine's ``RuleUpdates`` stand
-    in for them."""
+    beside the clients', no cos θ_t (a full gradient on D0), no private aggregate (DP-FedAvg replaces the
+    clients' models first). Only then may the engine's ``RuleUpdates`` stand in for them."""
     sl = alg.server_learning
+    if alg.privacy is not None:
+        return False
     return not (sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle or dynamic(alg)))
 
 

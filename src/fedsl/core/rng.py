@@ -24,6 +24,7 @@ AVAILABILITY = 11  # which clients are available in a round (algorithm.availabil
 AVAILABILITY_PHASE = 12  # each client's phase in its fixed availability cycle (pattern 'fixed'), drawn once
 SAMPLE_AVAILABLE = 13  # S of the round's available clients (algorithm.availability < 1)
 STRAGGLERS = 14  # which sampled clients straggle, and how many of their K_i steps a partial one does
+DP_NOISE = 15  # the Gaussian noise of round t's private aggregate (privacy.clip: DP-FedAvg)
 
 # Seed offsets, for generators that take one integer seed rather than a stream tuple
 # (``data.synthetic.make_font_chars``): ``offset_seed(seed, FONT_TEST)``. Fixed numbers too:
