@@ -218,6 +218,24 @@ def test_resume_with_dp_is_bit_identical(tmp_path):
         [[r[k] for k in keep] for r in _rows(tmp_path / "cut")]
 
 
+def test_flower_runs_dp_as_the_simulator(flower_task_identity):
+    """The Flower strategy goes through the same server half: DP's x_T bit for bit (the noise from the run's
+    seed), and ε after each round in rounds.json's records; the ClientApps need no accounting."""
+    pytest.importorskip("flwr")
+    pytest.importorskip("dp_accounting")
+    from test_flower import BASE, run_flower, run_simulator
+
+    rc = {**BASE, "rounds": 3, "privacy.clip": 0.2, "privacy.noise_multiplier": 0.5}
+    strategy, _ = run_flower(rc)
+    expected, _ = run_simulator(rc)
+    assert max_diff(strategy.state.x, expected.x) == 0.0
+    budget = strategy.setup.privacy
+    assert (budget.q, budget.noise_multiplier, budget.clip) == (0.5, 0.5, 0.2)
+    assert [h["epsilon"] for h in strategy.history] == [budget.epsilon(t) for t in (1, 2, 3)]
+    plain, _ = run_simulator({**BASE, "rounds": 3})
+    assert max_diff(plain.x, expected.x) > 1e-3
+
+
 # ----------------------------------------------------------------------------- accounting
 
 def _library_epsilon(q, z, steps, delta, kind):

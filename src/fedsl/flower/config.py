@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from fedsl.algorithms import Algorithm, Pretraining
+from fedsl.core.privacy_accounting import Budget
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments import presets
-from fedsl.experiments.config import ConfigError, RunConfig, validate
+from fedsl.experiments.config import ConfigError, PrivacyConfig, RunConfig, validate
 from fedsl.experiments.loading import read_file, set_dotted
 from fedsl.experiments.runner import prepare  # the runner's own resolution of the paper's defaults
 from fedsl.experiments.sweep import expand_variants
@@ -228,6 +229,7 @@ class FlowerSetup:
     sim: Simulator
     algorithm: Algorithm
     pretrain: Pretraining | None
+    privacy: Budget | None = None  # DP's accounting (privacy.clip set): ε in rounds.json and done.json
 
     @property
     def num_clients(self) -> int:
@@ -247,6 +249,9 @@ def load_setup(run_config: Mapping[str, Any], app_dir: str | Path | None = None,
     key = (tuple(sorted((k, repr(v)) for k, v in run_config.items())), str(app_dir))
     if key not in _CACHE:
         cfg, options = parse_run_config(run_config, app_dir)
+        if client and cfg.privacy.enabled:  # central DP: the server clips and adds the noise, and accounts;
+            cfg = cfg.model_copy(update={"privacy": PrivacyConfig()})  # a ClientApp needs neither nor dp-accounting
         prep = prepare(cfg)  # also sets fedsl's ``threads`` (torch threads of this process)
-        _CACHE[key] = FlowerSetup(cfg, options, prep.fed, prep.sim, prep.algorithm, prep.pretrain)
+        _CACHE[key] = FlowerSetup(cfg, options, prep.fed, prep.sim, prep.algorithm, prep.pretrain,
+                                   prep.privacy)
     return _CACHE[key]

@@ -361,6 +361,8 @@ class FedslStrategy(Checkpointing, FedAvg):
                 "cos_theta": cos, "seconds": round(time.time() - pending["started"], 3)}
         if drop:
             info["straggler_dropped"] = drop
+        if self.setup.privacy is not None:  # DP's ε after this round (privacy.clip)
+            info["epsilon"] = self.setup.privacy.epsilon(t + 1)
         self.history.append(info)
         every = self.setup.cfg.checkpoint_every
         if every and ((t + 1) % every == 0 or t + 1 == self.setup.cfg.rounds):
@@ -431,6 +433,8 @@ class FedslStrategy(Checkpointing, FedAvg):
             # x_T, the server state and γ_T in the checkpoints' format (``fedsl.experiments.checkpoint.load``)
             checkpoint.save(d / "final.pt", Checkpoint(len(self.history), self.state))
             done = {"status": "completed", "rounds": len(self.history), **(self.finetuned or {})}
+            if self.setup.privacy is not None:
+                done["privacy"] = self.setup.privacy.record(len(self.history))
             atomic_write(d / "done.json", lambda p: p.write_text(json.dumps(done)))
 
     def finish(self) -> None:
