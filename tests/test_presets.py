@@ -8,7 +8,7 @@ from fedsl.cli import main
 from fedsl.experiments import loading, presets
 
 PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
-BEYOND = [n for n in presets.names() if n.startswith("rivals")]  # beyond the paper, on its data
+BEYOND = [n for n in presets.names() if n.startswith(("rivals", "privacy"))]  # beyond the paper, on its data
 
 
 def test_paper_presets_name_their_figure_and_have_quick_forms():

@@ -236,6 +236,37 @@ def test_flower_runs_dp_as_the_simulator(flower_task_identity):
     assert max_diff(plain.x, expected.x) > 1e-3
 
 
+def test_a_sweep_over_epsilon_with_non_private_references_reports(tmp_path, monkeypatch):
+    """privacy-emnist's layout: DP variants swept over target_epsilon, a non-private variant pinned at
+    target_epsilon = inf (one run, not one per ε), drawn by `fedsl report` as a dashed line across the plot."""
+    pytest.importorskip("dp_accounting")
+    from matplotlib.axes import Axes
+    from test_runs import tiny
+
+    from fedsl.cli import main
+
+    lines = []
+    real = Axes.axhline
+    monkeypatch.setattr(Axes, "axhline", lambda self, y=0, *a, **k: lines.append((y, k.get("label"))) or
+                        real(self, y, *a, **k))
+    tables = ('\n[sweep]\n"privacy.target_epsilon" = [10.0, 40.0]\n'
+              '[variants.FSL-DP]\nprivacy = { clip = 0.05 }\n'
+              '[variants.FSL]\nprivacy = { target_epsilon = inf }\n')
+    cfg = tmp_path / "dp.toml"
+    cfg.write_text(tiny(tmp_path, rounds=2).read_text() + tables)
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    runs = json.loads((out / "group.json").read_text())["runs"]
+    assert sorted(runs) == ["FSL", "FSL-DP-target_epsilon=10", "FSL-DP-target_epsilon=40"]
+    assert "privacy" not in json.loads((out / "FSL" / "summary.json").read_text())
+    eps = [json.loads((out / r / "summary.json").read_text())["privacy"]["epsilon"] for r in sorted(runs)[1:]]
+    assert eps[0] <= 10.0 < eps[1] <= 40.0
+    assert main(["report", str(out)]) == 0
+    assert (out / "report" / "sweep.png").stat().st_size > 5_000
+    final = json.loads((out / "FSL" / "summary.json").read_text())["final_accuracy"]
+    assert (final, "FSL (privacy.target_epsilon = inf)") in lines
+
+
 # ----------------------------------------------------------------------------- accounting
 
 def _library_epsilon(q, z, steps, delta, kind):
