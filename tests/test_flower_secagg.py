@@ -270,6 +270,8 @@ def test_a_halted_round_still_runs_server_learning(one_thread, tmp_path):
 @pytest.mark.parametrize("extra, needle", [
     ({"federation": "replay"}, 'secagg = true with federation = "replay": secure aggregation runs in an open'),
     ({"robust.aggregator": "median"}, "robust.aggregator = 'median' needs every client's model x_i"),
+    ({"privacy.clip": 1.0, "privacy.noise_multiplier": 1.0}, "privacy.clip = 1.0 clips each client's update on the "
+                                                             "server, and under secagg = true"),
     ({"algorithm.name": "scaffold"}, "algorithm.name = 'scaffold' updates its control variate c with each client's"),
     ({"algorithm.name": "fednova"}, "algorithm.name = 'fednova' normalises each client's update by its own local"),
     ({"algorithm.name": "feddyn", "algorithm.weighted": True}, "algorithm.name = 'feddyn' averages the models plainly"),

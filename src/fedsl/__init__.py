@@ -6,7 +6,14 @@ The pieces, for use from Python (the ``fedsl`` command wraps them):
     from fedsl import LocalTraining, ServerLearning, Federation, build_model, metrics
 """
 
-from fedsl.algorithms import Algorithm, LocalTraining, Pretraining, ServerLearning, make_algorithm
+from fedsl.algorithms import (
+    Algorithm,
+    DifferentialPrivacy,
+    LocalTraining,
+    Pretraining,
+    ServerLearning,
+    make_algorithm,
+)
 from fedsl.data.federation import Federation
 from fedsl.engine import metrics
 from fedsl.engine.executors import make_executor
@@ -15,5 +22,5 @@ from fedsl.engine.simulator import Simulator
 from fedsl.models import build_model
 
 __version__ = "0.1.0"
-__all__ = ["Algorithm", "Federation", "FunctionalModel", "LocalTraining", "Pretraining", "ServerLearning",
-           "Simulator", "build_model", "make_algorithm", "make_executor", "metrics"]
+__all__ = ["Algorithm", "DifferentialPrivacy", "Federation", "FunctionalModel", "LocalTraining", "Pretraining",
+           "ServerLearning", "Simulator", "build_model", "make_algorithm", "make_executor", "metrics"]

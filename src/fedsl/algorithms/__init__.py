@@ -38,6 +38,7 @@ from fedsl.algorithms.feddyn import FedDyn
 from fedsl.algorithms.fedopt import FedAdam, FedAvgM
 from fedsl.algorithms.fedprox import FedProx
 from fedsl.algorithms.gamma_schedule import GammaSchedule
+from fedsl.algorithms.privacy import DifferentialPrivacy
 from fedsl.algorithms.robust import Robust
 from fedsl.algorithms.scaffold import Scaffold
 from fedsl.algorithms.server_learning import Pretraining, ServerLearning
@@ -91,7 +92,8 @@ def check_server_learning(name: str, learning: str, has_server_data: bool) -> st
 
 
 def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: ServerLearning | None,
-                   weighted: bool = False, robust: Robust | None = None, **hp) -> Algorithm:
+                   weighted: bool = False, robust: Robust | None = None, privacy: DifferentialPrivacy | None = None,
+                   **hp) -> Algorithm:
     """Build algorithm ``name``.
 
     - fsl: FedAvg + ``server`` as incremental SL (Algorithm 1); fsl_p: FedAvg + ``server``
@@ -102,6 +104,7 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
     ``hp`` holds the rules' own hyper-parameters (their specs' ``hyperparams``: mu, momentum, beta1,
     beta2, tau, alpha, rho; the spec's defaults for those not given). Whether ``server`` composes with
     the rule is ``check_server_learning``'s question, asked once at config validation; here it is assumed.
+    ``privacy``: DP-FedAvg's clipped, noised mean of the clients' updates before the rule reads them (None: off).
     """
     sp = spec(name)
     rule = make_rule(name, global_lr, **hp)
@@ -110,10 +113,11 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
         server = replace(server, mode=sp.server_learning)
     assert server is None or server.mode != "parallel" or sp.parallel_ok, f"FSL-p with {name}: check_server_learning"
     return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=sp.shares_server_data,
-                     spec=sp, robust=robust if robust is not None and robust.active else None)
+                     spec=sp, robust=robust if robust is not None and robust.active else None, privacy=privacy)
 
 
-__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientResults", "LocalSGD",
+__all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientResults", "DifferentialPrivacy",
+           "LocalSGD",
            "RunState", "client_update", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule",
            "LocalTraining", "Pretraining", "Robust", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule",

@@ -46,7 +46,8 @@ import torch
 from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params, State
 
-if TYPE_CHECKING:  # server_learning and robust import this module
+if TYPE_CHECKING:  # server_learning, robust and privacy import this module
+    from fedsl.algorithms.privacy import DifferentialPrivacy
     from fedsl.algorithms.robust import Robust
     from fedsl.algorithms.server_learning import ServerLearning
 
@@ -255,6 +256,8 @@ class Algorithm:
         weighted: weight Δ_i by n_i instead of the plain mean of Algorithm 1.
         server_learning: SL on D0 after (incremental) or beside (parallel) aggregation.
         share_server_data: DS, clients train on D_i ∪ D0.
+        privacy: DP-FedAvg's clipped, noised mean of the clients' updates before the rule reads them
+            (``fedsl.algorithms.privacy``; None: off).
         spec: what outside the arithmetic depends on the algorithm (stacking, Flower, defaults).
         robust: a robust aggregate of the clients' updates before the rule's mean (``robust.robust_results``);
             None: the rule's own aggregation.
@@ -266,6 +269,7 @@ class Algorithm:
     weighted: bool = False
     server_learning: ServerLearning | None = None
     share_server_data: bool = False
+    privacy: DifferentialPrivacy | None = None
     spec: Spec | None = None  # the algorithm's spec (fedsl.algorithms.spec); set by make_algorithm
     robust: Robust | None = None  # a robust server rule (fedsl.algorithms.robust); None or "mean": none
 

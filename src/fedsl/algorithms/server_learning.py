@@ -31,6 +31,7 @@ import torch
 from fedsl.algorithms.base import Algorithm, ClientResults, RoundContext, RunState, client_weights
 from fedsl.algorithms.feddu import LabelCounts
 from fedsl.algorithms.gamma_schedule import GammaSchedule
+from fedsl.algorithms.privacy import privatize
 from fedsl.algorithms.robust import robust_results
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
@@ -115,6 +116,7 @@ class ServerSide:
         label_counts: the clients' and D0's class counts (FedDU's non-IID degrees), made when first read.
         root_update: ``root_update(x, t) -> x'``: FLTrust's server model, LocalSGD on D0 from x with the
             robust rule's own schedule (``Robust.root``) over round t's batches; None where no rule needs it.
+        seed: the run's seed (the stream of DP-FedAvg's noise, with t: ``fedsl.algorithms.privacy``).
     """
 
     num_clients: int
@@ -124,6 +126,7 @@ class ServerSide:
     d0_accuracy: Callable[[Params], float] | None = None
     label_counts: Callable[[], LabelCounts] | None = None
     root_update: Callable[[Params, int], Params] | None = None
+    seed: int = 0
 
 
 @dataclass
@@ -171,6 +174,8 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     if updated is not None:
         return Aggregated(*updated, gamma, None, 0, incremental)
     results = robust_step(alg, state.x, results, t, server)  # the clients' rows only: FSL-p's joins below
+    if alg.privacy is not None:  # DP-FedAvg: the rule, FSL-p and cos θ_t read the private aggregate only
+        results = privatize(state.x, results, alg.privacy, server.seed, t)
     x, finals = state.x, results.params
     device = next(iter(x.values())).device
     weights = to_device(client_weights(results.sizes, alg.weighted), device)  # queued, no GPU sync
@@ -209,12 +214,14 @@ def robust_step(alg: Algorithm, x: Params, results: ClientResults, t: int, serve
 
 
 def _rule_alone(alg: Algorithm) -> bool:
-    """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone: no robust step before it,
-    no FSL-p server update beside the clients', no cos θ_t (a full gradient on D0). Only then may the engine's
-    ``RuleUpdates`` stand in for them."""
+    """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone: no robust step before it, no
+    private aggregate (DP-FedAvg replaces the clients' models first), no FSL-p server update beside the
+    clients', no cos θ_t (a full gradient on D0). Only then may the engine's ``RuleUpdates`` stand in for them."""
     if alg.robust is not None and alg.robust.active:
         return False
     sl = alg.server_learning
+    if alg.privacy is not None:
+        return False
     return not (sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle or dynamic(alg)))
 
 

@@ -260,11 +260,12 @@ class Simulator:
 
     @property
     def server(self) -> ServerSide:
-        """N, n0, LocalSGD on D0, ∇f0, the accuracy on D0 and the label counts: what the server half needs."""
+        """N, n0, LocalSGD on D0, ∇f0, the accuracy on D0, the label counts, FLTrust's server model and the seed
+        (DP-FedAvg's noise): what the server half needs."""
         rb = self.alg.robust
         root = self.root_sgd if rb is not None and rb.aggregator == "fltrust" else None
         return ServerSide(self.fed.num_clients, self.fed.n0, self.server_sgd, self.f0_gradient, self.d0_accuracy,
-                          self.label_counts, root)
+                          self.label_counts, root, self.seed)
 
     def d0_accuracy(self, x: Params) -> float:
         """The accuracy of ``x`` on D0 (FedDU's acc_t)."""

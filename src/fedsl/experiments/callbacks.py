@@ -10,7 +10,8 @@ A run calls its callbacks, in order, at four moments::
 ``on_evaluation``'s metrics: ``accuracy``, ``loss``, ``rolling_accuracy`` (and the non-IIDness diagnostics
 ``xi2``, ``G2``, ``cos_F_f0`` on the rounds they are measured). ``on_round_end``'s metrics: ``wall_time``
 (seconds since the run started), ``gamma`` (γ_t of server learning, else None), ``cos_theta`` (when
-measured, else None), ``comm_params``, and on an evaluated round the evaluation's metrics too. A round
+measured, else None), ``comm_params``, and on an evaluated round the evaluation's metrics too (with
+``privacy.clip`` set, also ``epsilon``: DP's ε after the round; round 0's evaluation has ε = 0). A round
 whose loss is not finite ends the run (status 'diverged') before these calls, as it leaves no row in
 metrics.csv.
 

@@ -9,6 +9,7 @@ Reading files and ``--set`` overrides: ``fedsl.experiments.loading``; a config's
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -272,6 +273,45 @@ class RobustConfig(_Strict):
                                     "update on D0 (default K, the mean client's; batches of min(B, n0); at most 10^6)")
 
 
+class PrivacyConfig(_Strict):
+    """Central differential privacy of the clients' updates: DP-FedAvg (McMahan et al., ICLR 2018), accounted with
+    dp-accounting (``fedsl.algorithms.privacy``, ``fedsl.core.privacy_accounting``; docs/how-to/privacy.md)."""
+    clip: float | None = Field(None, gt=0, description="C, the bound on each client's update norm ‖x_i − x_t‖₂ (the "
+                               "whole model's): updates are clipped to it, averaged over S, and Gaussian noise of "
+                               "std z·C/S is added (DP-FedAvg); unset = no differential privacy")
+    noise_multiplier: float | None = Field(None, ge=0, description="z, the noise's std in units of C on the sum of "
+                                           "the clipped updates (0 = clipping only, ε = ∞); or set target_epsilon")
+    target_epsilon: float | None = Field(None, gt=0, allow_inf_nan=True, description="ε to reach after `rounds` "
+                                         "rounds at δ: z is calibrated to it (instead of noise_multiplier); inf = no "
+                                         "privacy asked (with clip: clipping only, z = 0; without clip: a non-private "
+                                         "variant pinned in a sweep over target_epsilon)")
+    delta: float | None = Field(None, gt=0, lt=1, description="δ of the (ε, δ) guarantee; default min(1e-5, 1/N^1.1), "
+                                "below 1/N at every N")
+    accountant: Literal["rdp", "pld"] = Field("rdp", description="ε by 'rdp' (Rényi DP, milliseconds) or 'pld' "
+                                              "(privacy loss distributions: tighter, ~0.3 s per evaluated round)")
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> "PrivacyConfig":
+        if self.clip is None:
+            eps = self.target_epsilon
+            given = [k for k in ("noise_multiplier", "target_epsilon", "delta") if getattr(self, k) is not None
+                     and not (k == "target_epsilon" and math.isinf(eps))]  # ε = inf asks for no privacy
+            if given:
+                raise ValueError(f"privacy.{given[0]} = {getattr(self, given[0])} without privacy.clip: expected "
+                                 "privacy.clip = C > 0 to turn differential privacy on (or leave privacy unset)")
+            return self
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            got = ("both privacy.noise_multiplier and privacy.target_epsilon" if self.noise_multiplier is not None
+                   else "neither privacy.noise_multiplier nor privacy.target_epsilon")
+            raise ValueError(f"privacy.clip = {self.clip}: expected exactly one of privacy.noise_multiplier = z or "
+                             f"privacy.target_epsilon = ε, got {got}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.clip is not None
+
+
 CLAIM_METRICS = ("final_accuracy", "T_0.5", "rise_time")
 
 
@@ -404,6 +444,7 @@ class RunConfig(_Strict):
     server: ServerConfig = Field(ServerConfig(), description="a [server] table (server learning)")
     attack: AttackConfig = Field(AttackConfig(), description="an [attack] table (Byzantine clients, simulation only)")
     robust: RobustConfig = Field(RobustConfig(), description="a [robust] table (a robust server rule)")
+    privacy: PrivacyConfig = Field(PrivacyConfig(), description="a [privacy] table (DP-FedAvg: clip, noise, ε)")
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides, one run each, compared side by side")
 
@@ -468,6 +509,8 @@ class RunConfig(_Strict):
         if self.server.finetune_epochs and not d.has_server_data:
             raise ValueError(f"server.finetune_epochs = {self.server.finetune_epochs} fine-tunes on D0: expected "
                              "data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
+        if self.privacy.enabled:
+            self._privacy_checks()
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
                              "or data.server_source = 'clients' / 'dataset'")
@@ -491,6 +534,25 @@ class RunConfig(_Strict):
                                  f"(robust.krum_f = {f})")
             if r.krum_m is not None and r.krum_m > s:
                 raise ValueError(f"robust.krum_m = {r.krum_m}: expected at most algorithm.clients_per_round = {s}")
+
+    def _privacy_checks(self) -> None:
+        """What DP-FedAvg's guarantee assumes of the rest of the run (docs/how-to/privacy.md)."""
+        a, c = self.algorithm, self.privacy.clip
+        if a.weighted:
+            raise ValueError(f"privacy.clip = {c} with algorithm.weighted = true: expected weighted = false "
+                             "(DP-FedAvg's sensitivity C/S is that of the plain mean; weights n_i/Σn_j would change it "
+                             "per client)")
+        if a.name == "feddu":
+            raise ValueError(f"privacy.clip = {c} with algorithm.name = 'feddu': FedDU's γ_t reads the sampled "
+                             "clients' label counts, which the mechanism does not protect: expected another algorithm")
+        if self.robust.aggregator != "mean":
+            raise ValueError(f"privacy.clip = {c} with robust.aggregator = {self.robust.aggregator!r}: DP-FedAvg's "
+                             "sensitivity C/S is that of the plain sum of clipped updates, which a robust rule "
+                             "replaces: expected robust.aggregator = 'mean'")
+        if a.availability < 1:
+            raise ValueError(f"privacy.clip = {c} with algorithm.availability = {a.availability}: the accountant's "
+                             "sampling rate q = S/N assumes every client can be sampled in every round: expected "
+                             "availability = 1")
 
 
 # ----------------------------------------------------------------------------- validation

@@ -11,6 +11,7 @@ from typing import Any
 
 from fedsl.algorithms import (
     Algorithm,
+    DifferentialPrivacy,
     GammaSchedule,
     LocalTraining,
     Pretraining,
@@ -21,6 +22,8 @@ from fedsl.algorithms import (
     spec,
 )
 from fedsl.algorithms.robust import default_krum_f
+from fedsl.core import privacy_accounting
+from fedsl.core.privacy_accounting import AccountingUnavailable, Budget, CalibrationError
 from fedsl.data.federation import Federation
 from fedsl.experiments.config import ConfigError, RunConfig
 
@@ -98,7 +101,18 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     if sp.shares_server_data:
         note("n0", "shared samples |D0|", n0, True)
     robust = robust_rule(cfg, fed, k, note)
-    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, robust, **rule_hp)  # validation checked it all
+    budget = privacy_budget(cfg, fed)
+    privacy = None
+    if budget is not None:
+        p = cfg.privacy
+        note("C_clip", "clip norm of each client's update (DP)", p.clip, True)
+        note("z", "noise multiplier (DP)", budget.noise_multiplier, p.noise_multiplier,
+             "" if p.target_epsilon is None else f"calibrated to ε = {p.target_epsilon:g} after T rounds")
+        note("δ", "DP's δ", budget.delta, p.delta, "default min(1e-5, 1/N^1.1)")
+        note("q", "client sampling rate S/N (DP accounting)", round(budget.q, 6), None, "derived")
+        privacy = DifferentialPrivacy(p.clip, budget.noise_multiplier, S)
+    # validation checked it all
+    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, robust, privacy, **rule_hp)
 
     if s.finetune_epochs:
         note("E_ft", "fine-tuning epochs on D0 after round T", s.finetune_epochs, True)
@@ -139,6 +153,26 @@ def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any
             note("m", "Multi-Krum's averaged updates", r.krum_m or a.clients_per_round - f, r.krum_m,
                  "default S' − f")
     return Robust(r.aggregator, r.trim, r.krum_f, r.krum_m, r.norm_bound, root)
+
+
+def privacy_budget(cfg: RunConfig, fed: Federation) -> Budget | None:
+    """The run's DP accounting (``privacy.clip`` set; None: off): q = S/N, z (given, or calibrated so that ε after
+    ``rounds`` rounds is at most ``privacy.target_epsilon``), δ (default ``privacy_accounting.default_delta``).
+    A missing dp-accounting package or a target that asks for no noise is a ConfigError of one line."""
+    p = cfg.privacy
+    if not p.enabled:
+        return None
+    n = fed.num_clients
+    q = cfg.algorithm.clients_per_round / n
+    delta = p.delta if p.delta is not None else privacy_accounting.default_delta(n)
+    try:
+        privacy_accounting.library()
+        z = p.noise_multiplier
+        if z is None:
+            z = privacy_accounting.calibrate(q, cfg.rounds, p.target_epsilon, delta, p.accountant)
+    except (AccountingUnavailable, CalibrationError) as e:
+        raise ConfigError(str(e)) from None
+    return Budget(q, z, delta, p.accountant, p.clip)
 
 
 def format_hparams(hp: list[Setting]) -> str:

@@ -24,9 +24,10 @@ from fedsl.experiments.checkpoint import Checkpoint, CorruptCheckpoint, atomic_w
 
 # gamma: γ_t of server learning; cos_theta: cos of the angle between -∇f0 and the clients' update
 # (when measured); comm_params: parameters sent down and up in the round (SCAFFOLD doubles it);
-# xi2, G2, cos_F_f0: the paper's non-IIDness diagnostics every diag_every rounds (fedsl.engine.diagnostics).
+# xi2, G2, cos_F_f0: the paper's non-IIDness diagnostics every diag_every rounds (fedsl.engine.diagnostics);
+# epsilon: DP's ε after the round at δ (privacy.clip set; fedsl.core.privacy_accounting).
 METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time", "gamma", "cos_theta", "comm_params",
-                  "xi2", "G2", "cos_F_f0"]
+                  "xi2", "G2", "cos_F_f0", "epsilon"]
 
 
 class FolderInUse(RuntimeError):

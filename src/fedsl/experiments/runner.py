@@ -18,6 +18,7 @@ import torch
 
 from fedsl.algorithms import Algorithm, Pretraining
 from fedsl.core import threads
+from fedsl.core.privacy_accounting import Budget
 from fedsl.core.types import Params
 from fedsl.data.datasets import build_federation
 from fedsl.data.federation import Federation
@@ -32,7 +33,7 @@ from fedsl.experiments.callbacks import Callback, CallbackList, MetricsFile, Run
 from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.placement import resolve_device, tables_on_host
 from fedsl.experiments.progress import RunProgress
-from fedsl.experiments.resolve import Setting, format_hparams, resolve
+from fedsl.experiments.resolve import Setting, format_hparams, privacy_budget, resolve
 from fedsl.experiments.results import RunDir, is_group
 from fedsl.models import build_model
 
@@ -48,6 +49,7 @@ class Prepared:
     pretrain: Pretraining | None
     hparams: list[Setting]
     device: torch.device
+    privacy: Budget | None = None  # the DP accounting (privacy.clip set): ε per row of metrics.csv, summary.json
 
 
 def finetune(sim: Simulator, cfg: RunConfig, x: Params) -> dict | None:
@@ -177,7 +179,7 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     sim = Simulator(fm, on_device, algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
                     cfg.eval_batch_size, cfg.eval_precision, tables_on_host(cfg, device, algorithm, fed.num_clients, d),
                     cfg.participation, cfg.byzantine)
-    return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device)
+    return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device, privacy_budget(cfg, fed))
 
 
 def _share_tensors(fed: Federation, pools: list[Federation]) -> Federation:
@@ -293,11 +295,17 @@ class RunSession:
         diag = asdict(measure(sim.fm, self.state.x, sim.fed)) if cfg.diag_every else {}
         if diag:
             self.summary["initial_diagnostics"] = diag
-        self.callbacks.on_evaluation(0, {"accuracy": acc, "loss": loss, "rolling_accuracy": acc, **diag})
+        self.callbacks.on_evaluation(0, {"accuracy": acc, "loss": loss, "rolling_accuracy": acc, **diag,
+                                         **self._epsilon(0)})
         if self.prep.pretrain is not None:
             self.log(f"{cfg.name}: pretrained on D0, test accuracy {self.summary['initial_accuracy']:.4f}")
         if cfg.checkpoint_every:
             self.rd.save_checkpoint(0, self.state, 0.0)
+
+    def _epsilon(self, done: int) -> dict[str, float]:
+        """metrics.csv's ``epsilon``: DP's ε after ``done`` rounds at δ (empty without privacy)."""
+        budget = self.prep.privacy
+        return {} if budget is None else {"epsilon": budget.epsilon(done)}
 
     def _set_loss_bound(self, initial_loss: float) -> None:
         f = self.cfg.diverge_loss
@@ -334,6 +342,7 @@ class RunSession:
                       **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})}
             self.callbacks.on_evaluation(done, scores)
             measured.update(scores)
+            measured.update(self._epsilon(done))  # on the rows written only: an accountant call each (cached)
         self.callbacks.on_round_end(done, measured)  # metrics.csv's row, the progress, the trackers
         if evaluated is not None:
             self.above = self.above + 1 if loss > self.loss_bound else 0
@@ -366,6 +375,8 @@ class RunSession:
                 self.log(f"{self.cfg.name}: could not write the checkpoint of round {self.done} ({e}); "
                          "it resumes from its last checkpoint")
         self.summary.update(metrics.summarize(self.rounds, self.accs, self.cfg.rolling_window))
+        if self.prep.privacy is not None:  # ε after the rounds done, with δ, z, C, q and the accountant
+            self.summary["privacy"] = self.prep.privacy.record(self.done)
         if status == "completed" and self.state is not None:
             tuned = finetune(self.sim, self.cfg, self.state.x)  # after round T only (server.finetune_epochs)
             if tuned is not None:

@@ -28,10 +28,11 @@ from typing import Any
 
 from fedsl.algorithms import Algorithm, Pretraining
 from fedsl.algorithms import spec as algorithm_spec
+from fedsl.core.privacy_accounting import Budget
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments import presets
-from fedsl.experiments.config import ConfigError, RunConfig, validate
+from fedsl.experiments.config import ConfigError, PrivacyConfig, RunConfig, validate
 from fedsl.experiments.loading import read_file, set_dotted
 from fedsl.experiments.runner import prepare  # the runner's own resolution of the paper's defaults
 from fedsl.experiments.sweep import expand_variants
@@ -194,6 +195,10 @@ def check_secagg(cfg: RunConfig, options: FlowerOptions) -> None:
     if cfg.robust.aggregator != "mean":
         raise ConfigError(f"robust.aggregator = {cfg.robust.aggregator!r} needs every client's model x_i, and under "
                           "secagg = true the server sees only their sum: expected robust.aggregator = 'mean'")
+    if cfg.privacy.enabled:
+        raise ConfigError(f"privacy.clip = {cfg.privacy.clip} clips each client's update on the server, and under "
+                          "secagg = true the server sees only their sum: expected privacy unset (DP with secure "
+                          "aggregation needs the clients to clip and noise their own updates: not built)")
     reason = SECAGG_REFUSED.get(alg.name)
     if reason is None and algorithm_spec(alg.name).sends:
         reason = f"sends its server state {', '.join(algorithm_spec(alg.name).sends)} with x_t, which Flower's " \
@@ -375,6 +380,7 @@ class FlowerSetup:
     sim: Simulator
     algorithm: Algorithm
     pretrain: Pretraining | None
+    privacy: Budget | None = None  # DP's accounting (privacy.clip set): ε in rounds.json and done.json
 
     @property
     def num_clients(self) -> int:
@@ -394,6 +400,9 @@ def load_setup(run_config: Mapping[str, Any], app_dir: str | Path | None = None,
     key = (tuple(sorted((k, repr(v)) for k, v in run_config.items())), str(app_dir))
     if key not in _CACHE:
         cfg, options = parse_run_config(run_config, app_dir)
+        if client and cfg.privacy.enabled:  # central DP: the server clips and adds the noise, and accounts;
+            cfg = cfg.model_copy(update={"privacy": PrivacyConfig()})  # a ClientApp needs neither nor dp-accounting
         prep = prepare(cfg)  # also sets fedsl's ``threads`` (torch threads of this process)
-        _CACHE[key] = FlowerSetup(cfg, options, prep.fed, prep.sim, prep.algorithm, prep.pretrain)
+        _CACHE[key] = FlowerSetup(cfg, options, prep.fed, prep.sim, prep.algorithm, prep.pretrain,
+                                   prep.privacy)
     return _CACHE[key]

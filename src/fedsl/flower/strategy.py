@@ -403,7 +403,10 @@ class FedslStrategy(Checkpointing, FedAvg):
         return to_record(self.state.x), metrics
 
     def record_round(self, info: dict[str, Any]) -> None:
-        """Round ``info["t"]`` is done: its line in ``rounds.json``, and the checkpoint when one is due."""
+        """Round ``info["t"]`` is done: its line in ``rounds.json`` (with DP's ε after it, privacy.clip), and the
+        checkpoint when one is due."""
+        if self.setup.privacy is not None:
+            info["epsilon"] = self.setup.privacy.epsilon(info["t"] + 1)
         self.history.append(info)
         t, every = info["t"], self.setup.cfg.checkpoint_every
         if every and ((t + 1) % every == 0 or t + 1 == self.setup.cfg.rounds):
@@ -500,6 +503,8 @@ class FedslStrategy(Checkpointing, FedAvg):
             checkpoint.save(d / "final.pt", Checkpoint(len(self.history), self.state))
             done = {"status": "completed", "rounds": len(self.history), "federation": self.setup.options.federation,
                     **(self.finetuned or {})}
+            if self.setup.privacy is not None:
+                done["privacy"] = self.setup.privacy.record(len(self.history))
             atomic_write(d / "done.json", lambda p: p.write_text(json.dumps(done)))
             (d / "failed.json").unlink(missing_ok=True)  # an earlier attempt's, now resumed and completed
 

@@ -10,7 +10,9 @@ numbers next to the paper's.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -87,10 +89,16 @@ def _sweep_points(path: Path, spec: dict) -> list[dict]:
     return out
 
 
+def _on_axis(x: Any) -> bool:
+    """Whether a swept value has a place on a numeric axis (a finite number; not inf or a name)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _sweep_plot(points: list[dict], keys: list[str], path: Path) -> Path:
     """Final accuracy and rise time against the first swept key (the paper's Fig. 3 layout): a
     line per variant and value of the other keys; a variant pinned at one value (DS at γ = 0)
-    is a single point."""
+    is a single point, one pinned off the axis (the non-private runs at privacy.target_epsilon = inf)
+    a dashed horizontal line at its mean."""
     key, others = keys[0], keys[1:]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=110)
     bases = sorted({p["base"] for p in points})
@@ -103,6 +111,13 @@ def _sweep_plot(points: list[dict], keys: list[str], path: Path) -> Path:
             pts = [p for p in mine if tuple(p["params"].get(k) for k in others) == rest]
             xs = sorted({p["params"][key] for p in pts})
             label = base + "".join(f", {k.split('.')[-1]}={v}" for k, v in zip(others, rest))
+            if not any(_on_axis(x) for x in xs):  # pinned off the axis (privacy.target_epsilon = inf, the
+                for ax, col in zip(axes, ("final_accuracy", "rise_time")):  # non-private runs): a reference line
+                    mu, _ = metrics.mean_std([p["summary"].get(col) for p in pts])
+                    if not math.isnan(mu):
+                        ax.axhline(mu, linestyle="--", color=palette[base], label=f"{label} ({key} = {xs[0]})")
+                continue
+            xs = [x for x in xs if _on_axis(x)]
             for ax, col in zip(axes, ("final_accuracy", "rise_time")):
                 values = [[p["summary"].get(col) for p in pts if p["params"][key] == x] for x in xs]
                 stats = [metrics.mean_std(v) for v in values]
