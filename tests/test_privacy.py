@@ -109,7 +109,7 @@ def test_dp_sits_before_the_rule_fslp_and_line_10():
         st = sims[0].initial_state()
         work = sims[0].sample(0)
         finals, _ = sims[0].train_clients(st, work, 0)
-        res = Simulator.results(work, finals)
+        res = sims[0].results(work, finals, st.x, 0)
         with_dp, _ = server_update(sims[0].alg, st, res, 0, sims[0].server)
         by_hand, _ = server_update(sims[1].alg, st, privatize(st.x, res, dp, sims[0].seed, 0), 0, sims[1].server)
         assert all(torch.equal(with_dp.x[n], by_hand.x[n]) for n in st.x), mode
