@@ -199,6 +199,10 @@ SERIAL_MODULES = {"test_flower_deployment", "test_flower_secagg", "test_ray", "t
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES:
-            item.add_marker(pytest.mark.xdist_group("processes"))
+    serial = [item for item in items if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES]
+    for item in serial:
+        item.add_marker(pytest.mark.xdist_group("processes"))
+    # the group first: one worker starts on it (minutes of real processes) while the other takes the rest,
+    # instead of the group running alone at the end
+    ids = {id(item) for item in serial}
+    items[:] = serial + [item for item in items if id(item) not in ids]
