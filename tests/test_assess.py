@@ -169,7 +169,7 @@ def test_cli_two_candidates_writes_json_csv_and_prints_the_table(tmp_path, confi
                  "--candidate", "skewed:" + ",".join(SKEWED), "--power-iters", "5", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "candidate server datasets at x_0" in text and "iid100" in text and "likely to help" in text
-    assert "1. iid100: likely to help" in text and "2. skewed: likely to help less" in text
+    assert "1. iid100: likely to help" in text and "2. skewed: may help less, or hurt" in text
     js = json.loads((out / "assess.json").read_text())
     assert [c["name"] for c in js["candidates"]] == ["iid100", "skewed"] and js["config"] == "tiny"
     assert js["L_method"].startswith("power iteration")
