@@ -55,3 +55,21 @@ def test_collect_keeps_the_text_results_of_finished_runs(tmp_path):
     assert (out / "B-seed1" / "metrics.csv").read_text().splitlines()[-1].split(",")[:4] == \
         (tmp_path / "g" / "B-seed1" / "metrics.csv").read_text().splitlines()[-1].split(",")[:4]
     assert (out / "A-seed0" / "metrics.csv").read_text() == (tmp_path / "g" / "A-seed0" / "metrics.csv").read_text()
+
+
+def test_a_diverged_run_neither_sets_the_scale_nor_joins_the_mean(tmp_path):
+    """A run that diverged at round 10 stops there by definition: the group's scale is its completed runs'
+    rounds, and the variant's mean is over its completed seeds, with the diverged ones counted beside it."""
+    import json
+
+    from fedsl.report import summary
+
+    rows = ["run,variant,seed,status,final_accuracy,rise_time,T_0.5,rounds_done,wall_time",
+            "A-seed0,A,0,completed,0.50,10,20,200,1", "A-seed1,A,1,completed,0.60,10,20,200,1",
+            "B-seed0,B,0,completed,0.30,,,200,1", "B-seed1,B,1,diverged,nan,,,10,1"]
+    (tmp_path / "index.csv").write_text("\n".join(rows) + "\n")
+    runs = {f"{v}-seed{s}": {"dir": f"{v}-seed{s}", "variant": v, "base": v, "seed": s, "params": {}}
+            for v in "AB" for s in (0, 1)}
+    (tmp_path / "group.json").write_text(json.dumps({"runs": runs}))
+    assert summary._rounds_done(tmp_path) == [200, 200, 200]
+    assert summary.our_numbers(tmp_path) == "A 0.550 ± 0.071 (20); B 0.300, 1 of 2 diverged (—)"

@@ -42,7 +42,9 @@ def _finished(path: Path) -> list[dict]:
 
 
 def _rounds_done(path: Path) -> list[int]:
-    return [int(float(r["rounds_done"])) for r in _finished(path) if r.get("rounds_done")]
+    """Rounds done by the completed runs (a diverged run stops early by definition: it says nothing of scale)."""
+    return [int(float(r["rounds_done"])) for r in _finished(path)
+            if r.get("rounds_done") and r["status"] == "completed"]
 
 
 GRID = 8  # a group with more variants × cells than this is summed up per method: the range over its cells
@@ -63,10 +65,16 @@ def our_numbers(path: Path) -> str:
                 metrics.mean_std([float(r["final_accuracy"]) for r in rows if r["final_accuracy"]])[0])
         return "; ".join(f"{b} {min(a):.3f}–{max(a):.3f} over {len(a)} cells" for b, a in ranges.items())
     parts = []
-    for v, rows in by.items():
+    for v, all_rows in by.items():
+        rows = [r for r in all_rows if r["status"] == "completed"]
+        lost = len(all_rows) - len(rows)  # diverged: no final accuracy to average
+        if not rows:
+            parts.append(f"{short_variant(v)} diverged ({lost} of {lost})")
+            continue
         acc = metrics.mean_std([float(r["final_accuracy"]) for r in rows if r["final_accuracy"]])
         t = [float(r["T_0.5"]) for r in rows if r.get("T_0.5")]
-        a = f"{acc[0]:.3f}" + (f" ± {acc[1]:.3f}" if len(rows) > 1 else "")
+        a = f"{acc[0]:.3f}" + (f" ± {acc[1]:.3f}" if len(rows) > 1 else "") + (
+            f", {lost} of {len(all_rows)} diverged" if lost else "")
         some = "" if len(t) == len(rows) else f" ({len(t)} of {len(rows)})"
         tt = "—" if not t else f"{sum(t) / len(t):.0f}{some}"
         parts.append(f"{short_variant(v)} {a} ({tt})")
