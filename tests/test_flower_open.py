@@ -16,7 +16,6 @@ The same stock ClientApp runs in real Flower processes in ``test_flower_deployme
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 from conftest import max_diff
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from test_flower_protocol import BASE, export_partitions, fedsl_nodes, run_fedsl, serve, trains
+from test_flower_protocol import BASE, export_partitions, fedsl_nodes, load_plain_client, run_fedsl, serve, trains
 
 from fedsl.core import rng
 from fedsl.experiments.config import ConfigError
@@ -112,13 +111,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 def load_stock_client(folder: Path):
     """``STOCK_CLIENT`` written to ``folder/stock_client.py`` and imported (its ClientApp)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "stock_client.py"
-    path.write_text(STOCK_CLIENT)
-    spec = importlib.util.spec_from_file_location(f"stock_client_{abs(hash(str(folder)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.app
+    return load_plain_client(folder, STOCK_CLIENT, "stock_client")
 
 
 @pytest.fixture

@@ -101,12 +101,12 @@ def train(msg: Message, context: Context) -> Message:
 '''
 
 
-def load_plain_client(folder: Path):
-    """``PLAIN_CLIENT`` written to ``folder/plain_client.py`` and imported (its ClientApp)."""
+def load_plain_client(folder: Path, source: str = PLAIN_CLIENT, stem: str = "plain_client"):
+    """``source`` (``PLAIN_CLIENT``) written to ``folder/STEM.py`` and imported (its ClientApp)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "plain_client.py"
-    path.write_text(PLAIN_CLIENT)
-    spec = importlib.util.spec_from_file_location(f"plain_client_{abs(hash(str(folder)))}", path)
+    path = folder / f"{stem}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"{stem}_{abs(hash(str(folder)))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.app

@@ -49,6 +49,18 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
+def _metrics(content: RecordDict) -> MetricRecord:
+    """A train reply's MetricRecord ``metrics``.
+
+    Raises:
+        BadReply: there is none.
+    """
+    metrics = content.metric_records.get("metrics")
+    if metrics is None:
+        raise BadReply(f"no MetricRecord 'metrics' (records: {sorted(content.keys())})")
+    return metrics
+
+
 def check_reply(msg: Message, expected: dict[str, torch.Tensor], partition: int, t: int,
                 examples: int | None = None) -> tuple[dict, int, int]:
     """A train reply's final model x_i, n_i and K_i, after checking everything in it the server uses.
@@ -65,9 +77,7 @@ def check_reply(msg: Message, expected: dict[str, torch.Tensor], partition: int,
         BadReply: one line saying what is wrong.
     """
     content = msg.content
-    metrics = content.metric_records.get("metrics")
-    if metrics is None:
-        raise BadReply(f"no MetricRecord 'metrics' (records: {sorted(content.keys())})")
+    metrics = _metrics(content)
     missing = [k for k in TRAIN_METRICS if k not in metrics]
     if missing:
         raise BadReply(f"metric {', '.join(missing)} missing (has {sorted(metrics.keys())})")
@@ -148,9 +158,7 @@ def check_open_reply(msg: Message, expected: dict[str, torch.Tensor], t: int, ma
         BadReply: one line saying what is wrong.
     """
     content = msg.content
-    metrics = content.metric_records.get("metrics")
-    if metrics is None:
-        raise BadReply(f"no MetricRecord 'metrics' (records: {sorted(content.keys())})")
+    metrics = _metrics(content)
     n, steps, loss = check_open_metrics(metrics, t, max_examples)
     return check_arrays(content, expected), n, steps, loss
 
