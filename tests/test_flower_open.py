@@ -109,6 +109,17 @@ def evaluate(msg: Message, context: Context) -> Message:
 '''
 
 
+# STOCK_CLIENT on a malicious node: a node whose node config sets `sign-flip = λ` trains honestly, then sends
+# x_t − λ·(x_i − x_t) (attack.kind = 'sign_flip'); other nodes run the stock client unchanged
+MALICIOUS_CLIENT = STOCK_CLIENT.replace(
+    '    metrics = MetricRecord({"train_loss"',
+    '    flip = float(context.node_config.get("sign-flip", 0))\n'
+    '    if flip:\n'
+    '        x_t = msg.content["arrays"].to_torch_state_dict()\n'
+    '        net.load_state_dict({n: x_t[n] - flip * (v - x_t[n]) for n, v in net.state_dict().items()})\n'
+    '    metrics = MetricRecord({"train_loss"', 1)
+assert MALICIOUS_CLIENT != STOCK_CLIENT
+
 def load_stock_client(folder: Path):
     """``STOCK_CLIENT`` written to ``folder/stock_client.py`` and imported (its ClientApp)."""
     return load_plain_client(folder, STOCK_CLIENT, "stock_client")
