@@ -211,6 +211,20 @@ def test_a_run_without_an_attack_draws_nothing_new_and_records_nothing(tmp_path,
     assert not [d for d in drawn if new & set(d[:3])]
 
 
+
+def test_at_fraction_zero_every_attack_is_the_run_without_one(tmp_path):
+    """f = 0: nobody is malicious, so sign and label flipping give the no-attack run's scores and model bit for bit
+    (robustness-emnist runs label flipping at f > 0 only, and takes sign flipping's f = 0 runs as both)."""
+    scores, models = {}, {}
+    for kind in ("none", "sign_flip", "label_flip"):
+        cfg = C.validate(tiny_config(rounds=3, attack={"kind": kind, "fraction": 0.0}, robust={"aggregator": "median"}))
+        run(cfg, tmp_path / kind, log=lambda m: None, progress=False)
+        scores[kind] = _scores(tmp_path / kind)
+        models[kind] = torch.load(tmp_path / kind / "checkpoint.pt", weights_only=True)["params"]
+    assert scores["sign_flip"] == scores["label_flip"] == scores["none"]
+    assert all(torch.equal(models["label_flip"][n], models["none"][n]) for n in models["none"])
+    assert all(torch.equal(models["sign_flip"][n], models["none"][n]) for n in models["none"])
+
 # ----------------------------------------------------------------------------- configuration
 
 @pytest.mark.parametrize("attack,fragment", [

@@ -10,7 +10,7 @@ import pytest
 from fedsl.experiments import presets
 from fedsl.experiments.config import ConfigError, RunConfig, validate
 from fedsl.experiments.loading import apply_overrides, load, read_file
-from fedsl.experiments.sweep import expand_runs, expand_variants
+from fedsl.experiments.sweep import count_runs, expand_runs, expand_variants
 
 MINIMAL = {"rounds": 3, "data": {"dataset": "synthetic_chars"}, "algorithm": {"name": "fedavg"}}
 
@@ -99,6 +99,30 @@ def test_a_variant_that_sets_a_swept_key_is_pinned_at_its_value():
     assert sum(v == "DS-S4" for v, _ in fig3.values()) == 3 * 2 * 3  # 3 η_l × 2 n0 × 3 seeds, not × 4 γ
     assert sum(v == "FSL-S4" for v, _ in fig3.values()) == 4 * 3 * 2 * 3
 
+
+
+def test_a_variant_that_sets_a_swept_key_to_a_list_runs_at_those_of_the_sweeps_points():
+    """Label flipping at f = 0 is sign flipping at f = 0 (nobody attacks): the label-flipping variant runs only at
+    f > 0, in the sweep's order, its runs counted as made; a list that selects no point is one line."""
+    sweep = {"attack.fraction": [0.0, 0.1, 0.4], "algorithm.local_lr": [0.01, 0.02]}
+    variants = {"sign": {"attack": {"kind": "sign_flip"}},
+                "label": {"attack": {"kind": "label_flip", "fraction": [0.4, 0.1]}}}
+    cfg = validate(minimal(data={"dataset": "synthetic_chars", "server_size": 20}, sweep=sweep, variants=variants,
+                           seeds=[0, 1]))
+    runs = expand_runs(cfg)
+    label = [r for r, (v, _) in runs.items() if v == "label"]
+    assert label == [f"label-fraction={f}-local_lr={lr}-seed{s}" for f in (0.1, 0.4) for lr in (0.01, 0.02)
+                     for s in (0, 1)]
+    assert [runs[r][1].attack.fraction for r in label] == [0.1] * 4 + [0.4] * 4
+    assert sum(v == "sign" for v, _ in runs.values()) == 3 * 2 * 2
+    assert count_runs(cfg) == len(runs) == 12 + 8
+    variants["label"]["attack"]["fraction"] = [0.2, 0.3]
+    with pytest.raises(ConfigError, match=r"variants.label: attack.fraction = \[0.2, 0.3\] selects none of the "
+                                          r"sweep's values \[0.0, 0.1, 0.4\]"):
+        expand_runs(validate(minimal(data={"dataset": "synthetic_chars", "server_size": 20}, sweep=sweep,
+                                     variants=variants)))
+    robustness = validate(presets.load("robustness-emnist"))
+    assert count_runs(robustness) == len(expand_runs(robustness)) == 7 * 4 * 2 + 7 * 3 * 2
 
 def test_presets_all_validate():
     for name in presets.names():

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from fedsl.experiments.config import NAME_MAX, RUNS_MAX, ConfigError, RunConfig, slug, validate
-from fedsl.experiments.loading import deep_merge, has_dotted
+from fedsl.experiments.loading import deep_merge, get_dotted, has_dotted
 
 
 def _label(value: Any) -> str:
@@ -26,18 +26,43 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
     Runs are named ``VARIANT[-key=value...][-seedS]``; a run's ``name`` (what tables
     aggregate seeds over) is the part before ``-seedS``. Without variants the config itself
     is the one variant; without ``seeds`` each runs once with ``seed``. A variant that sets a
-    swept key itself is not swept over that key (e.g. DS pinned at ``server.gamma = 0`` in a
-    sweep over γ, as in the paper's Fig. 3): it runs once per point of the other keys.
+    swept key to one value is not swept over that key (e.g. DS pinned at ``server.gamma = 0`` in a
+    sweep over γ, as in the paper's Fig. 3): it runs once per point of the other keys. One that
+    sets it to a list runs at the sweep's values in that list (``variant_points``).
     """
     return {run: c for run, (_, c) in expand_runs(cfg).items()}
+
+
+def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
+    """The swept keys variant ``vname`` (overrides ``over``) runs over, each with its values, in the sweep's order:
+    - a key the variant does not set: all the sweep's values;
+    - a key it sets to one value: none (pinned there: not swept);
+    - a key it sets to a list: the sweep's values that are in the list. Label flipping at f = 0 is the same run
+      as sign flipping at f = 0 (nobody attacks), so a preset runs it once: ``attack.fraction = [0.1, 0.4]`` in
+      a sweep over [0, 0.1, 0.4]. A quick form's shorter sweep keeps what it shares with the list.
+    A sweep over a key whose values are lists themselves has no such selection (the list is one value)."""
+    points: dict[str, list] = {}
+    for key, values in cfg.sweep.items():
+        if not has_dotted(over, key):
+            points[key] = list(values)
+            continue
+        own = get_dotted(over, key)
+        if not isinstance(own, list) or any(isinstance(v, list) for v in values):
+            continue  # pinned
+        chosen = [v for v in values if v in own]
+        if not chosen:
+            raise ConfigError(f"variants.{vname}: {key} = {own!r} selects none of the sweep's values {values!r}: "
+                              "expected a list of some of them (or one value, to pin the variant there)")
+        points[key] = chosen
+    return points
 
 
 def count_runs(cfg: RunConfig) -> int:
     """How many runs ``expand_runs`` gives (variants × their sweep points × seeds), without making them."""
     total = 0
-    for over in (cfg.variants or {cfg.name: {}}).values():
-        keys = [k for k in cfg.sweep if not (isinstance(over, dict) and has_dotted(over, k))]
-        total += math.prod(len(cfg.sweep[k]) for k in keys) * max(1, len(cfg.seeds))
+    for vname, over in (cfg.variants or {cfg.name: {}}).items():
+        points = variant_points(cfg, vname, over if isinstance(over, dict) else {})
+        total += math.prod(len(v) for v in points.values()) * max(1, len(cfg.seeds))
     return total
 
 
@@ -55,9 +80,10 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
     for vname, over in variants.items():
         if not isinstance(over, dict):
             raise ConfigError(f"variants.{vname}: expected a table of overrides")
-        keys = [k for k in cfg.sweep if not has_dotted(over, k)]  # the variant's own keys are pinned
+        points = variant_points(cfg, vname, over)  # the variant's own keys are pinned, or a list of points
+        keys = list(points)
         merged_variant = deep_merge(base, over)
-        for point in itertools.product(*(cfg.sweep[k] for k in keys)):
+        for point in itertools.product(*points.values()):
             # the run's folder name: the variant's (validated) name, then key=value with unsafe characters as '_'
             label = vname + "".join(f"-{slug(k.split('.')[-1])}={_label(v)}" for k, v in zip(keys, point))
             where = f"variants.{vname}" if cfg.variants else ""
