@@ -73,3 +73,23 @@ def test_a_diverged_run_neither_sets_the_scale_nor_joins_the_mean(tmp_path):
     (tmp_path / "group.json").write_text(json.dumps({"runs": runs}))
     assert summary._rounds_done(tmp_path) == [200, 200, 200]
     assert summary.our_numbers(tmp_path) == "A 0.550 ± 0.071 (20); B 0.300, 1 of 2 diverged (—)"
+
+
+def test_the_robustness_table_takes_label_flippings_f0_from_sign_flipping(tmp_path):
+    """One row per defence, mean ± sample std over the seeds, label flipping's f = 0 column = sign flipping's runs
+    (nobody attacks at f = 0), diverged seeds counted, unfinished cells shown as '…'."""
+    rows = ["run,variant,seed,attack.fraction,status,final_accuracy,rise_time,T_0.5,rounds_done,wall_time"]
+    for variant, f, seed, status, acc in [("signflip-FedAvg", 0.0, 0, "completed", 0.6),
+                                          ("signflip-FedAvg", 0.0, 1, "completed", 0.7),
+                                          ("labelflip-FLTrust+SL", 0.4, 0, "diverged", 0.1),
+                                          ("labelflip-FLTrust+SL", 0.4, 1, "completed", 0.5),
+                                          ("signflip-median", 0.1, 0, "running", 0.3)]:
+        name = f"{variant}-fraction={f:g}"
+        rows.append(f"{name}-seed{seed},{name},{seed},{f},{status},{acc},,,200,1.0")
+    (tmp_path / "index.csv").write_text("\n".join(rows) + "\n")
+    lines = _module("robustness_table").table(tmp_path).splitlines()
+    assert lines[0].startswith("| defence | sign flip, f = 0 | sign flip, f = 0.1 |")
+    fedavg = lines[2].split(" | ")
+    assert fedavg[1] == fedavg[5] == "0.650 ± 0.071" and fedavg[2] == "…"
+    assert lines[8].split(" | ")[-1] == "0.300 ± 0.283 (1 div.) |"
+    assert lines[4].split(" | ")[2] == "…"  # median at f = 0.1: still running

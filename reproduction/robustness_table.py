@@ -1,0 +1,65 @@
+"""The robustness table: final accuracy per defence against the malicious fraction f, for each attack.
+
+    python reproduction/robustness_table.py reproduction/robustness-emnist
+
+reads FOLDER/index.csv (robustness-emnist's runs: variant ATTACK-DEFENCE-fraction=F, seed, status, final accuracy)
+and prints a Markdown table: one row per defence, for each attack one column per f, each cell the mean ± sample
+std over the seeds (n − 1), with "(k div.)" when k seeds diverged (their accuracy is then the last one measured,
+counted in the mean as it is). Label flipping runs at f > 0 only: at f = 0 nobody attacks, so its f = 0 column is
+sign flipping's runs (the same numbers bit for bit: tests/test_attacks.py). A cell whose runs have not finished
+is "…".
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ATTACKS = {"signflip": "sign flip", "labelflip": "label flip"}
+DEFENCES = ["FedAvg", "FSL", "median", "trimmed", "Krum", "FLTrust", "FLTrust+SL"]
+FRACTIONS = [0.0, 0.1, 0.2, 0.4]
+FINISHED = ("completed", "diverged")
+
+
+def read(folder: Path) -> dict[tuple[str, str, float], list[tuple[float, bool]]]:
+    """(attack, defence, f) -> [(final accuracy, diverged)] over the finished seeds."""
+    cells: dict[tuple[str, str, float], list[tuple[float, bool]]] = {}
+    with open(folder / "index.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if row["status"] not in FINISHED:
+                continue
+            attack, _, defence = row["variant"].rsplit("-fraction=", 1)[0].partition("-")
+            key = (attack, defence, float(row["attack.fraction"]))
+            cells.setdefault(key, []).append((float(row["final_accuracy"]), row["status"] == "diverged"))
+    for defence in DEFENCES:  # label flipping at f = 0 is sign flipping at f = 0: nobody attacks
+        if ("signflip", defence, 0.0) in cells:
+            cells.setdefault(("labelflip", defence, 0.0), cells[("signflip", defence, 0.0)])
+    return cells
+
+
+def cell(values: list[tuple[float, bool]] | None) -> str:
+    if not values:
+        return "…"
+    acc = np.array([a for a, _ in values])
+    text = f"{acc.mean():.3f} ± {acc.std(ddof=1):.3f}" if len(acc) > 1 else f"{acc[0]:.3f} (1 seed)"
+    diverged = sum(d for _, d in values)
+    return text + (f" ({diverged} div.)" if diverged else "")
+
+
+def table(folder: Path) -> str:
+    cells = read(folder)
+    head = ["defence"] + [f"{name}, f = {f:g}" for name in ATTACKS.values() for f in FRACTIONS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for defence in DEFENCES:
+        row = [defence] + [cell(cells.get((a, defence, f))) for a in ATTACKS for f in FRACTIONS]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__.strip().splitlines()[2].strip())
+    print(table(Path(sys.argv[1])))
