@@ -119,6 +119,15 @@ def flower_task_identity():
     TaskIdentity._run_id = TaskIdentity._node_id = TaskIdentity._task_id = None
 
 
+
+# The Flower tests' run config: FSL on 4 clients of font-rendered '0123', fedsl's "mlp" in float64, replaying the
+# simulator's run over the network (to compare with it); each test file states what it changes
+FLOWER_RUN = {"rounds": 3, "seed": 1, "dtype": "float64", "eval_every": 100, "data.dataset": "synthetic_chars",
+              "data.chars": "0123", "data.train_per_class": 30, "data.test_per_class": 10, "data.num_clients": 4,
+              "data.classes_per_client": 2, "data.samples_per_client": 24, "data.server_size": 12, "model.name": "mlp",
+              "algorithm.name": "fsl", "algorithm.clients_per_round": 2, "algorithm.local_lr": 0.05,
+              "algorithm.batch_size": 10, "round-timeout": 5.0, "min-nodes": 0, "federation": "replay"}
+
 def max_diff(a: dict, b: dict) -> float:
     """The largest |a - b| over two models' parameters (in float64, on the CPU)."""
     return max((a[n].double().cpu() - b[n].double().cpu()).abs().max().item() for n in a)

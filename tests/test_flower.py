@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
-from conftest import max_diff, run_rounds
+from conftest import FLOWER_RUN, max_diff, run_rounds
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.config import flatten_dict
 
@@ -36,12 +36,7 @@ from fedsl.flower.server import RoundGrid
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 
-BASE = {"rounds": 3, "seed": 1, "dtype": "float64", "eval_every": 100, "data.dataset": "synthetic_chars",
-        "data.chars": "0123", "data.train_per_class": 30, "data.test_per_class": 10, "data.num_clients": 4,
-        "data.classes_per_client": 2, "data.samples_per_client": 24, "data.server_size": 12, "model.name": "mlp",
-        "algorithm.name": "fsl", "algorithm.clients_per_round": 2, "algorithm.local_lr": 0.05,
-        "algorithm.batch_size": 10, "round-timeout": 5.0, "min-nodes": 0,
-        "federation": "replay"}  # the simulator's run over the network, to compare with
+BASE = FLOWER_RUN  # the simulator's run over the network, to compare with
 
 
 class LoopGrid:

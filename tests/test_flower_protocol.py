@@ -28,7 +28,7 @@ import torch
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
-from conftest import max_diff, run_rounds
+from conftest import FLOWER_RUN, max_diff, run_rounds
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, FedAvgM
 
@@ -42,12 +42,8 @@ APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 
 # FSL in float64 on fedsl's "mlp"; B = n_i, so that a client's local steps are full-batch
 # gradient steps, which any correct client computes (up to float rounding) whatever its batch order
-BASE = {"rounds": 3, "seed": 1, "dtype": "float64", "eval_every": 100, "data.dataset": "synthetic_chars",
-        "data.chars": "0123", "data.train_per_class": 30, "data.test_per_class": 10, "data.num_clients": 4,
-        "data.classes_per_client": 2, "data.samples_per_client": 24, "data.server_size": 12, "model.name": "mlp",
-        "algorithm.name": "fsl", "algorithm.clients_per_round": 2, "algorithm.local_lr": 0.05,
-        "algorithm.batch_size": 24, "algorithm.local_epochs": 2, "server.batch_size": 12, "round-timeout": 5.0,
-        "min-nodes": 0, "node-wait": 0.0, "federation": "replay"}
+BASE = {**FLOWER_RUN, "algorithm.batch_size": 24, "algorithm.local_epochs": 2, "server.batch_size": 12,
+        "node-wait": 0.0}
 
 # A plain Flower ClientApp: Flower's documented message API and PyTorch, no fedsl. It trains the partition
 # the train message names (loaded from the folder of its own run-config key ``data-dir``) with local SGD.

@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
-from conftest import max_diff, run_rounds
+from conftest import FLOWER_RUN, max_diff, run_rounds
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from fedsl.experiments import checkpoint
@@ -35,12 +35,7 @@ from fedsl.flower.server import run_server
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 
 # FSL on a tiny MLP in float64; every client sampled every round (S = N = 4)
-BASE = {"rounds": 3, "seed": 1, "dtype": "float64", "eval_every": 100, "data.dataset": "synthetic_chars",
-        "data.chars": "0123", "data.train_per_class": 30, "data.test_per_class": 10, "data.num_clients": 4,
-        "data.classes_per_client": 2, "data.samples_per_client": 24, "data.server_size": 12, "model.name": "mlp",
-        "algorithm.name": "fsl", "algorithm.clients_per_round": 4, "algorithm.local_lr": 0.05,
-        "algorithm.batch_size": 10, "round-timeout": 5.0, "min-nodes": 0, "node-wait": 0.0,
-        "federation": "replay"}
+BASE = {**FLOWER_RUN, "algorithm.clients_per_round": 4, "node-wait": 0.0}
 HONEST = {100 + i: i for i in range(4)}  # node id -> the partition-id in its node config
 
 Tamper = Callable[[Message, Message], Message]  # (train message, honest reply) -> what the node sends
