@@ -51,6 +51,30 @@ case "${1:-check}" in
     timeout "${PFL_S:-300}" python3 benchmarks/bench.py --device cuda --peers fedsl,loop,pfl --rounds 5 --reps 2 --heavy-reps 1 \
       --workloads s2-cifar10+eval,s2-cifar10 --footprint-clients 0 --out "$OUT/bench_pfl_cuda.md" 2>&1 | tail -30
     ;;
+  fig5full)  # issue 26 item 2: the whole Fig. 5 CIFAR-10 grid, 1,000 rounds x 3 seeds, a variant (60 runs, stacked) at a
+             # time; each variant's text results (index, metrics.csv, summary.json; no checkpoint) come back as
+             # $OUT/fig5-full-VARIANT.tgz as soon as it ends, its wall time in $OUT/fig5_full_times.txt. Carry .dev
+             # (wheels 2.8 MB, cifar10.npz 18.5 MB, stl10.npz 23.6 MB: with the tree < 64 MiB). A stack's runs end
+             # together: one cut off by VARIANT_S leaves nothing, so time a variant's rounds first (heatmap_time.py)
+             # and split the variants over calls. CPU dry run (2 rounds, the quick grid; python3 = the venv's):
+             # ROUNDS=2 EXTRA=--quick VARIANTS="FSL FSLsyn SCAFFOLD FedDyn" bash benchmarks/device_run.sh fig5full
+    [ -f .dev/cifar10.npz ] && [ ! -d /tmp/data/cifar10-jpeg ] && \
+      python3 benchmarks/device_data.py unpack .dev/cifar10.npz /tmp/data/cifar10-jpeg
+    [ -f .dev/stl10.npz ] && [ ! -d /tmp/data/stl10-subset ] && \
+      python3 benchmarks/device_data.py unpack .dev/stl10.npz /tmp/data/stl10-subset
+    compile=cuda-graphs; python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || compile=off
+    for v in ${VARIANTS:-FSL FSLsyn SCAFFOLD FedDyn}; do
+      start=$(date +%s)
+      # shellcheck disable=SC2086  # EXTRA is several --set options
+      timeout "${VARIANT_S:-540}" python3 -m fedsl.cli run --preset fig5-cifar10 --variants "$v" \
+        --set rounds="${ROUNDS:-1000}" --set compile=$compile --set eval_every=10 --set checkpoint_every=0 \
+        ${EXTRA:-} --data-dir /tmp/data --out "/tmp/fig5-full/$v" -q 2>&1 | tail -4
+      echo "$v: $(( $(date +%s) - start )) s, rounds=${ROUNDS:-1000}" | tee -a "$OUT/fig5_full_times.txt"
+      python3 reproduction/collect.py "/tmp/fig5-full/$v" "/tmp/keep/fig5-full-$v" | cut -c1-200
+      tar czf "$OUT/fig5-full-$v.tgz" -C /tmp/keep "fig5-full-$v"
+    done
+    ls -la "$OUT"
+    ;;
   check)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
     timeout 170 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 2 2>&1 | tee "$OUT/heatmap_time.md"
