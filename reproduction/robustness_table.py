@@ -5,7 +5,8 @@
 reads FOLDER/index.csv (robustness-emnist's runs: variant ATTACK-DEFENCE-fraction=F, seed, status, final accuracy)
 and prints a Markdown table: one row per defence, for each attack one column per f, each cell the mean ± sample
 std over the seeds (n − 1), with "(k div.)" when k seeds diverged (their accuracy is then the last one measured,
-counted in the mean as it is). Label flipping runs at f > 0 only: at f = 0 nobody attacks, so its f = 0 column is
+counted in the mean as it is; one that diverged before any accuracy was measured has none, and a cell of only
+such runs is "diverged (k)"). Label flipping runs at f > 0 only: at f = 0 nobody attacks, so its f = 0 column is
 sign flipping's runs (the same numbers bit for bit: tests/test_attacks.py). A cell whose runs have not finished
 is "…".
 """
@@ -43,9 +44,11 @@ def read(folder: Path) -> dict[tuple[str, str, float], list[tuple[float, bool]]]
 def cell(values: list[tuple[float, bool]] | None) -> str:
     if not values:
         return "…"
-    acc = np.array([a for a, _ in values])
-    text = f"{acc.mean():.3f} ± {acc.std(ddof=1):.3f}" if len(acc) > 1 else f"{acc[0]:.3f} (1 seed)"
     diverged = sum(d for _, d in values)
+    acc = np.array([a for a, _ in values if np.isfinite(a)])  # a run that diverged before any score has none
+    if not len(acc):
+        return f"diverged ({diverged})"
+    text = f"{acc.mean():.3f} ± {acc.std(ddof=1):.3f}" if len(acc) > 1 else f"{acc[0]:.3f} (1 seed)"
     return text + (f" ({diverged} div.)" if diverged else "")
 
 

@@ -83,7 +83,11 @@ def test_the_robustness_table_takes_label_flippings_f0_from_sign_flipping(tmp_pa
                                           ("signflip-FedAvg", 0.0, 1, "completed", 0.7),
                                           ("labelflip-FLTrust+SL", 0.4, 0, "diverged", 0.1),
                                           ("labelflip-FLTrust+SL", 0.4, 1, "completed", 0.5),
-                                          ("signflip-median", 0.1, 0, "running", 0.3)]:
+                                          ("signflip-median", 0.1, 0, "running", 0.3),
+                                          ("signflip-Krum", 0.4, 0, "diverged", "nan"),
+                                          ("signflip-Krum", 0.4, 1, "diverged", "nan"),
+                                          ("signflip-Krum", 0.2, 0, "diverged", "nan"),
+                                          ("signflip-Krum", 0.2, 1, "completed", 0.02)]:
         name = f"{variant}-fraction={f:g}"
         rows.append(f"{name}-seed{seed},{name},{seed},{f},{status},{acc},,,200,1.0")
     (tmp_path / "index.csv").write_text("\n".join(rows) + "\n")
@@ -93,3 +97,5 @@ def test_the_robustness_table_takes_label_flippings_f0_from_sign_flipping(tmp_pa
     assert fedavg[1] == fedavg[5] == "0.650 ± 0.071" and fedavg[2] == "…"
     assert lines[8].split(" | ")[-1] == "0.300 ± 0.283 (1 div.) |"
     assert lines[4].split(" | ")[2] == "…"  # median at f = 0.1: still running
+    krum = lines[6].split(" | ")
+    assert krum[3] == "0.020 (1 seed) (1 div.)" and krum[4] == "diverged (2)"  # NaN: diverged before any score
