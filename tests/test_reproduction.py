@@ -99,3 +99,20 @@ def test_the_robustness_table_takes_label_flippings_f0_from_sign_flipping(tmp_pa
     assert lines[4].split(" | ")[2] == "…"  # median at f = 0.1: still running
     krum = lines[6].split(" | ")
     assert krum[3] == "0.020 (1 seed) (1 div.)" and krum[4] == "diverged (2)"  # NaN: diverged before any score
+
+
+def test_a_grid_cell_of_runs_that_diverged_before_any_score_joins_no_range(tmp_path):
+    """robustness-emnist's Krum: a run that diverged at round 10 has final accuracy NaN; the summary's per-method
+    range over the grid's cells skips it (it read 'nan–nan' before), and a method with no score says so."""
+    rows, runs = ["run,variant,seed,f,status,final_accuracy,rise_time,T_0.5,rounds_done,wall_time"], {}
+    for method, accs in (("A", ["0.5", "0.6", "nan"]), ("B", ["nan"] * 3), ("C", ["0.1", "0.2", "0.3"])):
+        for f, acc in zip((0.1, 0.2, 0.4), accs):
+            name = f"{method}-f={f}"
+            status = "diverged" if acc == "nan" else "completed"
+            rows.append(f"{name}-seed0,{name},0,{f},{status},{acc},,,200,1.0")
+            runs[f"{name}-seed0"] = {"dir": f"{name}-seed0", "variant": name, "base": method, "seed": 0, "params": {"f": f}}
+    (tmp_path / "index.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "group.json").write_text(json.dumps({"runs": runs}))
+    from fedsl.report.summary import our_numbers
+    text = our_numbers(tmp_path)
+    assert text == "A 0.500–0.600 over 2 cells; B: no score in any cell; C 0.100–0.300 over 3 cells", text

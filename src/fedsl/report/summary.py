@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,13 @@ def our_numbers(path: Path) -> str:
         base = {s["variant"]: verdicts.base_of(s, r) for r, s in runs.items()}
         ranges: dict[str, list[float]] = {}
         for v, rows in by.items():
-            ranges.setdefault(base.get(v, v), []).append(
-                metrics.mean_std([float(r["final_accuracy"]) for r in rows if r["final_accuracy"]])[0])
-        return "; ".join(f"{b} {min(a):.3f}–{max(a):.3f} over {len(a)} cells" for b, a in ranges.items())
+            # a run that diverged before any score has none (NaN): it joins no cell's mean
+            accs = [a for r in rows if r["final_accuracy"] and math.isfinite(a := float(r["final_accuracy"]))]
+            ranges.setdefault(base.get(v, v), [])
+            if accs:
+                ranges[base.get(v, v)].append(metrics.mean_std(accs)[0])
+        return "; ".join(f"{b} {min(a):.3f}–{max(a):.3f} over {len(a)} cells" if a else f"{b}: no score in any cell"
+                         for b, a in ranges.items())
     parts = []
     for v, all_rows in by.items():
         rows = [r for r in all_rows if r["status"] == "completed"]
