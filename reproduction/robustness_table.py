@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsl.experiments.compare import FINISHED
+
 ATTACKS = {"signflip": "sign flip", "labelflip": "label flip"}
 DEFENCES = ["FedAvg", "FSL", "median", "trimmed", "Krum", "FLTrust", "FLTrust+SL"]
 FRACTIONS = [0.0, 0.1, 0.2, 0.4]
-FINISHED = ("completed", "diverged")
+
 
 
 def read(folder: Path) -> dict[tuple[str, str, float], list[tuple[float, bool]]]:
