@@ -26,7 +26,6 @@ DEFENCES = ["FedAvg", "FSL", "median", "trimmed", "Krum", "FLTrust", "FLTrust+SL
 FRACTIONS = [0.0, 0.1, 0.2, 0.4]
 
 
-
 def read(folder: Path) -> dict[tuple[str, str, float], list[tuple[float, bool]]]:
     """(attack, defence, f) -> [(final accuracy, diverged)] over the finished seeds."""
     cells: dict[tuple[str, str, float], list[tuple[float, bool]]] = {}
