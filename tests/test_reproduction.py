@@ -110,7 +110,8 @@ def test_a_grid_cell_of_runs_that_diverged_before_any_score_joins_no_range(tmp_p
             name = f"{method}-f={f}"
             status = "diverged" if acc == "nan" else "completed"
             rows.append(f"{name}-seed0,{name},0,{f},{status},{acc},,,200,1.0")
-            runs[f"{name}-seed0"] = {"dir": f"{name}-seed0", "variant": name, "base": method, "seed": 0, "params": {"f": f}}
+            runs[f"{name}-seed0"] = {"dir": f"{name}-seed0", "variant": name, "base": method, "seed": 0,
+                                     "params": {"f": f}}
     (tmp_path / "index.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "group.json").write_text(json.dumps({"runs": runs}))
     from fedsl.report.summary import our_numbers
