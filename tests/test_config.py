@@ -122,7 +122,7 @@ def test_a_variant_that_sets_a_swept_key_to_a_list_runs_at_those_of_the_sweeps_p
         expand_runs(validate(minimal(data={"dataset": "synthetic_chars", "server_size": 20}, sweep=sweep,
                                      variants=variants)))
     robustness = validate(presets.load("robustness-emnist"))
-    assert count_runs(robustness) == len(expand_runs(robustness)) == 7 * 4 * 2 + 7 * 3 * 2
+    assert count_runs(robustness) == len(expand_runs(robustness)) == 9 * 4 * 2 + 7 * 3 * 2  # 98 + bucketing 16
 
 def test_presets_all_validate():
     for name in presets.names():

@@ -1,11 +1,11 @@
 """Robust server rules (fedsl.algorithms.robust; the [robust] table).
 
 Every aggregator by hand on tiny tensors (median, trimmed mean, Krum and Multi-Krum scores and selection,
-norm bounding, FLTrust's trust scores and rescaling with its all-zero case); the step in Algorithm 1's server
-half: any rule's mean of the returned replies is the robust aggregate, FSL-p's server row is left out of it,
-FLTrust's g0 comes from the engine, the stacked engine's batched shortcut does not bypass it; 'mean' is today's
-run bit for bit; the median resists an attack that breaks FedAvg; stacked runs with attacks and robust rules
-equal the runs alone; nonsense combinations are one-line errors.
+norm bounding, FLTrust's trust scores and rescaling with its all-zero case, bucketing before them); the step
+in Algorithm 1's server half: any rule's mean of the returned replies is the robust aggregate, FSL-p's
+server row is left out of it, FLTrust's g0 comes from the engine, the stacked engine's batched shortcut
+does not bypass it; 'mean' is today's run bit for bit; the median resists an attack that breaks FedAvg;
+stacked runs with attacks and robust rules equal the runs alone; nonsense combinations are one-line errors.
 """
 
 from __future__ import annotations
@@ -103,6 +103,47 @@ def test_fltrust_scores_rescaling_and_aggregate_by_hand():
 X = {"w": t64(1.0, 2.0), "b": t64(0.5)}
 FINALS = {"w": t64([2.0, 2.0], [1.0, 5.0], [0.0, 2.0], [1.0, 3.0]), "b": t64([1.5], [0.0], [0.5], [1.0])}
 RESULTS = ClientResults(FINALS, [3, 5, 7, 9], (2, 3, 2, 4), (4, 0, 7, 2))
+
+
+def test_bucket_means_by_hand():
+    d = t64([1.0], [2.0], [3.0], [4.0], [10.0])
+    order = torch.tensor([4, 0, 2, 1, 3])  # 10, 1 | 3, 2 | 4: the last bucket holds the one left over
+    assert torch.equal(R.bucket_means(d, 2, order), t64([5.5], [2.5], [4.0]))
+    assert torch.equal(R.bucket_means(d, 5, order), t64([4.0]))  # one bucket: the mean
+    assert torch.equal(R.bucket_means(d, 1, order), d[order])
+    assert [R.bucket_count(5, k) for k in (1, 2, 3, 5, 6)] == [5, 3, 2, 1, 1]
+
+
+def test_bucket_order_is_a_permutation_drawn_from_seed_and_round_alone():
+    a = R.bucket_order(7, 3, 9)
+    assert sorted(a.tolist()) == list(range(9))
+    assert torch.equal(a, R.bucket_order(7, 3, 9))  # a resumed run draws it again
+    orders = {tuple(R.bucket_order(seed, t, 9).tolist()) for seed in (7, 8) for t in (3, 4)}
+    assert len(orders) == 4  # a new order each round and each seed
+
+
+def test_bucketing_keeps_what_the_median_throws_away_from_heterogeneous_updates():
+    """Three honest clients of different classes: the coordinate-wise median of their updates is 0 (each
+    coordinate has one non-zero value), the failure of robust rules on non-IID data that bucketing addresses
+    (Karimireddy et al., ICLR 2022). In buckets of 2 the median sees two means and keeps half of the mean."""
+    d = t64([1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0])
+    assert torch.equal(R.robust_delta(Robust("median"), d), t64(0.0, 0.0, 0.0))
+    seed, t = 3, 5
+    order = R.bucket_order(seed, t, 3)
+    got = R.robust_delta(Robust("median", bucket=2, seed=seed), d, t=t)
+    assert torch.equal(got, R.median(R.bucket_means(d, 2, order)))
+    assert got.sum().item() == pytest.approx(1.0) and got.max().item() == 0.5  # (x + y)/2 and z, averaged
+
+
+def test_bucketing_applies_to_the_rules_it_is_for_and_counts_krums_rows_in_buckets():
+    d = torch.randn(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    seed, t = 1, 2
+    means = R.bucket_means(d, 2, R.bucket_order(seed, t, 7))  # 4 rows: Krum's default f = ⌊(4 − 3)/2⌋ = 0
+    assert torch.equal(R.robust_delta(Robust("krum", bucket=2, seed=seed), d, t=t), R.krum(means, 0))
+    assert torch.equal(R.robust_delta(Robust("multi_krum", bucket=2, seed=seed), d, t=t), R.krum(means, 0, 4))
+    assert torch.equal(R.robust_delta(Robust("trimmed_mean", trim=0.25, bucket=2, seed=seed), d, t=t),
+                       R.trimmed_mean(means, 0.25))
+    assert torch.equal(R.robust_delta(Robust("median", bucket=1, seed=seed), d, t=t), R.median(d))
 
 
 def test_robust_results_gives_every_client_the_aggregate():
@@ -245,11 +286,12 @@ def test_stacked_runs_with_attacks_and_robust_rules_equal_the_runs_alone(executo
                 _sim(fed, executor, Attack("scale", 0.3), Robust("norm_bound", norm_bound=0.5), seed=14,
                      mode="parallel"),
                 _sim(fed, executor, Attack("constant", 0.3, constant=0.01), Robust("trimmed_mean", trim=0.25),
-                     seed=15)]
+                     seed=15),
+                _sim(fed, executor, Attack("sign_flip", 0.3), Robust("median", bucket=3, seed=16), seed=16)]
     stacked = _compare(sims, rounds=4, exact=exact)
     # the label-flipping run trains on its own pool (its malicious clients' samples copied, relabelled)
     flipped = stacked.sims[0].fed
-    assert len(flipped.x) > len(fed.x) and stacked.offsets == [0] + [len(flipped.x)] * 4
+    assert len(flipped.x) > len(fed.x) and stacked.offsets == [0] + [len(flipped.x)] * 5
 
 
 @pytest.mark.parametrize("robust", [None, Robust("median")])
@@ -279,6 +321,10 @@ def test_the_batched_rule_update_of_a_stack_sees_the_attacked_models_and_not_pas
     ({"aggregator": "trimmed_mean", "trim": 0.5}, {}, "robust.trim = 0.5"),
     ({"aggregator": "mode"}, {}, "robust.aggregator = 'mode'"),
     ({"aggregator": "norm_bound", "norm_bound": 0}, {}, "robust.norm_bound = 0"),
+    ({"aggregator": "mean", "bucket": 2}, {}, "robust.bucket = 2 averages the updates in buckets"),
+    ({"aggregator": "fltrust", "bucket": 2}, {}, "expected robust.aggregator in median, trimmed_mean, krum"),
+    ({"aggregator": "krum", "bucket": 2}, {}, "got ⌈S/s⌉ = 2"),
+    ({"aggregator": "median", "bucket": 0}, {}, "robust.bucket = 0"),
 ])
 def test_nonsense_robust_configs_are_one_line(robust, top, fragment):
     d = tiny_config(alg="fedavg", robust=robust)
@@ -296,12 +342,13 @@ def test_krum_with_three_clients_and_the_default_f_validates():
 
 # ----------------------------------------------------------------------------- Flower
 
-@pytest.mark.parametrize("aggregator", ["fltrust", "krum"])
-def test_a_robust_rule_on_flower_equals_the_simulator(aggregator, flower_task_identity):
-    """The Flower strategy calls the same server half: FLTrust (its g0 from the server's Simulator) and Krum,
-    then server learning, give the simulator's x_T bit for bit."""
+@pytest.mark.parametrize("aggregator,extra", [("fltrust", {}), ("krum", {}), ("median", {"robust.bucket": 2})])
+def test_a_robust_rule_on_flower_equals_the_simulator(aggregator, extra, flower_task_identity):
+    """The Flower strategy calls the same server half: FLTrust (its g0 from the server's Simulator), Krum and a
+    bucketed median (its bucket order from the run's seed and the round), then server learning, give the
+    simulator's x_T bit for bit."""
     from test_flower import BASE, run_flower, run_simulator
-    rc = {**BASE, "robust.aggregator": aggregator, "algorithm.clients_per_round": 3, "rounds": 3}
+    rc = {**BASE, "robust.aggregator": aggregator, "algorithm.clients_per_round": 3, "rounds": 3, **extra}
     strategy, _ = run_flower(rc)
     expected, _ = run_simulator(rc)
     assert all(torch.equal(strategy.state.x[n], expected.x[n]) for n in expected.x)

@@ -25,6 +25,13 @@ Aggregators (``robust.aggregator``; S' = the replies that reached the server, d 
   trust scores TS_i = ReLU(cos(Δ_i, g0)); each Δ_i rescaled to ‖g0‖, Δ̄_i = (‖g0‖/‖Δ_i‖)·Δ_i;
   Δ̂ = Σ_i TS_i Δ̄_i / Σ_i TS_i, and Δ̂ = 0 when every TS_i is 0 (or g0 = 0). O(S' d) plus g0's local steps.
 
+Bucketing (``robust.bucket`` = s > 1; Karimireddy, He & Jaggi, "Byzantine-robust learning on heterogeneous
+datasets via bucketing", ICLR 2022, Algorithm 1): before median, trimmed_mean, krum or multi_krum, the S'
+updates are put in a random order (drawn from (seed, t), so a resumed run draws it again) and averaged in
+consecutive buckets of s, the last one smaller when s does not divide S'; the rule then runs on the ⌈S'/s⌉
+bucket means. Averaging shrinks the honest clients' disagreement, which those rules mistake for an attack on
+non-IID data, while a Byzantine update still moves at most one bucket per s clients (its weight 1/s).
+
 Norms, distances and cosines are over the whole model (all parameters flattened into one vector of d).
 A zero update Δ_i = 0 has cosine 0 with g0 (no trust) and is not rescaled.
 """
@@ -37,9 +44,11 @@ from dataclasses import dataclass
 import torch
 
 from fedsl.algorithms.base import ClientResults, LocalTraining
+from fedsl.core import rng
 from fedsl.core.types import Params
 
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound", "fltrust")
+BUCKETED = ("median", "trimmed_mean", "krum", "multi_krum")  # the rules that robust.bucket > 1 may precede
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class Robust:
         krum_m: m, the updates Multi-Krum averages (None: S' − f).
         norm_bound: τ of norm_bound.
         root: FLTrust's server update g0: LocalSGD on D0 with this schedule (η, B, K) from x_t.
+        bucket: s, the updates averaged per bucket before a rule of ``BUCKETED`` (1: no bucketing).
+        seed: the run's seed, from which round t's bucket order is drawn (``rng.BUCKETS``).
     """
 
     aggregator: str = "mean"
@@ -62,6 +73,8 @@ class Robust:
     krum_m: int | None = None
     norm_bound: float | None = None
     root: LocalTraining | None = None
+    bucket: int = 1
+    seed: int = 0
 
     @property
     def active(self) -> bool:
@@ -86,6 +99,23 @@ def unflatten(vec: torch.Tensor, x: Params) -> Params:
 
 
 # ----------------------------------------------------------------------------- aggregators on [S, d]
+
+def bucket_count(s: int, size: int) -> int:
+    """⌈S'/s⌉: the rows a bucketed rule sees (Krum's f and m count these)."""
+    return -(-s // size)
+
+
+def bucket_means(deltas: torch.Tensor, size: int, order: torch.Tensor) -> torch.Tensor:
+    """The means of consecutive buckets of ``size`` rows of ``deltas[order]`` [S, d] -> [⌈S/size⌉, d]; the last
+    bucket holds the S mod size rows left over, if any (Karimireddy et al., ICLR 2022, Algorithm 1)."""
+    shuffled = deltas[order]
+    return torch.stack([shuffled[i:i + size].mean(dim=0) for i in range(0, shuffled.shape[0], size)])
+
+
+def bucket_order(seed: int, t: int, s: int) -> torch.Tensor:
+    """Round t's random order of the S' updates before bucketing, drawn from (seed, t) alone."""
+    return torch.from_numpy(rng.rng(seed, t, rng.BUCKETS).permutation(s))
+
 
 def median(deltas: torch.Tensor) -> torch.Tensor:
     """Coordinate-wise median of the rows of ``deltas`` [S, d] (an even S: the mean of the two middle values)."""
@@ -178,9 +208,13 @@ def fltrust(deltas: torch.Tensor, g0: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- the step
 
-def robust_delta(robust: Robust, deltas: torch.Tensor, g0: torch.Tensor | None = None) -> torch.Tensor:
-    """The robust aggregate Δ̂ [d] of the updates ``deltas`` [S', d], or for norm_bound the clipped rows [S', d]."""
-    kind, s = robust.aggregator, deltas.shape[0]
+def robust_delta(robust: Robust, deltas: torch.Tensor, g0: torch.Tensor | None = None, t: int = 0) -> torch.Tensor:
+    """The robust aggregate Δ̂ [d] of the updates ``deltas`` [S', d], or for norm_bound the clipped rows [S', d];
+    ``t``: the round, which draws the bucket order when ``robust.bucket`` > 1."""
+    kind = robust.aggregator
+    if robust.bucket > 1 and kind in BUCKETED:  # Krum's f, m and the checks below count buckets, not clients
+        deltas = bucket_means(deltas, robust.bucket, bucket_order(robust.seed, t, deltas.shape[0]))
+    s = deltas.shape[0]
     if kind == "median":
         return median(deltas)
     if kind == "trimmed_mean":
@@ -198,7 +232,8 @@ def robust_delta(robust: Robust, deltas: torch.Tensor, g0: torch.Tensor | None =
     raise ValueError(f"robust.aggregator = {kind!r}: expected one of {', '.join(AGGREGATORS)}")
 
 
-def robust_results(x: Params, results: ClientResults, robust: Robust, root: Params | None = None) -> ClientResults:
+def robust_results(x: Params, results: ClientResults, robust: Robust, root: Params | None = None,
+                   t: int = 0) -> ClientResults:
     """The round's replies with every client's model x_t + Δ̂ (norm_bound: x_t + its clipped Δ_i), so that
     any rule's mean of the updates is the robust aggregate (see the module docstring).
 
@@ -207,10 +242,11 @@ def robust_results(x: Params, results: ClientResults, robust: Robust, root: Para
         results: the replies that reached the server (ids, n_i and K_i are kept).
         robust: the rule (``robust.active``).
         root: FLTrust's server model after its local steps on D0 from x_t (g0 = root − x_t); None otherwise.
+        t: the round (the bucket order of ``robust.bucket`` > 1 is drawn from it).
     """
     deltas = flat_deltas(x, results.params)
     g0 = flat_deltas(x, {n: v.unsqueeze(0) for n, v in root.items()})[0] if root is not None else None
-    agg = robust_delta(robust, deltas, g0)
+    agg = robust_delta(robust, deltas, g0, t)
     s = deltas.shape[0]
     rows = agg if agg.dim() == 2 else agg.unsqueeze(0).expand(s, -1)
     upd = unflatten(rows, x)

@@ -210,7 +210,7 @@ def robust_step(alg: Algorithm, x: Params, results: ClientResults, t: int, serve
             raise ValueError(f"robust.aggregator = 'fltrust' needs the server's update on D0: the engine of "
                              f"algorithm {alg.name!r} gives no root_update")
         root = server.root_update(x, t)
-    return robust_results(x, results, rb, root)
+    return robust_results(x, results, rb, root, t)
 
 
 def _rule_alone(alg: Algorithm) -> bool:

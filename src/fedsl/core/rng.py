@@ -29,6 +29,7 @@ SAMPLE_NODES = 19  # S of the connected nodes of a round (a Flower run with fede
 ATTACKERS = 20  # which ⌊f·N⌋ clients are malicious for the whole run (attack.fraction), drawn once
 ATTACK_NOISE = 21  # a malicious client's Gaussian update in round t (attack.kind = 'gaussian')
 ROOT_BATCHES = 22  # the batches of D0 behind FLTrust's server update g0 in round t (robust.aggregator = 'fltrust')
+BUCKETS = 23  # the order of round t's updates before they are averaged in buckets (robust.bucket > 1)
 DP_NOISE = 15  # the Gaussian noise of round t's private aggregate (privacy.clip: DP-FedAvg)
 
 # Seed offsets, for generators that take one integer seed rather than a stream tuple

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
-from fedsl.algorithms.robust import AGGREGATORS, default_krum_f
+from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, bucket_count, default_krum_f
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
 from fedsl.core.participation import Participation
 from fedsl.data import registry
@@ -271,6 +271,16 @@ class RobustConfig(_Strict):
                                                            "(default η_l, as the clients)")
     trust_steps: int | None = Field(None, ge=1, le=STEPS_MAX, description="fltrust: local steps of the server's "
                                     "update on D0 (default K, the mean client's; batches of min(B, n0); at most 10^6)")
+    bucket: int = Field(1, ge=1, le=CLIENTS_MAX, description="s: average the round's updates in random buckets of s "
+                        "before median, trimmed_mean, krum or multi_krum, which then see ⌈S/s⌉ bucket means "
+                        "(Karimireddy et al., ICLR 2022); 1 = no bucketing")
+
+
+def krum_rows(r: RobustConfig) -> tuple[str, str]:
+    """What Krum's S counts in an error message (the key, its symbol): a round's clients or their bucket means."""
+    if r.bucket > 1:
+        return "the bucket means ⌈algorithm.clients_per_round / robust.bucket⌉", "⌈S/s⌉"
+    return "algorithm.clients_per_round S", "S"
 
 
 class PrivacyConfig(_Strict):
@@ -520,6 +530,11 @@ class RunConfig(_Strict):
     def _robust_checks(self) -> None:
         """Robust rules that cannot run with this config (one line each)."""
         r, s = self.robust, self.algorithm.clients_per_round
+        if r.bucket > 1:
+            if r.aggregator not in BUCKETED:
+                raise ValueError(f"robust.bucket = {r.bucket} averages the updates in buckets before a robust rule: "
+                                 f"expected robust.aggregator in {', '.join(BUCKETED)}, got {r.aggregator!r}")
+            s = bucket_count(s, r.bucket)  # Krum's checks below count the ⌈S/s⌉ bucket means
         if r.aggregator == "fltrust" and not self.data.has_server_data:
             raise ValueError("robust.aggregator = 'fltrust' scores the clients against the server's own update on "
                              "D0: expected data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
@@ -530,10 +545,10 @@ class RunConfig(_Strict):
             f = r.krum_f if r.krum_f is not None else default_krum_f(s)
             if s - f - 2 < 1:
                 raise ValueError(f"robust.aggregator = {r.aggregator!r} scores each update by its S − f − 2 nearest: "
-                                 f"expected algorithm.clients_per_round S >= f + 3 = {f + 3}, got S = {s} "
+                                 f"expected {krum_rows(r)[0]} >= f + 3 = {f + 3}, got {krum_rows(r)[1]} = {s} "
                                  f"(robust.krum_f = {f})")
             if r.krum_m is not None and r.krum_m > s:
-                raise ValueError(f"robust.krum_m = {r.krum_m}: expected at most algorithm.clients_per_round = {s}")
+                raise ValueError(f"robust.krum_m = {r.krum_m}: expected at most {krum_rows(r)[0]} = {s}")
 
     def _privacy_checks(self) -> None:
         """What DP-FedAvg's guarantee assumes of the rest of the run (docs/how-to/privacy.md)."""

@@ -21,7 +21,7 @@ from fedsl.algorithms import (
     make_algorithm,
     spec,
 )
-from fedsl.algorithms.robust import default_krum_f
+from fedsl.algorithms.robust import bucket_count, default_krum_f
 from fedsl.core import privacy_accounting
 from fedsl.core.privacy_accounting import AccountingUnavailable, Budget, CalibrationError
 from fedsl.data.federation import Federation
@@ -147,12 +147,15 @@ def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any
         note("τ", "norm bound of each update", r.norm_bound, True)
     elif r.aggregator in ("krum", "multi_krum"):
         # the defaults are per round, of the S' replies that arrive; shown here for S' = S
-        f = note("f", "Krum's assumed Byzantine count", r.krum_f if r.krum_f is not None else default_krum_f(
-            a.clients_per_round), r.krum_f, "default ⌊(S' − 3)/2⌋ of the S' replies")
+        n = bucket_count(a.clients_per_round, r.bucket)  # the rows Krum scores: replies or bucket means
+        f = note("f", "Krum's assumed Byzantine count", r.krum_f if r.krum_f is not None else default_krum_f(n),
+                 r.krum_f, "default ⌊(S' − 3)/2⌋ of the S' replies (or bucket means)")
         if r.aggregator == "multi_krum":
-            note("m", "Multi-Krum's averaged updates", r.krum_m or a.clients_per_round - f, r.krum_m,
+            note("m", "Multi-Krum's averaged updates", r.krum_m or n - f, r.krum_m,
                  "default S' − f")
-    return Robust(r.aggregator, r.trim, r.krum_f, r.krum_m, r.norm_bound, root)
+    if r.bucket > 1:
+        note("s", "bucket size (updates averaged per bucket before the rule)", r.bucket, True)
+    return Robust(r.aggregator, r.trim, r.krum_f, r.krum_m, r.norm_bound, root, r.bucket, cfg.seed)
 
 
 def privacy_budget(cfg: RunConfig, fed: Federation) -> Budget | None:
