@@ -102,6 +102,20 @@ def test_a_group_is_judged_per_cell_and_a_time_never_reached_is_the_last_round(t
     assert "**holds in 1 of 2 cells**" in md and "Welch" in md and V.RULE in md
 
 
+def test_a_run_that_diverged_before_any_score_is_left_out_not_a_nan(tmp_path):
+    """robustness-emnist's Krum: one seed diverged at round 10, before its first evaluation, so its final
+    accuracy is NaN; it used to make the mean and the verdict NaN ('+nan, not shown'). It is left out, and the
+    seed counts show it."""
+    rows = [{"run": f"{b}-s{s}", "base": b, "seed": s, "final_accuracy": acc,
+             "status": "diverged" if acc == "nan" else "completed"}
+            for b, accs in (("A", (0.28, 0.29, 0.30)), ("B", ("nan", 0.02, 0.03))) for s, acc in enumerate(accs)]
+    runs = V.group_values(_group(tmp_path, rows))
+    assert len(runs) == 6 and sum("final_accuracy" in rv.values for rv in runs) == 5
+    v = V.judge(claim(worse="B"), runs)[0]
+    assert v.n == (3, 2) and v.means == pytest.approx((0.29, 0.025)) and v.verdict == "holds"
+    assert "nan" not in v.line()
+
+
 def test_every_preset_claim_names_its_variants_and_keys():
     for name in presets.names():
         cfg = C.validate(presets.load(name))

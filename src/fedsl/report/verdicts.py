@@ -18,6 +18,8 @@ Verdict: **holds** when the one-sided p-value in the claimed direction is below 
 **contradicted** when the one in the opposite direction is, **not shown** otherwise (inside
 the noise), **no runs** when a side has none. A T_a that was never reached counts as the
 run's last round (a lower bound: it understates the gap when the slower side never got there).
+A diverged run counts with its last measured accuracy; one that diverged before any was measured
+has no final accuracy and is left out (the verdict's seed counts show it).
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ def _value(summary: dict, metric: str) -> float | None:
             return None
         done = summary.get("rounds_done")  # never reached: its last round, a lower bound
         return float(done) if done not in (None, "") else None
-    return float(v)
+    # a run that diverged before its accuracy was first measured has none (NaN): left out, not a NaN mean
+    return float(v) if math.isfinite(float(v)) else None
 
 
 def base_of(entry: dict, run: str = "") -> str:
