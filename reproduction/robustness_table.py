@@ -8,7 +8,8 @@ std over the seeds (n − 1), with "(k div.)" when k seeds diverged (their accur
 counted in the mean as it is; one that diverged before any accuracy was measured has none, and a cell of only
 such runs is "diverged (k)"). Label flipping runs at f > 0 only: at f = 0 nobody attacks, so its f = 0 column is
 sign flipping's runs (the same numbers bit for bit: tests/test_attacks.py). A cell whose runs have not finished
-is "…".
+is "…". A defence gets a row, and an attack columns, only where the folder has runs of it (finished or not): the
+bucketed rules (median-b2, Krum-b2: robust.bucket = 2) have a group of their own.
 """
 
 from __future__ import annotations
@@ -22,24 +23,27 @@ import numpy as np
 from fedsl.experiments.compare import FINISHED
 
 ATTACKS = {"signflip": "sign flip", "labelflip": "label flip"}
-DEFENCES = ["FedAvg", "FSL", "median", "trimmed", "Krum", "FLTrust", "FLTrust+SL"]
+DEFENCES = ["FedAvg", "FSL", "median", "median-b2", "trimmed", "Krum", "Krum-b2", "FLTrust", "FLTrust+SL"]
 FRACTIONS = [0.0, 0.1, 0.2, 0.4]
 
 
-def read(folder: Path) -> dict[tuple[str, str, float], list[tuple[float, bool]]]:
-    """(attack, defence, f) -> [(final accuracy, diverged)] over the finished seeds."""
+def read(folder: Path) -> tuple[dict[tuple[str, str, float], list[tuple[float, bool]]], set[tuple[str, str]]]:
+    """(attack, defence, f) -> [(final accuracy, diverged)] over the finished seeds; and the (attack, defence)
+    pairs the folder has runs of, finished or not."""
     cells: dict[tuple[str, str, float], list[tuple[float, bool]]] = {}
+    seen: set[tuple[str, str]] = set()
     with open(folder / "index.csv", newline="") as f:
         for row in csv.DictReader(f):
+            attack, _, defence = row["variant"].rsplit("-fraction=", 1)[0].partition("-")
+            seen.add((attack, defence))
             if row["status"] not in FINISHED:
                 continue
-            attack, _, defence = row["variant"].rsplit("-fraction=", 1)[0].partition("-")
             key = (attack, defence, float(row["attack.fraction"]))
             cells.setdefault(key, []).append((float(row["final_accuracy"]), row["status"] == "diverged"))
     for defence in DEFENCES:  # label flipping at f = 0 is sign flipping at f = 0: nobody attacks
         if ("signflip", defence, 0.0) in cells:
             cells.setdefault(("labelflip", defence, 0.0), cells[("signflip", defence, 0.0)])
-    return cells
+    return cells, seen
 
 
 def cell(values: list[tuple[float, bool]] | None) -> str:
@@ -54,11 +58,13 @@ def cell(values: list[tuple[float, bool]] | None) -> str:
 
 
 def table(folder: Path) -> str:
-    cells = read(folder)
-    head = ["defence"] + [f"{name}, f = {f:g}" for name in ATTACKS.values() for f in FRACTIONS]
+    cells, seen = read(folder)
+    attacks = [a for a in ATTACKS if any(a == s for s, _ in seen)]
+    defences = [d for d in DEFENCES if any(d == s for _, s in seen)]
+    head = ["defence"] + [f"{ATTACKS[a]}, f = {f:g}" for a in attacks for f in FRACTIONS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for defence in DEFENCES:
-        row = [defence] + [cell(cells.get((a, defence, f))) for a in ATTACKS for f in FRACTIONS]
+    for defence in defences:
+        row = [defence] + [cell(cells.get((a, defence, f))) for a in attacks for f in FRACTIONS]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

@@ -77,7 +77,8 @@ def test_a_diverged_run_neither_sets_the_scale_nor_joins_the_mean(tmp_path):
 
 def test_the_robustness_table_takes_label_flippings_f0_from_sign_flipping(tmp_path):
     """One row per defence, mean ± sample std over the seeds, label flipping's f = 0 column = sign flipping's runs
-    (nobody attacks at f = 0), diverged seeds counted, unfinished cells shown as '…'."""
+    (nobody attacks at f = 0), diverged seeds counted, unfinished cells shown as '…', rows only for the defences
+    the folder has runs of (in DEFENCES' order: median-b2 after median, no trimmed mean)."""
     rows = ["run,variant,seed,attack.fraction,status,final_accuracy,rise_time,T_0.5,rounds_done,wall_time"]
     for variant, f, seed, status, acc in [("signflip-FedAvg", 0.0, 0, "completed", 0.6),
                                           ("signflip-FedAvg", 0.0, 1, "completed", 0.7),
@@ -87,7 +88,8 @@ def test_the_robustness_table_takes_label_flippings_f0_from_sign_flipping(tmp_pa
                                           ("signflip-Krum", 0.4, 0, "diverged", "nan"),
                                           ("signflip-Krum", 0.4, 1, "diverged", "nan"),
                                           ("signflip-Krum", 0.2, 0, "diverged", "nan"),
-                                          ("signflip-Krum", 0.2, 1, "completed", 0.02)]:
+                                          ("signflip-Krum", 0.2, 1, "completed", 0.02),
+                                          ("signflip-median-b2", 0.0, 0, "completed", 0.25)]:
         name = f"{variant}-fraction={f:g}"
         rows.append(f"{name}-seed{seed},{name},{seed},{f},{status},{acc},,,200,1.0")
     (tmp_path / "index.csv").write_text("\n".join(rows) + "\n")
@@ -95,9 +97,12 @@ def test_the_robustness_table_takes_label_flippings_f0_from_sign_flipping(tmp_pa
     assert lines[0].startswith("| defence | sign flip, f = 0 | sign flip, f = 0.1 |")
     fedavg = lines[2].split(" | ")
     assert fedavg[1] == fedavg[5] == "0.650 ± 0.071" and fedavg[2] == "…"
-    assert lines[8].split(" | ")[-1] == "0.300 ± 0.283 (1 div.) |"
-    assert lines[4].split(" | ")[2] == "…"  # median at f = 0.1: still running
-    krum = lines[6].split(" | ")
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| FedAvg", "| median", "| median-b2", "| Krum",
+                                                           "| FLTrust+SL"]
+    assert lines[6].split(" | ")[-1] == "0.300 ± 0.283 (1 div.) |"
+    assert lines[3].split(" | ")[2] == "…"  # median at f = 0.1: still running
+    assert lines[4].split(" | ")[1] == "0.250 (1 seed)"
+    krum = lines[5].split(" | ")
     assert krum[3] == "0.020 (1 seed) (1 div.)" and krum[4] == "diverged (2)"  # NaN: diverged before any score
 
 
