@@ -59,8 +59,9 @@ def cell(values: list[tuple[float, bool]] | None) -> str:
 
 def table(folder: Path) -> str:
     cells, seen = read(folder)
-    attacks = [a for a in ATTACKS if any(a == s for s, _ in seen)]
-    defences = [d for d in DEFENCES if any(d == s for _, s in seen)]
+    seen_attacks, seen_defences = {a for a, _ in seen}, {d for _, d in seen}
+    attacks = [a for a in ATTACKS if a in seen_attacks]
+    defences = [d for d in DEFENCES if d in seen_defences]
     head = ["defence"] + [f"{ATTACKS[a]}, f = {f:g}" for a in attacks for f in FRACTIONS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for defence in defences:

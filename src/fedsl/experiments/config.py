@@ -543,12 +543,12 @@ class RunConfig(_Strict):
                              "= τ > 0")
         if r.aggregator in ("krum", "multi_krum"):
             f = r.krum_f if r.krum_f is not None else default_krum_f(s)
+            rows, symbol = krum_rows(r)
             if s - f - 2 < 1:
                 raise ValueError(f"robust.aggregator = {r.aggregator!r} scores each update by its S − f − 2 nearest: "
-                                 f"expected {krum_rows(r)[0]} >= f + 3 = {f + 3}, got {krum_rows(r)[1]} = {s} "
-                                 f"(robust.krum_f = {f})")
+                                 f"expected {rows} >= f + 3 = {f + 3}, got {symbol} = {s} (robust.krum_f = {f})")
             if r.krum_m is not None and r.krum_m > s:
-                raise ValueError(f"robust.krum_m = {r.krum_m}: expected at most {krum_rows(r)[0]} = {s}")
+                raise ValueError(f"robust.krum_m = {r.krum_m}: expected at most {rows} = {s}")
 
     def _privacy_checks(self) -> None:
         """What DP-FedAvg's guarantee assumes of the rest of the run (docs/how-to/privacy.md)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -62,8 +61,8 @@ def our_numbers(path: Path) -> str:
         base = {s["variant"]: verdicts.base_of(s, r) for r, s in runs.items()}
         ranges: dict[str, list[float]] = {}
         for v, rows in by.items():
-            # a run that diverged before any score has none (NaN): it joins no cell's mean
-            accs = [a for r in rows if r["final_accuracy"] and math.isfinite(a := float(r["final_accuracy"]))]
+            # a run that diverged before any score has none: it joins no cell's mean
+            accs = [a for r in rows if (a := verdicts.run_value(r, "final_accuracy")) is not None]
             ranges.setdefault(base.get(v, v), [])
             if accs:
                 ranges[base.get(v, v)].append(metrics.mean_std(accs)[0])

@@ -96,7 +96,9 @@ def _num(v: float, metric: str) -> str:
     return f"{v:.1f}" if metric != "final_accuracy" else f"{v:.4f}"
 
 
-def _value(summary: dict, metric: str) -> float | None:
+def run_value(summary: dict, metric: str) -> float | None:
+    """A run's ``metric`` from its summary.json or index.csv row: None for a final accuracy it never had (not
+    recorded, or NaN: diverged before the first evaluation); a T_a never reached is its last round."""
     v = summary.get(metric)
     if v in (None, ""):
         if metric == "final_accuracy":
@@ -134,7 +136,7 @@ def group_values(path: str | Path) -> list[RunValue]:
         summary = json.loads(s_file.read_text()) if s_file.is_file() else index.get(run, {})
         if summary.get("status") not in ("completed", "diverged"):
             continue
-        vals = {m: v for m in HIGHER_IS_BETTER if (v := _value(summary, m)) is not None}
+        vals = {m: v for m in HIGHER_IS_BETTER if (v := run_value(summary, m)) is not None}
         out.append(RunValue(base_of(rs, run), rs.get("seed"), dict(rs.get("params", {})), vals))
         if summary.get("final_accuracy_finetuned") not in (None, ""):  # server.finetune_epochs: its own variant
             out.append(RunValue(base_of(rs, run) + FINETUNED, rs.get("seed"), dict(rs.get("params", {})),
