@@ -18,16 +18,15 @@ from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms.base import ClientResults
 from fedsl.algorithms.feddu import (
     FedDU,
-    LabelCounts,
     effective_steps,
     js_divergence,
-    label_counts,
     line10_gamma,
     noniid_degree,
     server_share,
-    server_steps,
 )
-from fedsl.algorithms.server_learning import server_update
+from fedsl.algorithms.label_counts import LabelCounts, label_counts
+from fedsl.algorithms.server_learning import server_steps
+from fedsl.algorithms.server_round import server_update
 from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator

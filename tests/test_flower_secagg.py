@@ -37,7 +37,7 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from test_flower_protocol import APP, BASE, Grid, fedsl_nodes
 
 from fedsl.algorithms.base import ClientResults, RunState
-from fedsl.algorithms.server_learning import server_update
+from fedsl.algorithms.server_round import server_update
 from fedsl.experiments.config import ConfigError
 from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config, train_partition
 from fedsl.flower.records import to_record

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import random_federation, run_rounds
 
 from fedsl.algorithms import GammaSchedule, LocalTraining, ServerLearning, make_algorithm
-from fedsl.algorithms.server_learning import initial_gamma
+from fedsl.algorithms.server_round import initial_gamma
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel

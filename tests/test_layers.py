@@ -13,8 +13,10 @@ Read from the source with ``ast`` (nothing is imported), including imports insid
   are independent of each other;
 - ``cli`` and the package's own ``__init__`` (the public API) sit on top.
 
-Within one group, modules import each other freely. There are no exceptions; a new one must be
-listed in ``EXCEPTIONS`` with its reason.
+Within one group, modules import each other freely, except in a loop: no module of a package imports
+itself back through the package's other modules (``fedsl.algorithms.base`` -> ``server_learning`` ->
+``base``), counting imports under ``if TYPE_CHECKING:`` and inside functions, which only hide a loop.
+There are no exceptions; a new one must be listed in ``EXCEPTIONS`` with its reason.
 """
 
 from __future__ import annotations
@@ -108,6 +110,77 @@ def test_the_library_does_not_import_the_benchmark_harness_or_tests():
         assert not names & {"harness", "benchmarks", "tests", "conftest"}, path
 
 
+def package_of(module: str) -> str:
+    """The package a module belongs to: its parent, or itself for a package's ``__init__``."""
+    return module if (SRC / Path(*module.split("."))).is_dir() else module.rpartition(".")[0]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every fedsl module -> the fedsl modules of its own package that it imports (any import, anywhere in it)."""
+    graph = {}
+    for path in _modules():
+        me = _module_name(path)
+        graph[me] = {m for m in fedsl_imports(path) if m != me and package_of(m) == package_of(me)}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Each strongly connected component of ``graph`` with more than one module (Tarjan's algorithm): its modules,
+    and one loop through them (the modules in order, the first repeated at the end)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    loops = []
+    for component in components:  # the shortest way from the component's first module back to itself
+        start, inside = component[0], set(component)
+        paths = {w: [start, w] for w in sorted(graph[start] & inside)}
+        frontier = list(paths)
+        while start not in paths:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & inside):
+                    if w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+            frontier = nxt
+        loops.append((component, paths[start]))
+    return loops
+
+
+def test_no_import_loops_within_a_package():
+    loops = cycles(import_graph())
+    assert not loops, "import loops within a package (each module imports the next; type-only and in-function " \
+        "imports count):\n" + "\n".join(f"{' -> '.join(loop)} (all in the loop: {', '.join(c)})"
+                                           for c, loop in loops)
+
+
 def test_the_checker_sees_violations():
     """The parser resolves the import forms used in the package (so the test above can fail)."""
     f = PACKAGE / "data" / "partition.py"
@@ -117,3 +190,15 @@ def test_the_checker_sees_violations():
     runner = fedsl_imports(PACKAGE / "experiments" / "runner.py")
     assert "fedsl.engine.metrics" in runner and "fedsl.engine" not in runner  # `from fedsl.engine import metrics`
     assert RANK[group("fedsl.engine.simulator")] > RANK[group("fedsl.algorithms.base")]
+
+
+def test_the_checker_sees_loops():
+    """The loop finder names a loop (so the loop test can fail), and a package's ``__init__`` is in the package."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e2"}, "e2": set()}
+    assert cycles(graph) == [(["a", "b", "c"], ["a", "b", "c", "a"])]
+    assert [loop for _, loop in cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}})] == [["a", "b", "a"],
+                                                                                           ["c", "d", "c"]]
+    assert package_of("fedsl.algorithms") == package_of("fedsl.algorithms.base") == "fedsl.algorithms"
+    assert package_of("fedsl.cli") == "fedsl"
+    typed = import_graph()["fedsl.algorithms.robust"]  # an ``if TYPE_CHECKING:`` import is an import
+    assert "fedsl.algorithms.base" in typed

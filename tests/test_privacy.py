@@ -22,7 +22,7 @@ from conftest import flat_state, max_diff, random_federation, run_rounds, tiny_c
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms.base import ClientResults, client_weights, deltas, weighted_mean
 from fedsl.algorithms.privacy import DifferentialPrivacy, clip_factors, private_update, privatize, update_norms
-from fedsl.algorithms.server_learning import _rule_alone, server_update
+from fedsl.algorithms.server_round import _rule_alone, server_update
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel

@@ -18,7 +18,7 @@ from conftest import flat_state, random_federation, run_rounds, tiny_config
 
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms import robust as R
-from fedsl.algorithms import server_learning as sl
+from fedsl.algorithms import server_round as sl
 from fedsl.algorithms.base import ClientResults, RunState
 from fedsl.algorithms.robust import Robust, robust_results
 from fedsl.core.attacks import Attack

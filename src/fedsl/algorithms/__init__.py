@@ -13,8 +13,20 @@
 
 Each module ends with its ``Spec`` (``spec.py``); ``SPECS`` below is the registry that config
 validation, defaults, stacking and Flower read. Server learning (Algorithm 1, line 10), FSL-p
-and the γ schedules compose after any rule's server half in ``server_learning``. A new
+and the γ schedules compose after any rule's server half in ``server_round``. A new
 algorithm is one module (its two halves and a spec) and its entry in ``SPECS``.
+
+The modules, from the bottom up (each imports from its own row or the rows above it, never in a loop;
+``tests/test_layers.py`` checks that no import, even a type-only one, closes a loop):
+
+- ``base`` (a rule's two halves, the round's state and replies, LocalSGD), ``spec``, ``gamma_schedule``,
+  ``label_counts`` (the clients' and D0's class counts): they import nothing of the package;
+- ``server_learning`` (γ, η0, B0, K0, FSL or FSL-p), ``robust``, ``privacy``: settings and aggregates;
+- the rules: ``fedavg``, ``fedprox``, ``fedopt``, ``scaffold``, ``feddyn``, ``fednova``, ``moon``, ``feddu``;
+- ``algorithm``: ``Algorithm``, a rule composed with the clients' schedule, server learning, a robust rule
+  and privacy;
+- ``server_round``: the server's round of an ``Algorithm`` (lines 8-10), what the engines and Flower call;
+- this registry.
 """
 
 from __future__ import annotations
@@ -22,8 +34,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fedsl.algorithms import fedavg, feddu, feddyn, fednova, fedopt, fedprox, moon, scaffold
+from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import (
-    Algorithm,
     ClientResults,
     LocalSGD,
     LocalTraining,

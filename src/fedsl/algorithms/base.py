@@ -4,7 +4,7 @@ One round of any algorithm here (FedJAX's ``fed_avg.py`` shape; the paper's Algo
 
     client i ∈ S:  (x_i, client_state_i⁺) = client_update(x_t, client_state_i, sent, batches of D_i)
     server:        x̄, server_state⁺       = rule.server_update(x_t, server_state, {x_i}, weights, ctx)
-                   x_{t+1}                 = K0 SGD steps on D0 from x̄ (server_learning.py, line 10)
+                   x_{t+1}                 = K0 SGD steps on D0 from x̄ (server_round.py, line 10)
 
 The client half is three pure functions so that an engine can run it for one client (a loop, as
 ``client_update`` below does; a Flower ClientApp) or for many at once (``torch.func.vmap`` over
@@ -29,27 +29,28 @@ pure function of the local model y, what ``client_init`` fixed for the round (``
 client's state, ``sent``) and the batch with the model's outputs on it (``LocalBatch``: logits,
 representation z, and z of the same inputs under other parameters, e.g. x_t). MOON is one.
 
+A rule may also set line 10's step size from the round itself: ``server_gamma(γ_t, x̄_t, results, t,
+server_learning, n0, label_counts, d0_accuracy) -> γ_t'`` (None by default: line 10 takes the γ schedule's
+γ_t as it is). The server's round (``server_round``) calls it after the rule's update; FedDU is one.
+
 ``LocalSGD`` is the paper's client (plain SGD, no state); rules inherit it and override what
 differs. Variants of the paper are compositions: FSL = FedAvg + incremental server learning;
 FSL-p = FedAvg + the server as one more client; DS = FedAvg on D_i ∪ D0; server learning composes
-with SCAFFOLD, FedDyn, FedProx, FedAvgM, FedAdam and FedNova alike.
+with SCAFFOLD, FedDyn, FedProx, FedAvgM, FedAdam and FedNova alike (``algorithm.Algorithm`` composes them).
+
+This module is the bottom of ``fedsl.algorithms``: it imports nothing of the package, so that the rules,
+the robust and private aggregates and the composed ``Algorithm`` all build on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
-from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params, State
-
-if TYPE_CHECKING:  # server_learning, robust and privacy import this module
-    from fedsl.algorithms.privacy import DifferentialPrivacy
-    from fedsl.algorithms.robust import Robust
-    from fedsl.algorithms.server_learning import ServerLearning
 
 Carry = dict[str, Params]  # what a client's local steps change: {"y": local model, ...optimiser buffers}
 
@@ -160,6 +161,11 @@ class LocalSGD:
     # A rule's term of the local loss, ``local_loss(y, aux, batch: LocalBatch) -> 0-d tensor``, or None: the
     # model's cross-entropy alone (see the module docstring). A method in the rules that have one (MOON).
     local_loss: Callable[[Params, State, LocalBatch], torch.Tensor] | None = None
+    # A rule's γ_t for line 10 from the round, ``server_gamma(gamma, x_bar, results, t, sl, n0, counts,
+    # d0_accuracy) -> float``, or None: the γ schedule's γ_t (see the module docstring). A method in the rules
+    # that have one (FedDU); its arguments are typed there (``feddu.FedDU.server_gamma``), since this module sits
+    # below server learning's settings and the label counts.
+    server_gamma: Callable[..., float] | None = None
 
     def init_server_state(self, x: Params) -> State:
         """The server's state at round 0 (default: none)."""
@@ -212,6 +218,7 @@ class ServerRule(Protocol):
 
     name: str
     local_loss: Callable[[Params, State, LocalBatch], torch.Tensor] | None
+    server_gamma: Callable[..., float] | None
 
     def init_server_state(self, x: Params) -> State: ...
 
@@ -243,37 +250,3 @@ class LocalTraining:
     batch_size: int
     epochs: int = 1
     steps: int | None = None
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """A federated algorithm (see module docstring).
-
-    Attributes:
-        name: e.g. "fedavg", "fsl", "scaffold", "feddyn+sl".
-        local: the clients' LocalSGD schedule (η_l, B, E, K).
-        rule: the algorithm's two halves (FedAvg, SCAFFOLD, FedDyn, FedProx, FedAvgM, FedAdam, FedNova).
-        weighted: weight Δ_i by n_i instead of the plain mean of Algorithm 1.
-        server_learning: SL on D0 after (incremental) or beside (parallel) aggregation.
-        share_server_data: DS, clients train on D_i ∪ D0.
-        privacy: DP-FedAvg's clipped, noised mean of the clients' updates before the rule reads them
-            (``fedsl.algorithms.privacy``; None: off).
-        spec: what outside the arithmetic depends on the algorithm (stacking, Flower, defaults).
-        robust: a robust aggregate of the clients' updates before the rule's mean (``robust.robust_results``);
-            None: the rule's own aggregation.
-    """
-
-    name: str
-    local: LocalTraining
-    rule: ServerRule
-    weighted: bool = False
-    server_learning: ServerLearning | None = None
-    share_server_data: bool = False
-    privacy: DifferentialPrivacy | None = None
-    spec: Spec | None = None  # the algorithm's spec (fedsl.algorithms.spec); set by make_algorithm
-    robust: Robust | None = None  # a robust server rule (fedsl.algorithms.robust); None or "mean": none
-
-    @property
-    def global_lr(self) -> float | None:
-        """η_g of the rule (None for rules without one, e.g. FedDyn)."""
-        return getattr(self.rule, "global_lr", None)

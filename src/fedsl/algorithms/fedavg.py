@@ -42,7 +42,7 @@ class FedAvg(LocalSGD):
         return fedavg_step(x, finals, weights, self.global_lr), state
 
 
-# FSL, FSL-p and DS are FedAvg's rule with server learning or shared data (base.Algorithm).
+# FSL, FSL-p and DS are FedAvg's rule with server learning or shared data (algorithm.Algorithm).
 SPECS = (
     Spec("fedavg", FedAvg, parallel_ok=True, summary="FedAvg: x̄ = x + η_g·mean Δ_i"),
     Spec("fsl", FedAvg, server_learning="incremental", needs_server_data=True, parallel_ok=True,

@@ -51,22 +51,18 @@ to spend little on it; ``comm_params`` counts none).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fedsl.algorithms.base import RoundContext
+from fedsl.algorithms.base import ClientResults, RoundContext
 from fedsl.algorithms.fedavg import FedAvg
+from fedsl.algorithms.label_counts import LabelCounts
+from fedsl.algorithms.server_learning import ServerLearning, server_steps
 from fedsl.algorithms.spec import HyperParam, Spec
 from fedsl.core.types import Params, State
-
-if TYPE_CHECKING:  # server_learning imports this module's callers, not the other way round
-    from fedsl.algorithms.base import ClientResults
-    from fedsl.algorithms.server_learning import ServerLearning
 
 DECAY = 0.99  # the authors' code's default (--decay)
 
@@ -125,37 +121,6 @@ def line10_gamma(gamma: float, tau_eff: float, k0: int) -> float:
 
 
 @dataclass(frozen=True)
-class LabelCounts:
-    """Class counts the server reads: one row per client [N, L], and D0's [L]."""
-
-    clients: np.ndarray
-    server: np.ndarray
-
-    @property
-    def overall(self) -> np.ndarray:
-        """All clients' data pooled: P_G's counts."""
-        return self.clients.sum(0)
-
-    def pooled(self, ids: Sequence[int]) -> np.ndarray:
-        """The counts of clients ``ids``' data pooled (P'_t's)."""
-        return self.clients[np.asarray(ids, dtype=np.int64)].sum(0)
-
-
-def label_counts(y: torch.Tensor, clients: Sequence[np.ndarray], server: np.ndarray, num_classes: int
-                 ) -> LabelCounts:
-    """``LabelCounts`` from the labels ``y`` of the pool and the clients' and D0's index arrays."""
-    labels = y.cpu().numpy()
-    rows = [np.bincount(labels[c], minlength=num_classes) for c in clients]
-    return LabelCounts(np.stack(rows).astype(np.float64) if rows else np.zeros((0, num_classes)),
-                       np.bincount(labels[server], minlength=num_classes).astype(np.float64))
-
-
-def server_steps(sl: ServerLearning, n0: int) -> int:
-    """K0 of line 10: ``steps``, else E_s·⌈n0/B0⌉ (the batch plan's count)."""
-    return sl.steps if sl.steps is not None else sl.epochs * math.ceil(n0 / sl.batch_size)
-
-
-@dataclass(frozen=True)
 class FedDU(FedAvg):
     """FedAvg whose line 10 takes a step γ_t·η0 set each round by FedDU's rule (module docstring).
 
@@ -173,7 +138,8 @@ class FedDU(FedAvg):
     def server_gamma(self, gamma: float, x_bar: Params, results: ClientResults | None, t: int, sl: ServerLearning,
                      n0: int, counts: LabelCounts, d0_accuracy: Callable[[Params], float]) -> float:
         """γ_t for line 10 from round t's clients (``results``: ids, n_i, K_i) and x̄_t; ``gamma`` is the
-        schedule's γ_t (default the constant γ). No client update: 0."""
+        schedule's γ_t (default the constant γ). No client update: 0. The rules' ``server_gamma`` hook
+        (``base.LocalSGD``), which the server's round calls (``server_round``)."""
         if results is None:
             return 0.0
         if len(results.ids) != len(results.sizes):

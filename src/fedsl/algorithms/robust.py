@@ -1,7 +1,7 @@
 """Robust server rules: the round's client updates through a Byzantine-robust aggregate, before any rule's mean.
 
 One pure step, ``robust_results(x_t, results, robust, g0)``, between the clients' replies and the rule's
-server update (``server_learning.aggregate``). It reads the updates Δ_i = x_i − x_t and returns the replies
+server update (``server_round.aggregate``). It reads the updates Δ_i = x_i − x_t and returns the replies
 with every client's model replaced by x_t + Δ̂, Δ̂ the robust aggregate, ids, sizes and K_i kept. Whatever
 mean the rule then takes of the Δ_i (FedAvg's x̄ = x_t + η_g·Σ_i w_i Δ_i, weighted or not; SCAFFOLD's;
 FedAdam's pseudo-gradient) is then Δ̂, and line 10 (server learning on D0) runs after it unchanged.
@@ -227,7 +227,7 @@ def robust_delta(robust: Robust, deltas: torch.Tensor, g0: torch.Tensor | None =
         assert robust.norm_bound is not None, "norm_bound needs τ (config validation checks it)"
         return clip(deltas, robust.norm_bound)
     if kind == "fltrust":
-        assert g0 is not None, "fltrust needs the server's update g0 (server_learning.aggregate passes it)"
+        assert g0 is not None, "fltrust needs the server's update g0 (server_round.aggregate passes it)"
         return fltrust(deltas, g0)
     raise ValueError(f"robust.aggregator = {kind!r}: expected one of {', '.join(AGGREGATORS)}")
 

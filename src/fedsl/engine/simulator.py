@@ -19,9 +19,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from fedsl.algorithms.base import Algorithm, ClientResults, LocalTraining, RunState, State
-from fedsl.algorithms.feddu import LabelCounts, label_counts
-from fedsl.algorithms.server_learning import Pretraining, ServerMetrics, ServerSide, initial_gamma, server_update
+from fedsl.algorithms.algorithm import Algorithm
+from fedsl.algorithms.base import ClientResults, LocalTraining, RunState, State
+from fedsl.algorithms.label_counts import LabelCounts, label_counts
+from fedsl.algorithms.server_learning import Pretraining
+from fedsl.algorithms.server_round import ServerMetrics, ServerSide, initial_gamma, server_update
 from fedsl.core import attacks, participation, rng
 from fedsl.core.attacks import NO_ATTACK, Attack
 from fedsl.core.participation import FULL, Participation
@@ -163,7 +165,7 @@ class Simulator:
         """x_{t+1} (and the algorithm's state) from x_t: one round of the algorithm.
 
         Sample S clients and plan their batches; run the algorithm's client half for them (the
-        executor); its server half (``server_learning.server_update``: the rule's update, then
+        executor); its server half (``server_round.server_update``: the rule's update, then
         server learning on D0); write the clients' new states into their rows.
         """
         state = replace(state, x=self.layout(state.x))

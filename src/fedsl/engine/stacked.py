@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch.func import vmap
 
-from fedsl.algorithms import server_learning as sl
 from fedsl.algorithms.base import LOCAL_SGD, RoundContext, client_weights
+from fedsl.algorithms.server_round import server_updates
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
 from fedsl.engine.functional import evaluate_each, evaluate_many
@@ -176,8 +176,8 @@ class StackedSimulator:
             out = self.executor.train(LOCAL_SGD, x_bars, host.server_plan, self.x, self.y, server_lrs)[0]
             return [({n: v[j] for n, v in out.items()}, k0) for j, k0 in enumerate(host.server_steps)]
         # Algorithm 1's server half of every run (the same function a single run calls), batched
-        ends = sl.server_updates([sim.alg for sim in self.sims], states, results, t, [sim.server for sim in self.sims],
-                                 rule_updates, line10)
+        ends = server_updates([sim.alg for sim in self.sims], states, results, t, [sim.server for sim in self.sims],
+                              rule_updates, line10)
         out_states, infos, at = [], [], 0
         for sim, w, (new, metrics), s in zip(self.sims, works, ends, sizes):
             mine = {k: {n: v[at:at + s] for n, v in g.items()} for k, g in new_rows.items()}

@@ -26,7 +26,8 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsl.algorithms.base import Algorithm, LocalTraining, State
+from fedsl.algorithms.algorithm import Algorithm
+from fedsl.algorithms.base import LocalTraining, State
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate
 from fedsl.engine.simulator import Simulator

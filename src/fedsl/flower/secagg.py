@@ -15,7 +15,7 @@ parameters to the aggregate Σ_i q_i·x_i / Σ_i q_i (q_i: the reported weight w
   sampling, train config, server update, evaluation, records and checkpoints it reuses. ``configure_fit`` sends x_t
   and the train config to S of the connected nodes (``rng.sample_nodes``, as an open federation does);
   ``aggregate_fit`` checks the scalars the replies carry in clear and gives the algorithm's server half
-  (``server_learning.server_update``) every client's row as the aggregate, with the client's own n_i and K_i: a rule
+  (``server_round.server_update``) every client's row as the aggregate, with the client's own n_i and K_i: a rule
   that reads the x_i only through their w-weighted mean gets what it would get from the x_i themselves
   (Σ_i w_i·agg = agg; FedDyn's Σ_i (x_i - x)/N = S·(agg - x)/N). The rules for which that does not hold are refused
   by ``config.check_secagg``.

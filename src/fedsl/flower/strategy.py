@@ -14,7 +14,7 @@
   message this round, for its partition and round, the model's array names, shapes and dtype,
   finite values, the metrics as integers, n_i the partition's size); a bad one is logged in one
   line and left out of the round. The usable replies' final models x_i, in client-id order as the simulator
-  stacks them, go through the algorithm's server half, ``server_learning.server_update``, the
+  stacks them, go through the algorithm's server half, ``server_round.server_update``, the
   function the simulator calls: the rule's ``server_update`` (FedAvg: x̄ = x + η_g·mean_i Δ_i,
   the plain mean of Algorithm 1 unless ``algorithm.weighted``; not Flower's weighting by
   example count), then server learning on D0 over the same batches as the simulator's
@@ -55,7 +55,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 from fedsl.algorithms.base import ClientResults, LocalSGD, RunState
-from fedsl.algorithms.server_learning import ServerMetrics, initial_gamma, server_update
+from fedsl.algorithms.server_round import ServerMetrics, initial_gamma, server_update
 from fedsl.core import participation, rng
 from fedsl.engine.plan import planned_steps
 from fedsl.experiments import checkpoint
@@ -442,7 +442,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         return planned_steps(n_i, loc.batch_size, loc.epochs, loc.steps)
 
     def _server_update(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, ServerMetrics, bool]:
-        """The algorithm's server half (``server_learning.server_update``: the rule's update, FSL-p, line 10,
+        """The algorithm's server half (``server_round.server_update``: the rule's update, FSL-p, line 10,
         γ) on the usable replies of clients ``ids`` (none: x̄ = x_t, then server learning as usual); and
         whether their update was applied."""
         sim = self.sim
