@@ -26,6 +26,6 @@ def global_lr(clients_per_round: int) -> float:
 
 
 def server_lr(clients_per_round: int, local_lr: float, local_steps: int, server_steps: int) -> float:
-    """η0 = √S · η_l · K / K0."""
-    return math.sqrt(clients_per_round) * local_lr * local_steps / server_steps
+    """η0 = √S · η_l · K / K0 (√S: η_g's default, ``global_lr``)."""
+    return global_lr(clients_per_round) * local_lr * local_steps / server_steps
 

@@ -167,7 +167,8 @@ class D0Only(FedAvg):
 SPECS = (
     Spec("feddu", FedDU, (HyperParam("feddu_decay", DECAY, "decay", "FedDU's per-round decay of the server update "
                                      "(0 < decay <= 1)", gt=0, le=1),),
-         server_learning="incremental", needs_server_data=True,
+         server_learning="incremental", needs_server_data=True, title="FedDU", server_lr="local_lr",
+         sets_gamma=True, reads_label_counts=True,
          summary="FedDU (FedDUAP): FedAvg, then K0 steps on D0 of γ_t·η0, γ_t from non-IID degrees and accuracy"),
     Spec("d0_only", D0Only, server_learning="incremental", needs_server_data=True, comm_factor=0,
          summary="control: D0 only, the clients' updates dropped, FSL's server steps on D0"),

@@ -52,4 +52,5 @@ class FedDyn(LocalSGD):
 
 SPEC = Spec("feddyn", FedDyn,
             (HyperParam("alpha", 0.01, "α", "FedDyn regularisation (paper: 0.01)", gt=0),), global_lr=None,
-            client_state=("grad_i",), local_keys=("alpha",), summary="FedDyn: dynamic regularisation, h = mean ∇L_i")
+            client_state=("grad_i",), local_keys=("alpha",), plain_mean=True,
+            summary="FedDyn: dynamic regularisation, h = mean ∇L_i")

@@ -66,4 +66,6 @@ class Scaffold(LocalSGD):
 
 # comm_factor 2: x and c down, Δy (and, in the original, Δc) up
 SPEC = Spec("scaffold", Scaffold, sends=("c",), client_state=("c_i",), comm_factor=2,
+            secagg_refused="updates its control variate c with each client's update scaled by 1/(K_i·η_l), and "
+                           "sends c with x_t, which Flower's SecAgg+ train message (one array list) cannot carry",
             summary="SCAFFOLD: control variates c - c_i correct local gradients")

@@ -8,9 +8,10 @@ algorithm is one file with its two halves (``base``) and a spec, plus its module
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
+
+from fedsl.algorithms import defaults
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,21 @@ class Spec:
         comm_factor: parameters moved per client and direction, in units of d (SCAFFOLD: 2).
         needs_representation: the rule's ``local_loss`` reads the model's representation z (MOON): a
             model without one (``fedsl.models.has_representation``) is a configuration error.
+        title: the rule's name as its paper writes it ("FedDU"), for messages and the printed
+            hyper-parameter table; "" = ``name``.
+        server_lr: η0 when ``server.lr`` is unset: "paper" (√S·η_l·K/K0, ``defaults.server_lr``) or
+            "local_lr" (η_l: the rule's server steps take the clients' step size, as FedDU's authors train
+            the server).
+        sets_gamma: the rule sets line 10's γ_t itself each round (FedDU, from the round's non-IID degrees
+            and acc_t): an adaptive γ schedule, which sets γ_t from cos θ_t, cannot run with it.
+        reads_label_counts: the rule's γ_t reads the sampled clients' label counts (FedDU): DP does not
+            protect them, and the clients of an open Flower federation do not report them.
+        plain_mean: the server half averages the clients' models plainly, whatever ``algorithm.weighted``
+            says (FedDyn): under SecAgg+, whose sum is weighted by n_i when weighted = true, the two would
+            differ.
+        secagg_refused: why the server half cannot run on the sum of the clients' models that SecAgg+
+            leaves the server (SCAFFOLD, FedNova), as a message's clause; "" = it can (a rule that
+            ``sends`` server state is refused for that, too).
     """
 
     name: str
@@ -72,13 +88,24 @@ class Spec:
     local_keys: tuple[str, ...] = ()
     comm_factor: int = 1
     needs_representation: bool = False
+    title: str = ""
+    server_lr: Literal["paper", "local_lr"] = "paper"
+    sets_gamma: bool = False
+    reads_label_counts: bool = False
+    plain_mean: bool = False
+    secagg_refused: str = ""
     summary: str = field(default="", compare=False)
 
     def default_global_lr(self, clients_per_round: int) -> float | None:
-        """η_g when the config leaves it unset."""
+        """η_g when the config leaves it unset ("sqrt_s": the paper's rule, ``defaults.global_lr``)."""
         if self.global_lr == "sqrt_s":
-            return math.sqrt(clients_per_round)
+            return defaults.global_lr(clients_per_round)
         return self.global_lr
+
+    @property
+    def display(self) -> str:
+        """The rule's name in messages: its ``title``, else ``name``."""
+        return self.title or self.name
 
     def defaults(self) -> dict[str, float]:
         return {h.key: h.default for h in self.hyperparams}

@@ -513,9 +513,10 @@ class RunConfig(_Strict):
                 f"algorithm.clients_per_round = {a.clients_per_round}: expected at most "
                 f"data.num_clients = {d.num_clients}")
         check_server_learning(a.name, self.server.learning, d.has_server_data)  # needs D0, composes with FSL-p
-        if a.name == "feddu" and self.server.gamma_schedule == "adaptive":
-            raise ValueError("server.gamma_schedule = 'adaptive' adapts γ from cos θ_t, and FedDU sets γ_t itself: "
-                             "expected another schedule with algorithm.name = 'feddu'")
+        sp = SPECS[a.name]
+        if sp.sets_gamma and self.server.gamma_schedule == "adaptive":
+            raise ValueError(f"server.gamma_schedule = 'adaptive' adapts γ from cos θ_t, and {sp.display} sets γ_t "
+                             f"itself: expected another schedule with algorithm.name = {a.name!r}")
         if self.server.finetune_epochs and not d.has_server_data:
             raise ValueError(f"server.finetune_epochs = {self.server.finetune_epochs} fine-tunes on D0: expected "
                              "data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
@@ -557,9 +558,11 @@ class RunConfig(_Strict):
             raise ValueError(f"privacy.clip = {c} with algorithm.weighted = true: expected weighted = false "
                              "(DP-FedAvg's sensitivity C/S is that of the plain mean; weights n_i/Σn_j would change it "
                              "per client)")
-        if a.name == "feddu":
-            raise ValueError(f"privacy.clip = {c} with algorithm.name = 'feddu': FedDU's γ_t reads the sampled "
-                             "clients' label counts, which the mechanism does not protect: expected another algorithm")
+        sp = SPECS[a.name]
+        if sp.reads_label_counts:
+            raise ValueError(f"privacy.clip = {c} with algorithm.name = {a.name!r}: {sp.display}'s γ_t reads the "
+                             "sampled clients' label counts, which the mechanism does not protect: expected another "
+                             "algorithm")
         if self.robust.aggregator != "mean":
             raise ValueError(f"privacy.clip = {c} with robust.aggregator = {self.robust.aggregator!r}: DP-FedAvg's "
                              "sensitivity C/S is that of the plain sum of clipped updates, which a robust rule "

@@ -84,8 +84,8 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
                    s.epochs, "paper default ⌈n/(N·n0)·E_c⌉")
         k0 = s.steps if s.steps is not None else e_s * math.ceil(n0 / b0)
         note("K0", "server steps per round", k0, s.steps, "derived: E_s·⌈n0/B0⌉")
-        if a.name == "feddu":  # FedDUAP's server steps take the clients' step size (algorithms/feddu.py)
-            eta0 = note("η0", "server base step size", s.lr or a.local_lr, s.lr, "FedDU default η_l")
+        if sp.server_lr == "local_lr":  # the rule's server steps take the clients' step size (FedDU)
+            eta0 = note("η0", "server base step size", s.lr or a.local_lr, s.lr, f"{sp.display} default η_l")
         else:
             eta0 = s.lr or (defaults.server_lr(S, a.local_lr, k, k0) if k0 > 0 else 0.0)
             note("η0", "server base step size", eta0, s.lr, "paper default √S·η_l·K/K0")
@@ -116,13 +116,18 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
 
     if s.finetune_epochs:
         note("E_ft", "fine-tuning epochs on D0 after round T", s.finetune_epochs, True)
-        note("η_ft", "fine-tuning step size", s.finetune_lr or a.local_lr, s.finetune_lr, "default η_l")
+        note("η_ft", "fine-tuning step size", finetune_lr(cfg), s.finetune_lr, "default η_l")
     pretrain = None
     if s.pretrain:
         pb = s.pretrain_batch_size or a.batch_size
         pretrain = Pretraining(s.pretrain_epochs, s.pretrain_lr, min(pb, n0))
         note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, True)
     return algorithm, pretrain, hp
+
+
+def finetune_lr(cfg: RunConfig) -> float:
+    """η_ft, the step size of the 'fine-tune on D0 after round T' control: ``server.finetune_lr``, default η_l."""
+    return cfg.server.finetune_lr or cfg.algorithm.local_lr
 
 
 def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any]) -> Robust | None:

@@ -55,12 +55,6 @@ CLIENT_DEFAULTS = {"algorithm.name": "fedavg", "rounds": 1, "algorithm.clients_p
 # SecAgg+ masks with integers modulo 2^32 (Flower's largest modulus_range): the sum of S quantised models, each
 # entry in 0..Q, must stay below it (S · Q < 2^32), else the aggregate wraps around.
 SECAGG_MODULUS = 2**32
-# Rules whose server half cannot run on the clients' aggregate alone (docs/how-to/secure-aggregation.md)
-SECAGG_REFUSED = {
-    "scaffold": "updates its control variate c with each client's update scaled by 1/(K_i·η_l), and sends c with "
-                "x_t, which Flower's SecAgg+ train message (one array list) cannot carry",
-    "fednova": "normalises each client's update by its own local steps (Δ_i / a_i) before averaging",
-}
 
 
 def user_key(key: str) -> bool:
@@ -164,8 +158,9 @@ def check_open_federation(cfg: RunConfig, options: FlowerOptions) -> None:
         raise ConfigError(f"algorithm.availability = {alg.availability} and algorithm.straggler_fraction = "
                           f"{alg.straggler_fraction} simulate partial participation; an open federation has real "
                           f"nodes (the connected ones are sampled): {replay}")
-    if alg.name in ("feddu", "ds"):
-        why = ("reads the sampled clients' label counts, which open clients do not report" if alg.name == "feddu"
+    sp = algorithm_spec(alg.name)
+    if sp.reads_label_counts or sp.shares_server_data:
+        why = ("reads the sampled clients' label counts, which open clients do not report" if sp.reads_label_counts
                else "trains the clients on D_i ∪ D0, so each client needs the server's D0")
         raise ConfigError(f"algorithm.name = {alg.name!r} {why}: {replay}")
 
@@ -199,16 +194,17 @@ def check_secagg(cfg: RunConfig, options: FlowerOptions) -> None:
         raise ConfigError(f"privacy.clip = {cfg.privacy.clip} clips each client's update on the server, and under "
                           "secagg = true the server sees only their sum: expected privacy unset (DP with secure "
                           "aggregation needs the clients to clip and noise their own updates: not built)")
-    reason = SECAGG_REFUSED.get(alg.name)
-    if reason is None and algorithm_spec(alg.name).sends:
-        reason = f"sends its server state {', '.join(algorithm_spec(alg.name).sends)} with x_t, which Flower's " \
+    sp = algorithm_spec(alg.name)
+    reason = sp.secagg_refused  # the rule's server half needs more than the sum of the models
+    if not reason and sp.sends:
+        reason = f"sends its server state {', '.join(sp.sends)} with x_t, which Flower's " \
                  "SecAgg+ train message (one array list) cannot carry"
-    if reason is not None:
+    if reason:
         raise ConfigError(f"algorithm.name = {alg.name!r} {reason}; under secagg = true the server sees only the sum "
                           "of the models: use fedavg, fsl, fsl_p, fedavgm, fedadam, fedprox, moon or feddyn")
-    if alg.name == "feddyn" and alg.weighted:
-        raise ConfigError("algorithm.name = 'feddyn' averages the models plainly, so under secagg = true the clients "
-                          "are weighted equally: expected algorithm.weighted = false")
+    if sp.plain_mean and alg.weighted:
+        raise ConfigError(f"algorithm.name = {alg.name!r} averages the models plainly, so under secagg = true the "
+                          "clients are weighted equally: expected algorithm.weighted = false")
     if s < 2:
         raise ConfigError(f"algorithm.clients_per_round = {s} with secagg = true: SecAgg+ sums the models of at "
                           "least 2 clients (expected >= 2; with 1 the sum is that client's model)")
