@@ -4,33 +4,36 @@ Both run ``algorithms.base.client_update`` (``client_init``, a ``client_step`` p
 ``client_final``) with the gradient of the client's loss (the model's cross-entropy, plus the rule's
 ``local_loss`` term if it has one: ``functional.client_gradient``); they differ only in how clients
 are scheduled:
-- ``SequentialExecutor``: ``client_update`` itself, one client after another over its real
-  steps (no padding). On a small CPU this was as fast or faster than vmap (measured, issue 2/6).
-- ``VectorisedExecutor``: the clients step together, ``torch.func.vmap`` of the three client
+- ``SequentialExecutor`` (``fedsl.engine.sequential``): ``client_update`` itself, one client after
+  another over its real steps (no padding). On a small CPU this was as fast or faster than vmap (measured,
+  benchmarks/RESULTS.md).
+- ``VectorisedExecutor`` (here): the clients step together, ``torch.func.vmap`` of the three client
   functions over stacked clients; padded steps (zero-weight batches) are masked, exact no-ops.
   What fills a GPU.
 They agree to float rounding (tests compare them in float64).
 ``processes`` (``fedsl.engine.pool``) runs the sequential executor on W worker processes, a
 contiguous share of the clients each: bit-identical to it at one thread, W cores busy.
+
+This module is the engine's choice of executor (``make_executor``), so it sits above the other two:
+``sequential`` < ``pool`` < ``executors``, the stacking of a plan's clients below them all (``plan``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch.func import vmap
 
-from fedsl.algorithms.base import LOCAL_SGD, LocalSGD, client_update
+from fedsl.algorithms.base import LOCAL_SGD, LocalSGD
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
 from fedsl.engine.functional import ClientLoss, FunctionalModel, client_gradient
-from fedsl.engine.plan import BatchPlan
-
-Lr = float | Sequence[float] | torch.Tensor  # one η for all clients, or one per client
+from fedsl.engine.plan import BatchPlan, Lr, stack_clients
+from fedsl.engine.pool import ProcessPoolExecutor
+from fedsl.engine.sequential import SequentialExecutor
 
 
 class Executor(Protocol):
@@ -49,72 +52,6 @@ class Executor(Protocol):
     def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
         """Plain LocalSGD from ``params`` for every planned client (server learning, pretraining), stacked."""
         ...
-
-
-def _rows(state: State | None, j: int) -> State:
-    return {k: {n: v[j] for n, v in g.items()} for k, g in (state or {}).items()}
-
-
-def _stacked(items: list):
-    """A list of per-client Params or States, stacked on a leading dim ({} for none)."""
-    if not items or not items[0]:
-        return {}
-    first = items[0]
-    if isinstance(next(iter(first.values())), dict):
-        return {k: {n: torch.stack([it[k][n] for it in items]) for n in g} for k, g in first.items()}
-    return {n: torch.stack([it[n] for it in items]) for n in first}
-
-
-class SequentialExecutor:
-    name = "sequential"
-
-    def __init__(self, fm: FunctionalModel) -> None:
-        self.fm = fm
-        self._grads: dict = {}  # the client's gradient (``client_gradient``), by rule, built once
-
-    def _gradient(self, client: LocalSGD):
-        """``client_update``'s ``grad(y, batch, aux)`` for ``client``'s loss."""
-        # one entry for every rule without a term: a process-pool worker unpickles a new rule object each call
-        key = client if client.local_loss is not None else None
-        if key not in self._grads:
-            g = client_gradient(self.fm, client)
-            self._grads[key] = lambda params, batch, aux: g(params, aux, *batch)
-        return self._grads[key]
-
-    def train(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor, y: torch.Tensor,
-              lr: Lr, states: State | None = None, sent: list[State] | None = None) -> tuple[Params, State]:
-        finals, rows = self.train_each(client, starts, plan, x, y, lr, states, sent)
-        return _stacked(finals), _stacked(rows)
-
-    def train_each(self, client: LocalSGD, starts: list[Params], plan: BatchPlan, x: torch.Tensor,
-                   y: torch.Tensor, lr: Lr, states: State | None = None, sent: list[State] | None = None
-                   ) -> tuple[list[Params], list[State]]:
-        """``train``'s per-client results, unstacked: the process pool (``fedsl.engine.pool``) runs this
-        on each worker's share of the clients and stacks all of them as ``train`` does, so that the
-        stacked tensors are made by the same op from the same per-client tensors (bit-identical)."""
-        self.fm.train(True)
-        lrs = lr.tolist() if isinstance(lr, torch.Tensor) else lr
-        finals, rows = [], []
-        for j in range(plan.num_clients):
-            lr_j = lrs[j] if isinstance(lrs, Sequence) else lrs
-            # the caller's tensors as they are: their memory layout picks the convolution algorithm
-            x_i, row, _ = client_update(client, starts[j], _rows(states, j), sent[j] if sent else {},
-                                        self._batches(plan, j, x, y), self._gradient(client), lr_j)
-            finals.append(x_i)
-            rows.append(row)
-        return finals, rows
-
-    @staticmethod
-    def _batches(plan: BatchPlan, j: int, x: torch.Tensor, y: torch.Tensor) -> Iterator[tuple]:
-        """Client j's real batches (no padding): (inputs, labels, weights 1/b, dropout key)."""
-        for k in range(plan.steps[j]):
-            w = plan.weight[j, k]
-            b = int((w > 0).sum())  # real samples come first; the rest is padding
-            idx = plan.idx[j, k, :b]
-            yield x[idx], y[idx], w[:b], plan.keys[j, k]
-
-    def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
-        return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
 
 
 COMPILE_MODES = ("off", "cuda-graphs", "default", "reduce-overhead", "max-autotune", "aot_eager")
@@ -187,8 +124,8 @@ class VectorisedExecutor:
         self.fm.train(True)
         # the stacked models in the standard layout: stacking channels-last weights keeps their strides,
         # which measured 15-25% slower vmapped convolutions on CPU
-        starts = {n: v.contiguous() for n, v in _stacked(starts).items()}
-        states, sent = states or {}, _stacked(sent or [])
+        starts = {n: v.contiguous() for n, v in stack_clients(starts).items()}
+        states, sent = states or {}, stack_clients(sent or [])
         first = next(iter(starts.values()))
         if not isinstance(lr, (int, float)):
             lr = to_device(torch.as_tensor(lr, dtype=first.dtype), first.device)
@@ -247,13 +184,7 @@ class VectorisedExecutor:
         return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
 
 
-def _process_pool(fm: FunctionalModel) -> Executor:
-    """``fedsl.engine.pool.ProcessPoolExecutor`` (imported on use: it imports this module)."""
-    from fedsl.engine.pool import ProcessPoolExecutor
-    return ProcessPoolExecutor(fm)
-
-
-EXECUTORS = {"sequential": SequentialExecutor, "vectorised": VectorisedExecutor, "processes": _process_pool}
+EXECUTORS = {"sequential": SequentialExecutor, "vectorised": VectorisedExecutor, "processes": ProcessPoolExecutor}
 
 
 def make_executor(name: str, fm: FunctionalModel, device: torch.device, compile: str = "off") -> Executor:

@@ -5,11 +5,16 @@ A plan for S clients is three arrays: ``idx`` [S, K, B] indices into the data po
 ``keys`` [S, K] dropout keys. Clients with fewer samples or steps get zero-weight
 (no-op) steps, as FedJAX pads blocks, so all clients of a round can train in lock-step.
 The last batch of an epoch may be smaller than B (no sample is dropped).
+
+The executors take the plan's clients along that leading dimension [S]: their starting models and
+states stacked (``stack_clients``), one client's row read back (``client_row``), one step size η_l
+for all or one each (``Lr``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +22,9 @@ import torch
 
 from fedsl.core.rng import DROPOUT, rng
 from fedsl.core.transfer import to_device
+from fedsl.core.types import State
+
+Lr = float | Sequence[float] | torch.Tensor  # one η for all clients, or one per client
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,21 @@ class BatchPlan:
         # host wait for the GPU's queue (fedsl.core.transfer)
         return BatchPlan(to_device(self.idx, device), to_device(self.weight, device, dtype),
                          to_device(self.keys, device), self.steps)
+
+
+def stack_clients(items: list):
+    """A list of per-client Params or States, stacked on a leading dim ({} for none)."""
+    if not items or not items[0]:
+        return {}
+    first = items[0]
+    if isinstance(next(iter(first.values())), dict):
+        return {k: {n: torch.stack([it[k][n] for it in items]) for n in g} for k, g in first.items()}
+    return {n: torch.stack([it[n] for it in items]) for n in first}
+
+
+def client_row(state: State | None, j: int) -> State:
+    """Client j's row of a State stacked by ``stack_clients`` ({} for none)."""
+    return {k: {n: v[j] for n, v in g.items()} for k, g in (state or {}).items()}
 
 
 def client_batches(indices: np.ndarray, batch_size: int, epochs: int, steps: int | None,

@@ -48,9 +48,9 @@ import torch
 
 from fedsl.algorithms.base import LOCAL_SGD, LocalSGD
 from fedsl.core.types import Params, State
-from fedsl.engine.executors import Lr, SequentialExecutor, _stacked
 from fedsl.engine.functional import FunctionalModel
-from fedsl.engine.plan import BatchPlan
+from fedsl.engine.plan import BatchPlan, Lr, stack_clients
+from fedsl.engine.sequential import SequentialExecutor
 
 NAME = "processes"
 
@@ -372,7 +372,7 @@ class ProcessPoolExecutor:
         for f, r in replies:
             finals += f
             rows += r
-        return _stacked(finals), _stacked(rows)
+        return stack_clients(finals), stack_clients(rows)
 
     def _collect(self, used: list[_Worker], chunks: list[tuple[int, int]]
                  ) -> tuple[list[tuple[list, list]], BaseException | None]:
