@@ -45,6 +45,21 @@ def test_config_choices_and_cli_list_come_from_the_registry(capsys):
     assert "50,000 / 10,000, 10 classes" in out and "112,800 / 18,800, 47 classes" in out
 
 
+def test_server_sources_are_registry_entries_the_config_and_loader_read():
+    """D0's other sources (``data.server_dataset``): each entry's loader is a function of the data layer, named
+    lazily like the datasets'; the config's choices are the registry's; the dataset a source reads is registered."""
+    for source in registry.SERVER_SOURCES.values():
+        module, _, function = source.load.__qualname__.partition(":")
+        assert module.startswith("fedsl.data."), (source.name, module)
+        assert callable(getattr(importlib.import_module(module), function)), (source.name, function)
+        assert source.dataset is None or source.dataset in DATASETS, source.name
+    choices = typing.get_args(DataConfig.model_fields["server_dataset"].annotation)
+    assert choices == registry.server_source_names() == ("fslsyn", "synthetic_chars", "stl10", "image_folder")
+    with pytest.raises(ConfigError, match="^data.server_dataset = 'svhn'"):
+        validate({"rounds": 2, "data": {"dataset": "toy", "server_source": "dataset", "server_dataset": "svhn"},
+                  "algorithm": {"name": "fsl"}})
+
+
 def test_unknown_dataset_names_the_value_and_every_registered_choice():
     with pytest.raises(ConfigError) as e:
         validate({"rounds": 2, "data": {"dataset": "svhn"}, "algorithm": {"name": "fedavg"}})

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsl.core.rng import FONT_SERVER, TEST_SUBSET, offset_seed
+from fedsl.core.rng import TEST_SUBSET
 from fedsl.data import partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet
 from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
 from fedsl.data.federation import Federation
-from fedsl.data.registry import DATASETS
+from fedsl.data.registry import DATASETS, SERVER_SOURCES
 
 
 def data_root(data_dir: str | None) -> Path:
@@ -132,39 +132,15 @@ def _read_dataset(d) -> tuple[ArrayDataset, bool]:
 
 
 def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
-    """D0 from another source, with labels aligned to the clients' classes and images to their shape."""
+    """D0 from another source (``registry.SERVER_SOURCES``), with labels aligned to the clients' classes and
+    images to their shape."""
     shape = train.x.shape[1:]
-    names = train.class_names
-    if d.server_dataset == "fslsyn":
-        from fedsl.data.synthetic import fslsyn_chars
-        bad = [c for c in names if len(c) != 1]
-        if bad:
-            raise DataError(f"data.server_dataset = 'fslsyn' draws characters, but the classes include {bad[:3]}; "
-                            "use it with emnist or synthetic_chars")
-        x, y = fslsyn_chars("".join(names), image_size=shape[0])
-        s = ImageSet(x, y, list(names))
-    elif d.server_dataset == "synthetic_chars":
-        from fedsl.data.synthetic import make_font_chars
-        x, y = make_font_chars("".join(names), per_class=d.server_per_class or 15, seed=offset_seed(seed, FONT_SERVER),
-                               image_size=shape[0])
-        s = ImageSet(x, y, list(names))
-    elif d.server_dataset == "stl10":
-        from fedsl.data.stl10 import load_stl10_as_cifar10
-        if d.dataset != "cifar10":
-            raise DataError(f"data.server_dataset = 'stl10' maps STL-10 onto CIFAR-10's labels; "
-                            f"data.dataset is {d.dataset!r}")
-        root = dataset_dir("stl10", d.server_data_dir or d.data_dir)
-        s = load_stl10_as_cifar10(root, size=shape[:2], per_class=d.server_per_class, seed=seed, download=d.download)
-    else:
-        from fedsl.data.image_folder import load_image_folder
-        if not d.server_data_dir:
-            raise DataError("data.server_dataset = 'image_folder' needs data.server_data_dir: "
-                            "a folder of class folders")
-        s = load_image_folder(Path(d.server_data_dir).expanduser(), class_names=names, size=shape[:2],
-                              mode="L" if len(shape) == 2 else "RGB", per_class=d.server_per_class, seed=seed)
+    source = SERVER_SOURCES[d.server_dataset]
+    root = dataset_dir(source.dataset, d.server_data_dir or d.data_dir) if source.dataset else None
+    s = source.load(d, train, seed, root)
     if s.x.shape[1:] != shape:
         raise DataError(f"server images have shape {s.x.shape[1:]}, the clients' {shape}")
-    if d.server_per_class and d.server_dataset == "fslsyn":  # the other sources take per_class themselves
+    if d.server_per_class and not source.per_class:  # FSLsyn's fixed 15 per class, cut here
         keep = np.concatenate([np.flatnonzero(s.y == c)[: d.server_per_class] for c in np.unique(s.y)])
         s = ImageSet(s.x[np.sort(keep)], s.y[np.sort(keep)], s.class_names)
     return s

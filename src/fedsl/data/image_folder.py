@@ -435,3 +435,14 @@ def load(d, root: Path) -> ArrayDataset:
     if not is_split_folder(root):
         raise DataError(f"data.data_dir = {str(root)!r}: expected train/<class>/ and test/<class>/ sub-folders")
     return load_image_folder_dataset(root)
+
+
+def server_set(d, train: ImageSet, seed: int, root: Path | None) -> ImageSet:
+    """The registry's D0 source ``data.server_dataset = 'image_folder'`` (``fedsl.data.registry``): the class
+    folders of ``data.server_data_dir`` named as the clients' classes, as the clients' images."""
+    if not d.server_data_dir:
+        raise DataError("data.server_dataset = 'image_folder' needs data.server_data_dir: "
+                        "a folder of class folders")
+    shape = train.x.shape[1:]
+    return load_image_folder(Path(d.server_data_dir).expanduser(), class_names=train.class_names, size=shape[:2],
+                             mode="L" if len(shape) == 2 else "RGB", per_class=d.server_per_class, seed=seed)

@@ -10,6 +10,10 @@ config, ``root``: the folder located for it, the data root for a generated one) 
     DatasetInfo("toy", lazy("fedsl.data.toy", "load"), train_size=160, test_size=40, num_classes=4, ...),
 
 Loaders are imported on first use (``lazy``): some pull in heavy libraries (fonts, decoders).
+
+The sources of a server dataset D0 other than the clients' pool (``data.server_source = 'dataset'``) are
+``SERVER_SOURCES``, one entry each: the config's ``data.server_dataset`` choices and the loader
+(``fedsl.data.datasets.external_server_set``) read it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fedsl.data.arrays import ArrayDataset
+from fedsl.data.arrays import ArrayDataset, ImageSet
 
 Stats = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std) per channel, on the [0, 1] scale
 
@@ -117,3 +121,40 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
 def names() -> tuple[str, ...]:
     """The ``data.dataset`` choices: every dataset with a loader."""
     return tuple(name for name, info in DATASETS.items() if info.load is not None)
+
+
+@dataclass(frozen=True)
+class ServerSource:
+    """One source of D0 from outside the clients' pool (``data.server_dataset``).
+
+    Attributes:
+        name: the ``data.server_dataset`` value.
+        load: ``load(d, train, seed, root) -> ImageSet``: D0 labelled with the clients' classes
+            (``train.class_names``), its images shaped as theirs (``train.x``); ``d``: the data config,
+            ``root``: the folder of ``dataset`` located (None without one).
+        note: what the config reference says of it besides its name.
+        dataset: the registered dataset whose files it reads, looked for under ``data.server_data_dir``,
+            else ``data.data_dir`` (STL-10); None: generated, or a folder the config names.
+        per_class: its loader applies ``data.server_per_class`` itself; otherwise the first
+            ``server_per_class`` images of each class are kept after loading (FSLsyn's fixed 15).
+    """
+
+    name: str
+    load: Callable[[Any, ImageSet, int, Path | None], ImageSet]
+    note: str = ""
+    dataset: str | None = None
+    per_class: bool = True
+
+
+SERVER_SOURCES: dict[str, ServerSource] = {source.name: source for source in (
+    ServerSource("fslsyn", lazy("fedsl.data.synthetic", "fslsyn_server"), note="paper's font characters",
+                 per_class=False),
+    ServerSource("synthetic_chars", lazy("fedsl.data.synthetic", "chars_server")),
+    ServerSource("stl10", lazy("fedsl.data.stl10", "server_set"), dataset="stl10"),
+    ServerSource("image_folder", lazy("fedsl.data.image_folder", "server_set")),
+)}
+
+
+def server_source_names() -> tuple[str, ...]:
+    """The ``data.server_dataset`` choices."""
+    return tuple(SERVER_SOURCES)

@@ -285,3 +285,13 @@ def load_stl10_as_cifar10(root: str | Path, *, split: str = "train", size: tuple
 
     a = cached_arrays("stl10_cifar10", recipe, build)
     return ImageSet(a["x"], a["y"].astype(np.int64, copy=False), list(CIFAR10_CLASSES))
+
+
+def server_set(d, train: ImageSet, seed: int, root: Path | None) -> ImageSet:
+    """The registry's D0 source ``data.server_dataset = 'stl10'`` (``fedsl.data.registry``): STL-10's labelled
+    training images on CIFAR-10's labels, resized to the clients' images; ``root``: the STL-10 folder located."""
+    if d.dataset != "cifar10":
+        raise DataError(f"data.server_dataset = 'stl10' maps STL-10 onto CIFAR-10's labels; "
+                        f"data.dataset is {d.dataset!r}")
+    return load_stl10_as_cifar10(root, size=train.x.shape[1:3], per_class=d.server_per_class, seed=seed,
+                                 download=d.download)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -26,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-from fedsl.core.rng import FONT_TEST, font_images, offset_seed
+from fedsl.core.rng import FONT_SERVER, FONT_TEST, font_images, offset_seed
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
+from fedsl.data.errors import DataError
 
 # EMNIST Balanced label order: digits, upper case, then the 11 lower-case letters whose
 # shape differs from their capital (c, i, j, k, l, m, o, p, s, u, v, w, x, y, z are merged).
@@ -346,6 +348,29 @@ def fslsyn_chars(
                 images.append(np.asarray(rot.resize((image_size, image_size), Image.Resampling.BOX)))
                 labels.append(label)
     return np.stack(images), np.asarray(labels, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- D0 sources (data.server_dataset)
+
+def fslsyn_server(d, train: ImageSet, seed: int, root: Path | None) -> ImageSet:
+    """The registry's D0 source ``data.server_dataset = 'fslsyn'`` (``fedsl.data.registry``): FSLsyn's 15
+    images of each of the clients' classes, which must be characters; deterministic (``seed`` unused)."""
+    names = train.class_names
+    bad = [c for c in names if len(c) != 1]
+    if bad:
+        raise DataError(f"data.server_dataset = 'fslsyn' draws characters, but the classes include {bad[:3]}; "
+                        "use it with emnist or synthetic_chars")
+    x, y = fslsyn_chars("".join(names), image_size=train.x.shape[1])
+    return ImageSet(x, y, list(names))
+
+
+def chars_server(d, train: ImageSet, seed: int, root: Path | None) -> ImageSet:
+    """The registry's D0 source ``data.server_dataset = 'synthetic_chars'``: ``data.server_per_class`` (default
+    15) font-rendered images of each of the clients' classes, drawn from the seed's ``FONT_SERVER`` stream."""
+    names = train.class_names
+    x, y = make_font_chars("".join(names), per_class=d.server_per_class or 15, seed=offset_seed(seed, FONT_SERVER),
+                           image_size=train.x.shape[1])
+    return ImageSet(x, y, list(names))
 
 
 # --------------------------------------------------------------------------- data.dataset = 'synthetic_chars'

@@ -68,6 +68,7 @@ def slug(text: str) -> str:
 
 
 DATASETS = registry.names()  # one entry each in fedsl.data.registry.DATASETS
+SERVER_DATASETS = registry.server_source_names()  # D0's other sources: fedsl.data.registry.SERVER_SOURCES
 
 
 class DataConfig(_Strict):
@@ -107,9 +108,9 @@ class DataConfig(_Strict):
                                                                         "(paper Scenario 2; at most 100,000)")
     server_samples_per_client: int = Field(50, ge=1, le=PER_CLASS_MAX, description="s, samples taken from each of "
                                                                                      "the c clients (at most 10^6)")
-    server_dataset: Literal["fslsyn", "synthetic_chars", "stl10", "image_folder"] = Field(
-        "fslsyn", description="other-source D0: 'fslsyn' (paper's font characters), 'synthetic_chars', 'stl10', "
-                              "'image_folder'")
+    server_dataset: Literal[SERVER_DATASETS] = Field(
+        "fslsyn", description="other-source D0: " + ", ".join(
+            f"'{s.name}'" + (f" ({s.note})" if s.note else "") for s in registry.SERVER_SOURCES.values()))
     server_data_dir: str | None = Field(None, description="folder of the other-source D0 (default: data_dir)")
     server_per_class: int | None = Field(None, ge=1, le=100_000, description="other-source D0: samples per class "
                                                                                "(paper FSLsyn: STL-10 56 or 80; "
