@@ -31,8 +31,8 @@ from fedsl.flower import (
     parse_run_config,
     partition_id,
 )
+from fedsl.flower.grid import RoundGrid
 from fedsl.flower.records import to_record
-from fedsl.flower.server import RoundGrid
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 

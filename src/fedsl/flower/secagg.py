@@ -61,10 +61,10 @@ from flwr.supercore import log
 from fedsl.core import rng
 from fedsl.core.types import Params
 from fedsl.flower.config import FlowerOptions, FlowerSetup
+from fedsl.flower.grid import RoundGrid
 from fedsl.flower.replies import BadReply, check_open_metrics
 from fedsl.flower.secagg_client import SECAGG_CONFIG
-from fedsl.flower.server import RoundGrid
-from fedsl.flower.strategy import FedslStrategy, _mean
+from fedsl.flower.strategy import FedslStrategy, mean_reported
 
 
 def secagg_weight_bound(options: FlowerOptions, weighted: bool) -> float:
@@ -206,7 +206,7 @@ class SecAggStrategy(Strategy):
                 "update applied (x̄ = x_t), then server learning", t + 1)
         ids = sorted(rows) if agg is not None and not rejected else []
         finals = {n: (agg, rows[n][0], rows[n][1]) for n in ids}
-        core.state, m, applied = core._server_update(t, ids, finals)
+        core.state, m, applied = core.run_server_half(t, ids, finals)
         ids = ids if applied else []
         replied = {proxy.node_id for proxy, _ in results}
         lost = [n for n in pending["sampled"] if n not in replied]
@@ -228,8 +228,8 @@ class SecAggStrategy(Strategy):
         if ids:
             log(INFO, "fedsl round %d: the SecAgg+ aggregate of %d clients (within %.3g of their %s mean per entry), "
                 "then %d server steps", t + 1, len(ids), secagg["error_bound"], secagg["weights"], m.server_steps)
-        self._record(t, pending, ids, [rows[i][1] for i in ids], _mean([rows[i][2] for i in ids]), lost, rejected,
-                     m, secagg)
+        self._record(t, pending, ids, [rows[i][1] for i in ids], mean_reported([rows[i][2] for i in ids]), lost,
+                     rejected, m, secagg)
         metrics: dict[str, Scalar] = {"clients": len(ids), "server-steps": m.server_steps}
         return self.parameters(), metrics
 
@@ -240,8 +240,13 @@ class SecAggStrategy(Strategy):
         t = pending["t"]
         log(WARNING, "fedsl round %d: secure aggregation halted (fewer than 2 nodes, or too few left to unmask: see "
             "Flower's log above): no client update, then server learning", t + 1)
-        self.core.state, m, _ = self.core._server_update(t, [], {})
+        self.core.state, m, _ = self.core.run_server_half(t, [], {})
         self._record(t, pending, [], [], None, [], [], m, {"halted": True})
+
+    @property
+    def awaited_round(self) -> int | None:
+        """t of the round whose replies are awaited (sent by ``configure_fit``, not yet aggregated), else None."""
+        return self._pending["t"] if self._pending else None
 
     def _take_pending(self, server_round: int) -> dict[str, Any]:
         pending = self._pending or {"t": self.core.offset + server_round - 1, "sampled": [], "started": time.time()}
@@ -306,10 +311,10 @@ class AuditGrid(RoundGrid):
         stages = {m.content.config_records[SECAGG_CONFIG].get("stage") for m in messages
                   if SECAGG_CONFIG in m.content.config_records}
         replies = super().send_and_receive(messages, timeout=timeout)
-        pending = self.strategy._pending
+        t = self.strategy.awaited_round
         kind = "train:" + "/".join(sorted(str(s) for s in stages)) if stages else "message"
         for msg in replies:
-            self.strategy.core._audit(kind, msg, pending["t"] if pending else None)
+            self.strategy.core.record_reply(kind, msg, t)
         return replies
 
 

@@ -3,56 +3,22 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
 from logging import INFO
 from pathlib import Path
-from typing import Any
 
-from flwr.app import Context, Message
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from fedsl.flower.config import load_setup
+from fedsl.flower.grid import RoundGrid
 from fedsl.flower.records import to_record
+from fedsl.flower.secagg import run_secagg
 from fedsl.flower.strategy import FedslStrategy
 
 
 class NoClientUpdate(RuntimeError):
     """A run in which no client update was aggregated at all: the ServerApp fails (exits non-zero)."""
-
-
-class RoundGrid:
-    """Flower's Grid whose ``send_and_receive`` polls every ``poll`` seconds (Flower's: 3 s) and,
-    with ``straggler`` set, stops waiting that many seconds after the first reply arrived.
-
-    A crashed SuperNode never replies, and the SuperLink declares it gone only after two
-    missed 30 s heartbeats; ``straggler`` bounds what one such node costs a round without
-    a tight ``round-timeout`` that would also cut off slow but healthy clients.
-    """
-
-    def __init__(self, grid: Grid, poll: float = 0.5, straggler: float | None = None) -> None:
-        self.grid, self.poll, self.straggler = grid, poll, straggler
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.grid, name)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
-        waiting = set(self.grid.push_messages(messages))
-        start, first = time.monotonic(), None
-        replies: list[Message] = []
-        while waiting:
-            got = list(self.grid.pull_messages(waiting))
-            if got and first is None:
-                first = time.monotonic()
-            replies.extend(got)
-            waiting -= {m.metadata.reply_to_message_id for m in got}
-            now = time.monotonic()
-            if not waiting or (timeout is not None and now - start >= timeout) or \
-                    (first is not None and self.straggler is not None and now - first >= self.straggler):
-                break
-            time.sleep(self.poll)
-        return replies
 
 
 def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) -> FedslStrategy:
@@ -71,8 +37,6 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
     if setup.options.user_keys:
         log(INFO, "fedsl: run config keys left to your code (not fedsl's): %s", ", ".join(setup.options.user_keys))
     if setup.options.secagg:
-        from fedsl.flower.secagg import run_secagg  # here: secagg builds on this module's RoundGrid
-
         strategy = run_secagg(grid, context, setup)
         return _finish(strategy)
     strategy = FedslStrategy(setup)

@@ -82,8 +82,8 @@ def _flat(text: str | None) -> str:
     return " ".join((text or "").split())
 
 
-def _mean(values: list[float | None]) -> float | None:
-    """The mean of the values reported (None: none was)."""
+def mean_reported(values: list[float | None]) -> float | None:
+    """The mean of the values reported (None: none was), e.g. the clients' train losses of a round."""
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
 
@@ -184,7 +184,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         # lowest node id first: of two new nodes claiming one partition, the lower id gets it
         for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
             node = msg.metadata.src_node_id
-            self._audit("query", msg)
+            self.record_reply("query", msg)
             if node not in nodes or node in answered:
                 log(WARNING, "fedsl: ignoring a query reply of node %d: it was not asked, or answered twice", node)
                 continue
@@ -338,7 +338,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         losses: dict[int, float | None] = {}  # pid -> the reply's train-loss (None: not reported)
         for msg in replies:
             node = msg.metadata.src_node_id
-            self._audit("train", msg, t)
+            self.record_reply("train", msg, t)
             pid = node_to_pid.get(node)
             if pid is None or node in seen:
                 why = "a second reply this round" if node in seen else "it was sent no train message this round"
@@ -386,12 +386,12 @@ class FedslStrategy(Checkpointing, FedAvg):
         if not ids and targets:
             log(WARNING, "fedsl round %d: no usable client update (%d sent, %d replies dropped): x̄ = x_t, "
                 "then server learning", t + 1, len(targets), len(rejected))
-        self.state, m, applied = self._server_update(t, ids, finals)  # the current model: after server learning
+        self.state, m, applied = self.run_server_half(t, ids, finals)  # the current model: after server learning
         ids = ids if applied else []
         server_steps, cos, gamma = m.server_steps, m.cos_theta, m.gamma
         info = {"round": t + 1, "t": t, "sampled": pending["sampled"], "missing": pending["missing"],
                 "trained": ids, "lost_partitions": [node_to_pid[n] for n in lost], "rejected": rejected,
-                "client_steps": [finals[i][2] for i in ids], "train_loss": _mean([losses[i] for i in ids]),
+                "client_steps": [finals[i][2] for i in ids], "train_loss": mean_reported([losses[i] for i in ids]),
                 "server_steps": server_steps, "gamma": gamma,
                 "cos_theta": cos, "seconds": round(time.time() - pending["started"], 3)}
         if drop:
@@ -441,10 +441,11 @@ class FedslStrategy(Checkpointing, FedAvg):
         loc = self.alg.local
         return planned_steps(n_i, loc.batch_size, loc.epochs, loc.steps)
 
-    def _server_update(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, ServerMetrics, bool]:
+    def run_server_half(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, ServerMetrics, bool]:
         """The algorithm's server half (``server_round.server_update``: the rule's update, FSL-p, line 10,
         γ) on the usable replies of clients ``ids`` (none: x̄ = x_t, then server learning as usual); and
-        whether their update was applied."""
+        whether their update was applied. ``finals``: client id -> (x_i, n_i, K_i). The new state is the
+        caller's to keep (``state``); SecAgg+'s rounds (``fedsl.flower.secagg``) call it too."""
         sim = self.sim
         state = RunState(sim.layout(self.state.x), self.state.algo, self.state.gamma)
         results = None
@@ -474,7 +475,8 @@ class FedslStrategy(Checkpointing, FedAvg):
         self._write()
         return MetricRecord({"accuracy": acc, "loss": loss})
 
-    def _audit(self, kind: str, msg: Message, t: int | None = None) -> None:
+    def record_reply(self, kind: str, msg: Message, t: int | None = None) -> None:
+        """What a reply of round t carried (or its error), appended to ``received`` (``received.json``)."""
         entry: dict[str, Any] = {"kind": kind, "round": t, "node": msg.metadata.src_node_id}
         if msg.has_error():
             entry["error"] = msg.error.reason
