@@ -14,8 +14,9 @@ from fedsl.engine.functional import FunctionalModel
 from fedsl.experiments import assess as A
 from fedsl.experiments import config as C
 from fedsl.experiments import loading
+from fedsl.experiments.build import prepare
 from fedsl.experiments.results import RunDir
-from fedsl.experiments.runner import prepare, run
+from fedsl.experiments.runner import run
 from fedsl.models import build_model
 
 BASE = {"name": "tiny", "rounds": 4, "seed": 0,

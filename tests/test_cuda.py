@@ -86,8 +86,8 @@ def test_cuda_run_resume_and_stacked_sweep(tmp_path):
     import csv
 
     from fedsl.experiments import config as C
+    from fedsl.experiments.build import prepare
     from fedsl.experiments.compare import run_group
-    from fedsl.experiments.runner import prepare
 
     cfg = C.validate(tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda", deterministic=True))
     prep = prepare(cfg)

@@ -6,7 +6,7 @@ import torch
 from fedsl.cli import main
 from fedsl.data.datasets import build_federation
 from fedsl.experiments import loading, presets, sweep
-from fedsl.experiments.runner import check
+from fedsl.experiments.build import check
 
 
 def _variant(preset: str, variant: str, data_dir, overrides=()):

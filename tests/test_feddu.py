@@ -30,8 +30,9 @@ from fedsl.algorithms.server_round import server_update
 from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
+from fedsl.experiments.build import finetune, prepare
 from fedsl.experiments.config import ConfigError, validate
-from fedsl.experiments.runner import finetune, prepare, run, run_stacked
+from fedsl.experiments.runner import run, run_stacked
 from fedsl.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -22,8 +22,8 @@ from conftest import FLOWER_RUN, max_diff, run_rounds
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.config import flatten_dict
 
+from fedsl.experiments.build import prepare
 from fedsl.experiments.config import ConfigError
-from fedsl.experiments.runner import prepare
 from fedsl.flower import (
     FedslStrategy,
     load_setup,

@@ -241,7 +241,7 @@ from conftest import run_rounds
 from flwr.common.config import flatten_dict
 
 from fedsl.data.datasets import build_federation
-from fedsl.experiments.runner import prepare
+from fedsl.experiments.build import prepare
 from fedsl.flower import parse_run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (BIN / "flower-superlink").exists(),

@@ -25,9 +25,9 @@ from conftest import FLOWER_RUN, max_diff, run_rounds
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from fedsl.experiments import checkpoint
+from fedsl.experiments.build import prepare
 from fedsl.experiments.checkpoint import CorruptCheckpoint
 from fedsl.experiments.config import ConfigError
-from fedsl.experiments.runner import prepare
 from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config
 from fedsl.flower.records import to_record
 from fedsl.flower.server import run_server

@@ -26,8 +26,9 @@ from fedsl.engine.plan import make_plan
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
 from fedsl.experiments import config as C
+from fedsl.experiments.build import check
 from fedsl.experiments.config import ConfigError
-from fedsl.experiments.runner import check, run
+from fedsl.experiments.runner import run
 from fedsl.models import MODELS, build_model, has_representation
 
 pytestmark = pytest.mark.usefixtures("one_thread")

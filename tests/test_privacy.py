@@ -385,7 +385,7 @@ def test_what_dp_refuses_and_allows():
 def test_a_missing_dp_accounting_is_one_line_naming_the_extra(monkeypatch):
     import importlib
 
-    from fedsl.experiments.runner import check
+    from fedsl.experiments.build import check
 
     real = importlib.import_module
 

@@ -68,11 +68,11 @@ def test_run_checks_every_run_first_and_builds_each_once(tmp_path, monkeypatch):
     """`fedsl run` checks all runs before any work, and the runs take over what the checks built:
     each run's federation and model are built once (here a stacked pair), and its numbers are
     those of the same run building its own."""
-    from fedsl.experiments import runner
+    from fedsl.experiments import build
     calls = []
     for name in ("build_federation", "make_model"):
-        real = getattr(runner, name)
-        monkeypatch.setattr(runner, name, lambda *a, _f=real, _n=name, **k: calls.append(_n) or _f(*a, **k))
+        real = getattr(build, name)
+        monkeypatch.setattr(build, name, lambda *a, _f=real, _n=name, **k: calls.append(_n) or _f(*a, **k))
     text = tiny(tmp_path, rounds=2, dtype="float64").read_text().replace("seed = 3\n", "seeds = [1, 2]\nstack = 2\n")
     (tmp_path / "two.toml").write_text(text)
     out = tmp_path / "out"
@@ -390,7 +390,7 @@ def test_run_only_some_variants(tmp_path, capsys):
 
 
 def test_threads_setting(tmp_path):
-    from fedsl.experiments.runner import prepare
+    from fedsl.experiments.build import prepare
     before = torch.get_num_threads()
     try:
         prepare(loading.load(tiny(tmp_path, rounds=1), ["threads=1"]))

@@ -360,7 +360,7 @@ def big_sweep(n: int) -> dict:
 
 
 def test_big_sweep_needs_yes(tmp_path, capsys):
-    with mock.patch("fedsl.experiments.runner.check", side_effect=AssertionError("checks started")), \
+    with mock.patch("fedsl.experiments.build.check", side_effect=AssertionError("checks started")), \
             mock.patch("fedsl.experiments.compare.run_group", side_effect=RunStarted("a run started")):
         status = main(["run", str(write(tmp_path, big_sweep(501))), "--out", str(tmp_path / "o")])
     line = one_line_error(capsys, status)
@@ -370,7 +370,7 @@ def test_big_sweep_needs_yes(tmp_path, capsys):
 
 def test_big_sweep_with_yes_says_how_many_it_checks(tmp_path, capsys):
     checked = []
-    with mock.patch("fedsl.experiments.runner.check", side_effect=lambda cfg, *a, **k: checked.append(cfg)), \
+    with mock.patch("fedsl.experiments.build.check", side_effect=lambda cfg, *a, **k: checked.append(cfg)), \
             mock.patch("fedsl.experiments.compare.run_group", side_effect=RunStarted("a run started")):
         with pytest.raises(RunStarted):
             main(["run", str(write(tmp_path, big_sweep(501))), "--out", str(tmp_path / "o"), "--yes"])
@@ -380,7 +380,7 @@ def test_big_sweep_with_yes_says_how_many_it_checks(tmp_path, capsys):
 
 def test_small_sweep_needs_no_yes(tmp_path, capsys):
     checked = []
-    with mock.patch("fedsl.experiments.runner.check", side_effect=lambda cfg, *a, **k: checked.append(cfg)), \
+    with mock.patch("fedsl.experiments.build.check", side_effect=lambda cfg, *a, **k: checked.append(cfg)), \
             mock.patch("fedsl.experiments.compare.run_group", side_effect=RunStarted("a run started")):
         with pytest.raises(RunStarted):
             main(["run", str(write(tmp_path, big_sweep(500))), "--out", str(tmp_path / "o")])

@@ -173,7 +173,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
             raise UserError(f"--variants {variants!r}: expected names from "
                             f"{list(cfg.variants) or 'none (the config has no variants)'}")
         cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
-    from fedsl.experiments.runner import check_all
+    from fedsl.experiments.build import check_all
     from fedsl.experiments.sweep import expand_variants
     runs = expand_variants(cfg)
     if len(runs) > BIG_SWEEP and not yes:

@@ -352,8 +352,8 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
     The server step size η = γ·η0 is each candidate's own, resolved as ``fedsl run`` resolves it
     (paper defaults: η0 = √S·η_l·K/K0, K0 = E_s·⌈n0/B0⌉, so it depends on n0).
     """
+    from fedsl.experiments.build import prepare  # it imports heavy modules: on demand
     from fedsl.experiments.resolve import resolve
-    from fedsl.experiments.runner import prepare  # runner imports heavy modules: on demand
 
     if not candidates:
         raise ConfigError("no candidates: give --candidate NAME:key=value[,...] or variants that set only "

@@ -15,9 +15,9 @@ measured, else None), ``comm_params``, and on an evaluated round the evaluation'
 whose loss is not finite ends the run (status 'diverged') before these calls, as it leaves no row in
 metrics.csv.
 
-The runner writes metrics.csv and its progress display through the same calls (``MetricsFile`` and
-the progress bar come first in the list), and the trackers of ``fedsl.experiments.tracking`` are
-callbacks too. Subclass ``Callback`` and override what you need::
+The runner keeps a run's files (``fedsl.experiments.run_files``: metrics.csv, checkpoint.pt, summary.json)
+and its progress display through the same calls (they come first in the list), and the trackers of
+``fedsl.experiments.tracking`` are callbacks too. Subclass ``Callback`` and override what you need::
 
     class Print(Callback):
         def on_evaluation(self, round, metrics):
@@ -37,8 +37,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from fedsl.experiments.results import RunDir
 
 
 @dataclass(frozen=True)
@@ -92,17 +90,3 @@ class CallbackList(Callback):
         for c in self.callbacks:
             c.on_run_end(summary)
 
-
-class MetricsFile(Callback):
-    """metrics.csv: one row per evaluated round (x_0's row at round 0), appended and flushed as it happens."""
-
-    def __init__(self, rd: RunDir) -> None:
-        self.rd = rd
-
-    def on_evaluation(self, round: int, metrics: dict[str, Any]) -> None:
-        if round == 0:  # x_0 is no round: its row is written here, the others with their round's numbers
-            self.rd.append_metrics({"round": 0, "wall_time": 0.0, **metrics})
-
-    def on_round_end(self, round: int, metrics: dict[str, Any]) -> None:
-        if "accuracy" in metrics:
-            self.rd.append_metrics({"round": round, **metrics})

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fedsl.algorithms import SPECS
 from fedsl.experiments import placement, runner
+from fedsl.experiments.build import Built
 from fedsl.experiments.config import RunConfig
 from fedsl.experiments.loading import get_dotted
 from fedsl.experiments.results import CorruptCheckpoint, RunDir, atomic_write, is_group
@@ -21,10 +22,10 @@ FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips
 
 
 def run_group(cfg: RunConfig, out: str | Path, *, resume: bool = False, log=print, progress=None,
-              built: dict[str, runner.Built] | None = None, backend=None) -> list[dict]:
+              built: dict[str, Built] | None = None, backend=None) -> list[dict]:
     """Run every (variant, seed) of ``cfg``; a config without variants is a group of one.
 
-    ``built``: run name -> what ``runner.check_all`` built of it (taken over, not built again).
+    ``built``: run name -> what ``build.check_all`` built of it (taken over, not built again).
     ``backend``: None runs the pending runs here, one after another (or stacked); otherwise an
     object whose ``run_units(out, units, resume=, log=)`` runs the units (lists of run names
     that advance together, with their configs) side by side and returns run -> summary

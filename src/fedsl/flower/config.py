@@ -32,9 +32,9 @@ from fedsl.core.privacy_accounting import Budget
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments import presets
+from fedsl.experiments.build import prepare  # `fedsl run`'s own resolution of the paper's defaults
 from fedsl.experiments.config import ConfigError, PrivacyConfig, RunConfig, validate
 from fedsl.experiments.loading import read_file, set_dotted
-from fedsl.experiments.runner import prepare  # the runner's own resolution of the paper's defaults
 from fedsl.experiments.sweep import expand_variants
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)

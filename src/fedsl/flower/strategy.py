@@ -59,9 +59,9 @@ from fedsl.algorithms.server_round import ServerMetrics, initial_gamma, server_u
 from fedsl.core import participation, rng
 from fedsl.engine.plan import planned_steps
 from fedsl.experiments import checkpoint
+from fedsl.experiments.build import finetune
 from fedsl.experiments.checkpoint import Checkpoint, atomic_write
 from fedsl.experiments.config import ConfigError
-from fedsl.experiments.runner import finetune
 from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
 from fedsl.flower.config import FlowerSetup
 from fedsl.flower.records import from_record, local_keys, state_to_record, to_record
@@ -520,7 +520,7 @@ class FedslStrategy(Checkpointing, FedAvg):
 
     def finish(self) -> None:
         """Write the final model (``final.pt``) and ``done.json`` to ``out-dir``; with ``server.finetune_epochs``,
-        first the 'FedAvg, then fine-tune on D0' control (``runner.finetune``), its accuracy in done.json."""
+        first the 'FedAvg, then fine-tune on D0' control (``build.finetune``), its accuracy in done.json."""
         self.finetuned = finetune(self.sim, self.setup.cfg, self.state.x)
         if self.finetuned is not None:
             log(INFO, "fedsl: fine-tuned on D0 for %d epochs: test accuracy %.4f",
