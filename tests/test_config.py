@@ -511,3 +511,18 @@ def test_cuda_graphs_on_the_cpu_and_unknown_eval_precisions_are_refused_in_one_l
     assert error_of({**base, "eval_precision": "bfloat16", "dtype": "float64"}) == (
         "eval_precision = 'bfloat16' evaluates float32 models under bf16 autocast (which leaves float64 as it is): "
         "expected dtype = 'float32', not 'float64'")
+
+
+def test_tables_take_their_defaults_from_the_dataclasses_they_configure():
+    """[robust], [attack], server.gamma_* and participation are written once, in the dataclasses: an unset table
+    builds each dataclass as its own defaults do, and the defaults the config shows are those."""
+    from fedsl.algorithms import GammaSchedule, Robust
+    from fedsl.core.attacks import Attack
+    from fedsl.core.participation import Participation
+
+    cfg = validate(copy.deepcopy(MINIMAL))
+    assert cfg.byzantine == Attack() and cfg.participation == Participation()
+    s, r = cfg.server, cfg.robust
+    assert GammaSchedule(s.gamma_schedule, s.gamma_final, s.gamma_every, s.gamma_factor,
+                         threshold=s.gamma_threshold, shrink=s.gamma_shrink) == GammaSchedule()
+    assert Robust(r.aggregator, r.trim, r.krum_f, r.krum_m, r.norm_bound, bucket=r.bucket) == Robust()

@@ -16,12 +16,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
-from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, bucket_count, default_krum_f
+from fedsl.algorithms.gamma_schedule import GammaSchedule
+from fedsl.algorithms.gamma_schedule import Kind as GammaKind
+from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, Robust, bucket_count, default_krum_f
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
-from fedsl.core.participation import Participation
+from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
 from fedsl.data import registry
 from fedsl.engine.executors import COMPILE_MODES
 from fedsl.engine.functional import EVAL_PRECISIONS
+
+# Tables that configure one of fedsl's dataclasses take their defaults from it, where they are written once:
+# γ's schedule (server.gamma_*), the robust rule ([robust]), the Byzantine clients ([attack]) and participation
+# (algorithm.availability, straggler_*), as the rules' own hyper-parameters take theirs from their specs.
+_SCHEDULE, _ROBUST, _ATTACK, _PARTICIPATION = GammaSchedule(), Robust(), Attack(), Participation()
 
 
 class ConfigError(ValueError):
@@ -184,16 +191,19 @@ class AlgorithmConfig(_Strict):
     global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
     weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
     # partial participation and stragglers (fedsl.core.participation); the defaults are the paper's setting
-    availability: float = Field(1.0, gt=0, le=1, description="p, probability that a client is available in a "
-                                "round (S are sampled among the available ones; 1 = always, the paper)")
-    availability_pattern: Literal["bernoulli", "fixed"] = Field(
-        "bernoulli", description="availability: 'bernoulli' (each round afresh, probability p) or 'fixed' (each "
-                                 "client in an evenly spread fraction p of the rounds, its phase seeded)")
-    straggler_fraction: float = Field(0.0, ge=0, lt=1, description="f, fraction of the sampled clients that "
-                                      "straggle each round (0 = none)")
-    straggler_mode: Literal["partial", "drop"] = Field(
-        "partial", description="stragglers: 'partial' (a seeded uniform part of their K_i steps, at least 1) or "
-                               "'drop' (they train, but their update never reaches the server)")
+    availability: float = Field(_PARTICIPATION.availability, gt=0, le=1, description="p, probability that a client "
+                                "is available in a round (S are sampled among the available ones; 1 = always, the "
+                                "paper)")
+    availability_pattern: Literal[PATTERNS] = Field(
+        _PARTICIPATION.pattern, description="availability: 'bernoulli' (each round afresh, probability p) or 'fixed' "
+                                            "(each client in an evenly spread fraction p of the rounds, its phase "
+                                            "seeded)")
+    straggler_fraction: float = Field(_PARTICIPATION.straggler_fraction, ge=0, lt=1, description="f, fraction of the "
+                                      "sampled clients that straggle each round (0 = none)")
+    straggler_mode: Literal[STRAGGLER_MODES] = Field(
+        _PARTICIPATION.straggler_mode, description="stragglers: 'partial' (a seeded uniform part of their K_i "
+                                                   "steps, at least 1) or 'drop' (they train, but their update never "
+                                                   "reaches the server)")
 
 
 # The rules' own hyper-parameters (μ, β, α, ...) are fields of [algorithm] made from their specs
@@ -209,14 +219,14 @@ class ServerConfig(_Strict):
         "auto", description="server learning: auto (fsl: incremental, fsl_p: parallel, others: off), or add it "
                             "to any algorithm (e.g. scaffold + incremental)")
     gamma: float = Field(defaults.GAMMA, ge=0, description="γ, weight of the server loss f0 (paper: 1)")
-    gamma_schedule: Literal["constant", "step", "linear", "cosine", "inv_sqrt", "adaptive"] = Field(
-        "constant", description="γ over rounds (paper: constant)")
-    gamma_final: float = Field(0.0, ge=0, description="linear/cosine schedules: γ at the last round")
-    gamma_every: int = Field(100, ge=1, le=ROUNDS_MAX, description="step schedule: rounds between decays "
-                                                                     "(at most 10^7)")
-    gamma_factor: float = Field(0.5, gt=0, le=1, description="step schedule: decay factor")
-    gamma_threshold: float = Field(0.0, ge=-1, le=1, description="adaptive: smallest cos θ that counts as agreement")
-    gamma_shrink: float = Field(0.5, gt=0, lt=1, description="adaptive: γ ← shrink·γ when ∇f0 disagrees")
+    gamma_schedule: GammaKind = Field(_SCHEDULE.kind, description="γ over rounds (paper: constant)")
+    gamma_final: float = Field(_SCHEDULE.final, ge=0, description="linear/cosine schedules: γ at the last round")
+    gamma_every: int = Field(_SCHEDULE.every, ge=1, le=ROUNDS_MAX, description="step schedule: rounds between "
+                                                                                "decays (at most 10^7)")
+    gamma_factor: float = Field(_SCHEDULE.factor, gt=0, le=1, description="step schedule: decay factor")
+    gamma_threshold: float = Field(_SCHEDULE.threshold, ge=-1, le=1, description="adaptive: smallest cos θ that "
+                                                                                 "counts as agreement")
+    gamma_shrink: float = Field(_SCHEDULE.shrink, gt=0, lt=1, description="adaptive: γ ← shrink·γ when ∇f0 disagrees")
     log_angle: bool = Field(False, description="log cos θ_t between -∇f0 and the clients' update every round")
     lr: float | None = Field(None, gt=0, description="η0, server base step size (paper: √S·η_l·K/K0)")
     batch_size: int | None = Field(None, ge=1, le=BATCH_MAX, description="B0, server batch size (paper: B; "
@@ -242,39 +252,43 @@ class ServerConfig(_Strict):
 class AttackConfig(_Strict):
     """Byzantine clients in simulation (``fedsl.core.attacks``; docs/how-to/robustness.md)."""
     kind: Literal[KINDS] = Field(
-        "none", description="what the malicious clients do: 'none'; after honest local training 'sign_flip' "
-                            "(Δ → −λ·Δ), 'scale' (Δ → λ·Δ), 'gaussian' (Δ → N(0, σ²) per coordinate), 'constant' "
-                            "(every coordinate of Δ = c); or 'label_flip' (they train on their own samples with "
-                            "labels y → L − 1 − y)")
-    fraction: float = Field(0.0, ge=0, lt=1, description="f, share of the N clients that are malicious: ⌊f·N⌋ of "
-                                                         "them, drawn once from the seed, the same every round")
-    scale: float | None = Field(None, gt=0, description=f"λ of sign_flip (default {DEFAULT_SCALE['sign_flip']:g}) "
-                                                        f"and scale (default {DEFAULT_SCALE['scale']:g})")
-    noise_std: float = Field(1.0, gt=0, description="σ of gaussian: each coordinate of a malicious update ~ N(0, σ²)")
-    constant: float = Field(1.0, description="c of constant: every coordinate of a malicious update")
+        _ATTACK.kind, description="what the malicious clients do: 'none'; after honest local training 'sign_flip' "
+                                  "(Δ → −λ·Δ), 'scale' (Δ → λ·Δ), 'gaussian' (Δ → N(0, σ²) per coordinate), "
+                                  "'constant' (every coordinate of Δ = c); or 'label_flip' (they train on their own "
+                                  "samples with labels y → L − 1 − y)")
+    fraction: float = Field(_ATTACK.fraction, ge=0, lt=1, description="f, share of the N clients that are malicious: "
+                                                                      "⌊f·N⌋ of them, drawn once from the seed, the "
+                                                                      "same every round")
+    scale: float | None = Field(_ATTACK.scale, gt=0, description=f"λ of sign_flip (default "
+                                                                 f"{DEFAULT_SCALE['sign_flip']:g}) and scale (default "
+                                                                 f"{DEFAULT_SCALE['scale']:g})")
+    noise_std: float = Field(_ATTACK.noise_std, gt=0, description="σ of gaussian: each coordinate of a malicious "
+                                                                  "update ~ N(0, σ²)")
+    constant: float = Field(_ATTACK.constant, description="c of constant: every coordinate of a malicious update")
 
 
 class RobustConfig(_Strict):
     """A robust server rule before the algorithm's mean of the updates (``fedsl.algorithms.robust``)."""
     aggregator: Literal[AGGREGATORS] = Field(
-        "mean", description="'mean' (the algorithm's own aggregation), 'median' and 'trimmed_mean' (coordinate-wise), "
-                            "'krum', 'multi_krum', 'norm_bound' (clip each Δ_i to norm τ, then the mean) or "
-                            "'fltrust' (trust scores from the server's own update on D0; needs server data)")
-    trim: float = Field(0.1, ge=0, lt=0.5, description="β of trimmed_mean: the ⌊β·S⌋ largest and ⌊β·S⌋ smallest "
-                                                       "values of each coordinate are dropped")
-    krum_f: int | None = Field(None, ge=0, le=CLIENTS_MAX, description="f, the Byzantine count Krum assumes; its "
-                               "scores sum the S − f − 2 nearest updates (default ⌊(S − 3)/2⌋, at least 0)")
-    krum_m: int | None = Field(None, ge=1, le=CLIENTS_MAX, description="m, the updates Multi-Krum averages "
-                                                                       "(default S − f)")
-    norm_bound: float | None = Field(None, gt=0, description="τ of norm_bound (required there): each update cut to "
-                                                             "norm at most τ")
+        _ROBUST.aggregator, description="'mean' (the algorithm's own aggregation), 'median' and 'trimmed_mean' "
+                                        "(coordinate-wise), 'krum', 'multi_krum', 'norm_bound' (clip each Δ_i to norm "
+                                        "τ, then the mean) or 'fltrust' (trust scores from the server's own update on "
+                                        "D0; needs server data)")
+    trim: float = Field(_ROBUST.trim, ge=0, lt=0.5, description="β of trimmed_mean: the ⌊β·S⌋ largest and ⌊β·S⌋ "
+                                                                "smallest values of each coordinate are dropped")
+    krum_f: int | None = Field(_ROBUST.krum_f, ge=0, le=CLIENTS_MAX, description="f, the Byzantine count Krum assumes; "
+                               "its scores sum the S − f − 2 nearest updates (default ⌊(S − 3)/2⌋, at least 0)")
+    krum_m: int | None = Field(_ROBUST.krum_m, ge=1, le=CLIENTS_MAX, description="m, the updates Multi-Krum averages "
+                                                                                 "(default S − f)")
+    norm_bound: float | None = Field(_ROBUST.norm_bound, gt=0, description="τ of norm_bound (required there): each "
+                                                                           "update cut to norm at most τ")
     trust_lr: float | None = Field(None, gt=0, description="fltrust: step size of the server's update on D0 "
                                                            "(default η_l, as the clients)")
     trust_steps: int | None = Field(None, ge=1, le=STEPS_MAX, description="fltrust: local steps of the server's "
                                     "update on D0 (default K, the mean client's; batches of min(B, n0); at most 10^6)")
-    bucket: int = Field(1, ge=1, le=CLIENTS_MAX, description="s: average the round's updates in random buckets of s "
-                        "before median, trimmed_mean, krum or multi_krum, which then see ⌈S/s⌉ bucket means "
-                        "(Karimireddy et al., ICLR 2022); 1 = no bucketing")
+    bucket: int = Field(_ROBUST.bucket, ge=1, le=CLIENTS_MAX, description="s: average the round's updates in random "
+                        "buckets of s before median, trimmed_mean, krum or multi_krum, which then see ⌈S/s⌉ bucket "
+                        "means (Karimireddy et al., ICLR 2022); 1 = no bucketing")
 
 
 def krum_rows(r: RobustConfig) -> tuple[str, str]:
