@@ -327,8 +327,9 @@ def test_stacked_sweep_interrupted_then_resumed(tmp_path):
 
 def test_stack_groups_and_limits(tmp_path):
     from fedsl.experiments import config as C
-    from fedsl.experiments.compare import stack_groups, stack_limit
+    from fedsl.experiments.compare import stack_groups
     from fedsl.experiments.config import ConfigError
+    from fedsl.experiments.memory import stack_limit
     from fedsl.experiments.sweep import expand_variants
 
     cfg = C.validate(sweep_config(3, executor="auto"))
@@ -346,12 +347,22 @@ def test_stack_groups_and_limits(tmp_path):
 
 
 def test_stack_limit_model_sizes_are_the_models():
-    from fedsl.experiments.compare import MODEL_PARAMS
+    """The memory plan's d is counted on the model built for the config's dataset: the paper's CNNs have
+    the paper's d (545,098 on CIFAR-10; 1,409,197 on its 45 EMNIST classes), any other model its own count;
+    an image folder, whose inputs only the files say, gets the generous bound."""
+    from fedsl.experiments import config as C
+    from fedsl.experiments import memory
     from fedsl.models import build_model
-    shapes = {"cifar_cnn": (10, (3, 32, 32)), "emnist_cnn": (45, (1, 28, 28))}
-    for name, d in MODEL_PARAMS.items():
-        classes, shape = shapes[name]
-        assert sum(p.numel() for p in build_model(name, classes, shape, 0).parameters()) == d
+
+    def cfg(model, **data):
+        return C.validate({"name": "m", "rounds": 1, "model": {"name": model},
+                           "data": {"num_clients": 10, "server_source": "clients", "server_clients": 1, **data},
+                           "algorithm": {"name": "fsl", "clients_per_round": 2, "local_lr": 0.1, "batch_size": 8}})
+    assert memory.model_params(cfg("cifar_cnn", dataset="cifar10")) == 545_098
+    assert memory.model_params(cfg("emnist_cnn", dataset="emnist", classes="paper45")) == 1_409_197
+    small = sum(p.numel() for p in build_model("small_cnn", 10, (1, 28, 28), 0).parameters())
+    assert memory.model_params(cfg("small_cnn", dataset="mnist")) == small
+    assert memory.model_params(cfg("small_cnn", dataset="image_folder")) == memory.UNKNOWN_MODEL_PARAMS
 
 
 def test_checkpoint_every_zero_keeps_only_the_final_model(tmp_path):
@@ -387,9 +398,9 @@ def test_stack_limit_on_a_gpu_from_measured_memory(monkeypatch):
     79 GB (it was 31 and 17 with a guessed half of the memory); FSL's runs, without tables, 64."""
     import torch
 
-    from fedsl.experiments import compare
     from fedsl.experiments import config as C
-    monkeypatch.setattr(compare.placement, "resolve_device", lambda name: torch.device("cuda"))
+    from fedsl.experiments import memory
+    monkeypatch.setattr(memory.placement, "resolve_device", lambda name: torch.device("cuda"))
 
     def cfg(alg):
         return C.validate({"name": "s", "rounds": 1, "model": {"name": "cifar_cnn"},
@@ -398,16 +409,16 @@ def test_stack_limit_on_a_gpu_from_measured_memory(monkeypatch):
                            "algorithm": {"name": alg, "clients_per_round": 10, "local_lr": 0.02, "batch_size": 10}})
     for free, scaffold in ((139e9, 37), (79e9, 21)):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (int(free), int(free)))
-        assert compare.stack_limit(cfg("scaffold")) == compare.stack_limit(cfg("feddyn")) == scaffold
-        assert compare.stack_limit(cfg("fsl")) == 64
+        assert memory.stack_limit(cfg("scaffold")) == memory.stack_limit(cfg("feddyn")) == scaffold
+        assert memory.stack_limit(cfg("fsl")) == 64
         # tables in host memory leave the working memory only: as many runs as FSL's
         host = C.validate({**cfg("scaffold").model_dump(), "client_tables": "host"})
-        assert compare.stack_limit(host) == 64
+        assert memory.stack_limit(host) == 64
     # 'auto' puts them in host memory when one run's 2.18 GB would take over half the free memory
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(4e9), int(4e9)))
-    assert compare.stack_limit(cfg("scaffold")) == compare.stack_limit(cfg("fsl")) == 4
+    assert memory.stack_limit(cfg("scaffold")) == memory.stack_limit(cfg("fsl")) == 4
     device = C.validate({**cfg("scaffold").model_dump(), "client_tables": "device"})
-    assert compare.stack_limit(device) == 1
+    assert memory.stack_limit(device) == 1
 
 
 def test_client_tables_where_they_live(monkeypatch):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedsl.algorithms import SPECS
-from fedsl.experiments import placement, runner
+from fedsl.experiments import runner
 from fedsl.experiments.build import Built
 from fedsl.experiments.config import RunConfig
 from fedsl.experiments.loading import get_dotted
+from fedsl.experiments.memory import stack_limit
 from fedsl.experiments.results import CorruptCheckpoint, RunDir, atomic_write, is_group
 from fedsl.experiments.sweep import expand_runs
 
@@ -103,45 +103,6 @@ def run_unit(out: Path, names: list[str], cfgs: list[RunConfig], *, resume: bool
     return summaries
 
 
-MODEL_PARAMS = {"cifar_cnn": 545_098, "emnist_cnn": 1_409_197}  # d of the paper's models (tests check)
-
-
-# Memory of one stacked run besides its tables, measured on an H200 (benchmarks/RESULTS-gpu.md): the CIFAR
-# CNN at S = 10, B = 10 peaked at 0.74 GB per run (SCAFFOLD/FedDyn at R = 30: 74-88 GB with 65 GB of
-# tables; FSL at R = 60: 15-41 GB), mostly the clients' activations and gradients; scaled by S·B.
-RUN_BYTES_MEASURED = 0.75e9
-STACK_MEMORY_SHARE = 0.8  # of the free memory: the rest for the allocator's fragmentation and cuDNN
-
-
-def stack_limit(cfg: RunConfig) -> int:
-    """How many runs like ``cfg`` advance together: ``cfg.stack``, or for 'auto' 1 on CPU (measured:
-    stacking gains nothing there) and on CUDA up to 64, fewer when their per-client tables
-    (SCAFFOLD, FedDyn: N × d each) and their measured working memory would not fit in 80% of the
-    free memory (on an H200: 37 SCAFFOLD runs of the CIFAR CNN at N = 1,000; on an H100: 21); tables in
-    host memory (``client_tables``) do not count."""
-    if cfg.stack != "auto":
-        return cfg.stack
-    device = placement.resolve_device(cfg.device)
-    if device.type != "cuda":
-        return 1
-    import torch
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(1, min(64, int(STACK_MEMORY_SHARE * free // run_bytes(cfg, free))))
-
-
-def run_bytes(cfg: RunConfig, free: float | None = None) -> float:
-    """A stacked run's device memory: its clients' tables (N × d; none when they live in host memory:
-    ``client_tables``, which 'auto' decides from ``free``: ``placement.tables_go_to_host``) and its working
-    memory (measured for the CIFAR CNN, scaled by S·B, by d for other models, by 2 for float64)."""
-    d = MODEL_PARAMS.get(cfg.model.name, 4e6)  # other models: a generous bound
-    width = placement.number_bytes(cfg.dtype)
-    tables = placement.client_table_bytes(SPECS[cfg.algorithm.name], cfg.data.num_clients, d, cfg.dtype)
-    if placement.tables_go_to_host(cfg.client_tables, tables, free if free is not None else float("inf")):
-        tables = 0
-    work = RUN_BYTES_MEASURED * cfg.algorithm.clients_per_round * cfg.algorithm.batch_size / 100
-    return tables + work * max(1.0, d / MODEL_PARAMS["cifar_cnn"]) * width / 4
-
-
 def _stack_key(cfg: RunConfig) -> tuple:
     """Runs with equal keys may share a stack (the StackedSimulator checks the rest)."""
     from fedsl.algorithms import spec
@@ -152,7 +113,7 @@ def _stack_key(cfg: RunConfig) -> tuple:
 
 
 def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool) -> list[list[str]]:
-    """Pending runs in groups advanced together (see ``stack_limit``); order is kept within a key.
+    """Pending runs in groups advanced together (see ``memory.stack_limit``); order is kept within a key.
 
     On resume, only runs whose checkpoints are at the same round share a group.
     """

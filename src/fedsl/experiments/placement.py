@@ -25,7 +25,7 @@ TABLES_DEVICE_SHARE = 0.5  # client_tables = 'auto': host tables beyond this sha
 
 def tables_go_to_host(client_tables: str, table_bytes: float, free: float) -> bool:
     """``client_tables`` on a GPU with ``free`` bytes: 'host', or 'auto' when one run's tables (``table_bytes``)
-    would take more than half the free memory (the rule ``tables_on_host`` and ``compare.run_bytes`` apply)."""
+    would take more than half the free memory (the rule ``tables_on_host`` and ``memory.run_bytes`` apply)."""
     return client_tables == "host" or (client_tables == "auto" and table_bytes > TABLES_DEVICE_SHARE * free)
 
 
