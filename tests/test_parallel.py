@@ -68,6 +68,35 @@ def test_parallel_sweep_interrupted_and_resumed_equals_serial_and_never_imports_
     assert status.returncode == 0 and "3 completed" in status.stdout, status.stdout + status.stderr
 
 
+@pytest.mark.slow
+def test_a_sweep_whose_last_run_is_alone_exits_on_sigterm(tmp_path):
+    """SIGTERM once two runs have finished and the third runs alone, its worker's partner idle: the
+    running run checkpoints and the driver exits 143 (it used to wait forever: the idle worker, killed
+    while it waited for work, took the pool's queue lock with it)."""
+    cfg_file = tmp_path / "sweep.toml"
+    cfg_file.write_text("threads = 1\n" + TINY.format(rounds=1, alg="fsl", dtype="float32", executor="sequential")
+                        + '\n[sweep]\n"rounds" = [1, 2, 5000]\n')
+    out = tmp_path / "par"
+    proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg_file), "--out", str(out), "--parallel",
+                             "2"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        last = out / "tiny-rounds=5000"
+        deadline = time.time() + 180
+        while time.time() < deadline and not (len(list(out.glob("*/summary.json"))) == 2 and (
+                last / "metrics.csv").is_file() and len((last / "metrics.csv").read_text().splitlines()) >= 3):
+            time.sleep(0.05)
+        assert len(list(out.glob("*/summary.json"))) == 2, "two runs should have finished"
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, stdout[-3000:]
+    assert '"status": "interrupted"' in (last / "summary.json").read_text(), stdout[-3000:]
+
+
 def test_bad_parallel_options_are_one_line(tmp_path):
     cfg_file = sweep_config(tmp_path, rounds=1)
     for args, expected in ((["--parallel", "-1"], "--parallel -1: expected a number of processes"),

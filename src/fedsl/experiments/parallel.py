@@ -40,11 +40,24 @@ def _init_worker(workers: int, quiet: bool) -> None:
     # Ctrl-C reaches every process of the terminal's group: the driver alone decides, and
     # sends the workers SIGTERM (their runs then checkpoint, see ``_work``)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # An idle worker waits for its next unit holding the pool's call-queue lock; killed there by
+    # SIGTERM's default action, it would take the lock with it, and the busy workers, once their runs
+    # checkpoint, would wait for it forever (so would the driver's shutdown). Outside a unit, SIGTERM
+    # only marks the worker as stopping: it then starts no run and leaves when the pool shuts down.
+    signal.signal(signal.SIGTERM, _mark_stopping)
     global _QUIET
     _QUIET = quiet
 
 
 _QUIET = False
+_STOPPING = False
+# seconds the runs of an interrupted sweep have to write their final checkpoints before their workers are killed
+STOP_GRACE_S = 60.0
+
+
+def _mark_stopping(signum, frame) -> None:
+    global _STOPPING
+    _STOPPING = True
 
 
 def _work(out: str, names: list[str], cfgs: list[dict], resume: bool) -> dict[str, dict]:
@@ -58,6 +71,9 @@ def _work(out: str, names: list[str], cfgs: list[dict], resume: bool) -> dict[st
             print(s, flush=True)
 
     with terminate_as_interrupt():
+        if _STOPPING:  # SIGTERM came while this worker was idle or importing: the unit does not start
+            from fedsl.experiments.results import RunDir
+            return {n: RunDir(Path(out) / n).read_summary() for n in names}
         return run_unit(Path(out), names, [validate(c) for c in cfgs], resume=True, log=log, progress=False)
 
 
@@ -139,12 +155,27 @@ class LocalPool:
                     f"continue with: fedsl resume {out}")
         except BaseException:
             # Ctrl-C / SIGTERM of the driver: the workers checkpoint their runs and stop
-            for p in list(getattr(pool, "_processes", {}).values()):
-                try:
-                    os.kill(p.pid, signal.SIGTERM)
-                except (ProcessLookupError, AttributeError):
-                    pass
-            pool.shutdown(wait=True, cancel_futures=True)
+            self._stop(pool, set(futures))
             raise
         pool.shutdown(wait=True)
         return summaries
+
+    @staticmethod
+    def _stop(pool: ProcessPoolExecutor, futures: set) -> None:
+        """SIGTERM every worker (a busy one checkpoints its run, an idle one starts nothing), give the
+        runs ``STOP_GRACE_S`` to write their checkpoints, then end the pool; a worker still alive after
+        that (stuck, or killed mid-queue by someone else) is killed so the driver always exits."""
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        for p in procs:
+            try:
+                os.kill(p.pid, signal.SIGTERM)
+            except (ProcessLookupError, AttributeError):
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        wait(futures, timeout=STOP_GRACE_S)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
