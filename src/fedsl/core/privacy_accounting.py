@@ -119,7 +119,7 @@ def calibrate(q: float, rounds: int, target_epsilon: float, delta: float, accoun
     ``target_epsilon`` = ∞: z = 0 (no noise).
 
     PLD: RDP's z first (RDP bounds ε from above, so PLD needs at most that z), then PLD's within a bracket
-    below it: PLD's ε costs 0.3 s and more per z, and seconds at small z, where RDP's costs milliseconds.
+    below it: PLD's ε costs far more per z than RDP's, most at small z.
 
     Raises:
         CalibrationError: z = ``Z_MIN`` already meets the target (it asks for next to no privacy).

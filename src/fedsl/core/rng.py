@@ -25,7 +25,7 @@ AVAILABILITY_PHASE = 12  # each client's phase in its fixed availability cycle (
 SAMPLE_AVAILABLE = 13  # S of the round's available clients (algorithm.availability < 1)
 STRAGGLERS = 14  # which sampled clients straggle, and how many of their K_i steps a partial one does
 SAMPLE_NODES = 19  # S of the connected nodes of a round (a Flower run with federation = 'open')
-# 20 onwards: issue 29's Byzantine clients and robust rules (15-19 left to its other features)
+# 20 onwards: Byzantine clients and robust rules (15 is DP's noise; 16-18 are free)
 ATTACKERS = 20  # which ⌊f·N⌋ clients are malicious for the whole run (attack.fraction), drawn once
 ATTACK_NOISE = 21  # a malicious client's Gaussian update in round t (attack.kind = 'gaussian')
 ROOT_BATCHES = 22  # the batches of D0 behind FLTrust's server update g0 in round t (robust.aggregator = 'fltrust')

@@ -1,9 +1,9 @@
 """How many torch intra-op threads a run uses when the config says ``threads = 0`` (automatic).
 
 torch's default is one thread per physical core of the whole machine, whatever else runs on
-it. On a 2-core machine with other work, two threads that spin waiting on each other made
-a CIFAR round 10x slower than one thread, and 16 processes of the quickstart ran 50x slower
-than one instead of the fair 8x. ``auto_threads`` therefore takes the smallest of
+it. On a small machine with other work, threads that spin waiting on each other make a round
+many times slower than one thread, and many processes each with that default slow each other
+far beyond their fair share (benchmarks/RESULTS.md). ``auto_threads`` therefore takes the smallest of
 
 - torch's current setting (so a caller's ``torch.set_num_threads`` is never raised),
 - the cores this process may use (``os.sched_getaffinity``: taskset, cgroups' cpusets, Slurm),

@@ -78,7 +78,7 @@ def _subset(ds: ArrayDataset, names: list[str], setting: str = "data.classes") -
 
 # The last datasets loaded in this process, and their float tensors: a sweep prepares many
 # runs of one dataset, and re-reading CIFAR-10 (stat of 60k files, decode cache, uint8 ->
-# float) cost 2 s per run. Entries are shared, never written to.
+# float) cost seconds per run. Entries are shared, never written to.
 _LOADED: dict[tuple, ArrayDataset] = {}
 _TENSORS: dict[tuple, tuple[np.ndarray, torch.Tensor]] = {}
 _STATS: dict[int, tuple[np.ndarray, tuple[list[float], list[float]]]] = {}

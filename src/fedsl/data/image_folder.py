@@ -21,10 +21,9 @@ ordered by label, then by file path.
   folder whose decoded images would not fit in this machine's memory is refused before
   decoding.
 
-Decoding runs in worker processes (decoding a 32x32 JPEG is ~100 us, most of it Python
-code in Pillow's header parsing that holds the GIL, so threads gain little; measured on
-2 cores: 50,000 CIFAR-10 JPEGs take 13 s serial, 10 s with 2-4 threads, 4 s with 2
-processes). The decoded arrays are cached on disk (``cached_arrays``), keyed on the
+Decoding runs in worker processes (decoding a 32x32 JPEG is mostly Python code in Pillow's
+header parsing that holds the GIL, so threads gain little and processes scale with the
+cores). The decoded arrays are cached on disk (``cached_arrays``), keyed on the
 folder's file list, sizes and modification times and on the options, so the next load
 of an unchanged folder only reads one .npz file.
 """
@@ -270,8 +269,8 @@ def default_workers() -> int:
 
 
 def _mp_context():
-    # fork starts a worker in milliseconds; spawn/forkserver would re-import fedsl (and
-    # torch, ~1-2 s a worker). macOS and Windows keep their default (fork is unsafe there).
+    # fork starts a worker without re-importing anything; spawn/forkserver would re-import
+    # fedsl and torch in each worker. macOS and Windows keep their default (fork is unsafe there).
     if sys.platform.startswith("linux"):
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context()

@@ -155,9 +155,8 @@ def evaluate_each(fm: FunctionalModel, models: list[Params], x: torch.Tensor, y:
                   batch_size: int = 500, precision: str = "float32") -> list[tuple[float, float]]:
     """``evaluate`` of several models, one after another, with one wait for the device at the end.
 
-    On a GPU, large batches of one model ran faster than the same models vmapped (measured on an
-    H200: 60 CIFAR CNNs on 10,000 images in 0.33 s at 10,000 images per forward, channels-last,
-    against 0.43 s vmapped; benchmarks/RESULTS-gpu.md).
+    On a GPU, large channels-last batches of one model ran faster than the same models vmapped
+    (benchmarks/RESULTS-gpu.md).
     """
     fm.train(False)
     # sums stay on the device until the end: an .item() per batch would wait for the GPU each time

@@ -1,8 +1,8 @@
 """The process-pool executor: a round's clients trained in W worker processes of one torch thread.
 
 Why: on a CPU the sequential executor trains one client after another on one core, and
-intra-op threads do not pay at the paper's batch sizes (10-50) — on a shared machine two
-threads that wait on each other made a round up to 10x slower. Clients are independent, so
+intra-op threads do not pay at the paper's batch sizes (10-50) — on a shared machine
+threads that wait on each other make a round several times slower. Clients are independent, so
 W processes with one thread each keep W cores busy the way Flower's Ray actors do, with no
 barrier inside an op.
 
@@ -29,7 +29,7 @@ How:
 
 When it pays (measured, benchmarks/RESULTS.md): Scenario 1 (10 clients × 500 samples: each
 chunk is seconds of compute) on a CPU with ≥ 2 free cores. A Scenario-2 round (10 clients ×
-5 steps, ~0.3 s) spends a few ms per call on transfers, so it gains less.
+5 steps) is short beside the transfers of a call, so it gains less.
 """
 
 from __future__ import annotations

@@ -111,8 +111,8 @@ class Simulator:
         self.dtype = fed.x.dtype
         self.device = fed.x.device
         self.tables_device = torch.device("cpu") if tables_on_host else self.device
-        # Channels-last images and conv weights take oneDNN's fast convolutions on CPU:
-        # measured 2.5x faster evaluation (batch 100) and ~10% faster training for the CIFAR CNN.
+        # Channels-last images and conv weights take oneDNN's fast convolutions on CPU: faster
+        # evaluation and training of the CNNs (benchmarks/RESULTS.md).
         self.channels_last = self.device.type == "cpu" and fed.x.dim() == 4
         if self.channels_last:
             self.fed = replace(fed, x=fed.x.contiguous(memory_format=torch.channels_last),

@@ -252,8 +252,8 @@ class StackedSimulator:
                 continue
             sim = self.sims[runs[js[0]]]
             if sim.device.type == "cuda" and sim.fed.x_test.dim() == 4:
-                # one model at a time, large channels-last batches: measured faster than vmapped on an H200
-                # (60 CIFAR CNNs: 0.33 s against 0.43 s; benchmarks/RESULTS-gpu.md)
+                # one model at a time, large channels-last batches: faster than vmapped on a GPU
+                # (benchmarks/RESULTS-gpu.md)
                 if g not in self._nhwc_tests:
                     self._nhwc_tests[g] = sim.fed.x_test.contiguous(memory_format=torch.channels_last)
                 models = [{n: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v

@@ -313,7 +313,7 @@ class PrivacyConfig(_Strict):
     delta: float | None = Field(None, gt=0, lt=1, description="δ of the (ε, δ) guarantee; default min(1e-5, 1/N^1.1), "
                                 "below 1/N at every N")
     accountant: Literal["rdp", "pld"] = Field("rdp", description="ε by 'rdp' (Rényi DP, milliseconds) or 'pld' "
-                                              "(privacy loss distributions: tighter, ~0.3 s per evaluated round)")
+                                              "(privacy loss distributions: tighter, and slower per evaluated round)")
 
     @model_validator(mode="after")
     def _one_noise(self) -> "PrivacyConfig":
@@ -442,9 +442,9 @@ class RunConfig(_Strict):
                                               "smallest of torch's current setting, the cores this process may use "
                                               "(affinity), OMP_NUM_THREADS if set, the cores / runs side by side "
                                               "(--parallel), and the cores the load average leaves free; chosen once "
-                                              "per process. On a busy 2-core machine 1 thread ran CIFAR rounds 10x "
-                                              "faster than 2. Results depend on it in the last bits: set N for "
-                                              "bit-identical reruns across machines and loads")
+                                              "per process (on a busy machine threads that wait on each other slow a "
+                                              "round many times over). Results depend on it in the last bits: set N "
+                                              "for bit-identical reruns across machines and loads")
     deterministic: bool = Field(False, description="CUDA: deterministic cuDNN convolutions, so that a resumed run "
                                                    "equals an uninterrupted one bit for bit (slower); CPU runs "
                                                    "always are")

@@ -6,7 +6,7 @@ running one unit of the group at a time (one run, or a stack of runs on a GPU) w
 ``cores / N`` torch threads (``FEDSL_CONCURRENT_RUNS``, see ``fedsl.core.threads``).
 Workers write into the group folder themselves, exactly the files a serial run writes; the
 driver (the ``fedsl`` process) shows the sweep's progress and collects the summaries. A
-process pool starts in ~2 s and needs nothing beyond the standard library; a local Ray
+process pool starts in seconds and needs nothing beyond the standard library; a local Ray
 (``--ray local``) does the same with Ray's scheduler.
 
 With one thread per run, results are bit-identical to a serial run with ``threads = 1``.

@@ -163,7 +163,7 @@ def _params(config: dict[str, Any], hyperparameters: dict[str, Any]) -> dict[str
 
 
 # An empty MLflow store, as MLflow's migrations made it for this process's first run (in memory): the next
-# runs' stores start as copies of it (0.1 s) rather than migrating again (10 s each on a loaded machine).
+# runs' stores start as copies of it rather than migrating again (the migrations are the slow part).
 _empty_store: sqlite3.Connection | None = None
 
 
