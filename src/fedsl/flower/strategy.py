@@ -24,7 +24,7 @@
   x̄ = x_t, then server learning as usual, and the round counts.
 - every ``checkpoint_every`` rounds the model, the server state, γ_t and the records are saved
   atomically to ``out-dir/checkpoint.pt`` (the simulator's checkpoint format, ``fedsl.experiments.checkpoint``);
-  ``resume`` continues a ServerApp from it (``fedsl.flower.checkpoint``).
+  ``resume`` continues a ServerApp from it (``fedsl.flower.strategy_checkpoint``).
 
 The server keeps only the server state (SCAFFOLD's c, FedDyn's h, optimiser moments, γ_t): a
 rule's server half reads the clients' models, never their states, which stay on the clients
@@ -62,7 +62,6 @@ from fedsl.experiments import checkpoint
 from fedsl.experiments.build import finetune
 from fedsl.experiments.checkpoint import Checkpoint, atomic_write
 from fedsl.experiments.config import ConfigError
-from fedsl.flower.checkpoint import CHECKPOINT, RESUMABLE_CHANGES, Checkpointing  # noqa: F401 - re-exported
 from fedsl.flower.config import FlowerSetup
 from fedsl.flower.records import from_record, local_keys, state_to_record, to_record
 from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_METRICS re-exported
@@ -75,6 +74,7 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
     lacks_query_handler,
     train_loss,
 )
+from fedsl.flower.strategy_checkpoint import StrategyCheckpoint, out_folder
 
 
 def _flat(text: str | None) -> str:
@@ -101,7 +101,7 @@ def plain_client_half(rule: object) -> bool:
             and cls.local_loss is None)
 
 
-class FedslStrategy(Checkpointing, FedAvg):
+class FedslStrategy(FedAvg):
     """Flower FedAvg whose aggregation is fedsl's server update + server learning on D0.
 
     Args:
@@ -113,6 +113,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         offset: rounds done before this ServerApp started (a resumed run's checkpoint round).
         history: one dict per round (sampled, trained, lost and rejected clients, K0 taken, γ_t, ...).
         received: a description of every reply's content (what the server got from clients).
+        checkpoints: ``out-dir/checkpoint.pt``, saved every ``checkpoint_every`` rounds and resumed from.
         node_partition: node id -> the partition the server assigned it (for connected nodes).
     """
 
@@ -138,6 +139,8 @@ class FedslStrategy(Checkpointing, FedAvg):
         self.history: list[dict[str, Any]] = []
         self.received: list[dict[str, Any]] = []
         self.evaluations: list[dict[str, Any]] = []
+        self.checkpoints = StrategyCheckpoint(setup.cfg, setup.options.out_dir, setup.options.resume,
+                                              self.sim.device, self.sim.dtype)
         self._pending: dict[str, Any] | None = None
         self.finetuned: dict[str, Any] | None = None  # the fine-tuning control's result (``finish``)
         self._started = False
@@ -410,7 +413,7 @@ class FedslStrategy(Checkpointing, FedAvg):
         self.history.append(info)
         t, every = info["t"], self.setup.cfg.checkpoint_every
         if every and ((t + 1) % every == 0 or t + 1 == self.setup.cfg.rounds):
-            self.save_checkpoint()
+            self.checkpoints.save(self.state, self.history, self.evaluations)
         self._write()
 
     def _open_reply(self, msg: Message, t: int) -> tuple[dict, int, int, float | None]:
@@ -485,12 +488,23 @@ class FedslStrategy(Checkpointing, FedAvg):
         self.received.append(entry)
 
     def _out(self) -> Path | None:
-        out = self.setup.options.out_dir
-        if not out:
-            return None
-        d = Path(out)
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+        return out_folder(self.setup.options.out_dir)
+
+    def resume(self) -> int:
+        """Continue from ``out-dir/checkpoint.pt`` when there is one and ``resume`` is on; returns the
+        checkpoint's round (0: the run starts at round 1, and an old checkpoint there is removed)."""
+        resumed = self.checkpoints.resume()
+        if resumed is None:
+            return 0
+        self.state, self.offset = resumed.state, resumed.round
+        self.history, self.evaluations = resumed.history, resumed.evaluations
+        if resumed.received is not None:
+            self.received = resumed.received
+        tables = list(self.alg.rule.init_client_state(self.state.x))
+        if tables:
+            log(WARNING, "fedsl: %s keeps %s on the clients, which start them over in a new Flower run: the resumed "
+                "run is not bit-identical to an uninterrupted one", self.alg.name, ", ".join(tables))
+        return self.offset
 
     def _write(self, final: bool = False) -> None:
         d = self._out()
