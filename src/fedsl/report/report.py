@@ -136,36 +136,60 @@ def _sweep_plot(points: list[dict], keys: list[str], path: Path) -> Path:
     return path
 
 
-def _heatmaps(points: list[dict], keys: list[str], path: Path) -> Path:
-    """Final accuracy over two swept parameters, one panel per method (the paper's Fig. 5 layout)."""
+AXIS_LABELS = {"algorithm.local_lr": r"$\eta_l$ (local learning rate)",
+               "data.classes_per_client": "C (classes per client)"}
+
+
+def _heatmaps(points: list[dict], keys: list[str], path: Path, title: str = "", digits: int = 2) -> Path:
+    """Final accuracy over two swept parameters, one panel per method in the group's order (the paper's Fig. 5
+    layout), the value in each cell (mean over seeds). A cell with a diverged run is marked: '†' after a run
+    that diverged with a last accuracy, 'div.' where no run has one."""
     k1, k2 = keys[:2]
-    bases = sorted({p["base"] for p in points})
+    bases = list(dict.fromkeys(p["base"] for p in points))
     v1 = sorted({p["params"][k1] for p in points})
     v2 = sorted({p["params"][k2] for p in points})
     fig, axes = plt.subplots(1, len(bases), figsize=(3.4 * len(bases) + 0.8, 3.2), dpi=110, squeeze=False)
     for col, (ax, base) in enumerate(zip(axes[0], bases)):
         grid = np.full((len(v1), len(v2)), np.nan)
+        marks = np.full((len(v1), len(v2)), "", dtype=object)
         for i, a in enumerate(v1):
             for j, b in enumerate(v2):
-                grid[i, j] = metrics.mean_std([p["summary"].get("final_accuracy") for p in points
-                                               if p["base"] == base and p["params"][k1] == a
-                                               and p["params"][k2] == b])[0]
+                here = [p["summary"] for p in points if p["base"] == base and p["params"][k1] == a
+                        and p["params"][k2] == b]
+                # a run that diverged before its first evaluation has NaN: no score, not a NaN mean
+                accs = [s.get("final_accuracy") for s in here]
+                grid[i, j] = metrics.mean_std([x for x in accs if x is not None and math.isfinite(x)])[0]
+                if any(s.get("status") == "diverged" for s in here):
+                    marks[i, j] = "†" if np.isfinite(grid[i, j]) else "div."
         im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
         for i in range(len(v1)):
             for j in range(len(v2)):
                 if np.isfinite(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    ax.text(j, i, f"{grid[i, j]:.{digits}f}{marks[i, j]}", ha="center", va="center", fontsize=7,
                             color="white" if grid[i, j] < 0.6 else "black")
+                elif marks[i, j]:
+                    ax.text(j, i, marks[i, j], ha="center", va="center", fontsize=7, color="0.35")
         ax.set_xticks(range(len(v2)), [str(v) for v in v2], fontsize=8)
-        ax.set_yticks(range(len(v1)), [str(v) for v in v1], fontsize=8)
-        ax.set_xlabel(k2)
-        if col == 0:  # one y label for the row of panels (they share the axis)
-            ax.set_ylabel(k1)
+        # one y axis labelled for the row of panels (they share it): others' labels ran into the panel before
+        ax.set_yticks(range(len(v1)), [str(v) for v in v1] if col == 0 else [], fontsize=8)
+        ax.set_xlabel(AXIS_LABELS.get(k2, k2))
+        if col == 0:
+            ax.set_ylabel(AXIS_LABELS.get(k1, k1))
         ax.set_title(base, fontsize=10)
     fig.colorbar(im, ax=axes[0].tolist(), label="final accuracy")
+    if title:
+        fig.suptitle(title, fontsize=10, y=1.02)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def write_heatmaps(path: str | Path, png: str | Path, title: str = "", digits: int = 3) -> Path:
+    """The heat maps of the group at ``path`` (its first two swept keys: rows × columns, a panel per method) saved
+    to ``png``, as ``fedsl report`` draws them but with ``digits`` decimals and ``title``."""
+    path = Path(path)
+    spec = _spec(path)
+    return _heatmaps(_sweep_points(path, spec), spec.get("sweep", []), Path(png), title, digits)
 
 
 def _diagnostics(path: Path, out: Path) -> Path | None:

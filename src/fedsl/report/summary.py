@@ -140,14 +140,15 @@ def full_scale_runs(preset: str) -> int:
 def cost_markdown(root: str | Path, entries: list[dict]) -> str:
     """What full scale costs on the CPU these runs used: measured seconds per round × 1,000 rounds × the
     preset's runs (× ``cpu_factor`` where our runs were reduced), and the GPU's measured or projected
-    cost as the entry states it."""
+    cost as the entry states it. The CPU's seconds come from the entry's ``cost_folder`` (a CPU run kept for
+    its timing when the row's folders ran on a GPU), else its first folder."""
     root = Path(root)
     lines = ["| experiment | runs at full scale | measured s/round per run, CPU (`folder`) | CPU core-hours at full "
              "scale | one H100/H200 |", "|---|---|---|---|---|"]
     for e in entries:
         if e.get("cost") is False:
             continue
-        folder = e["folders"][0]
+        folder = e.get("cost_folder", e["folders"][0])
         spr = seconds_per_round(root / folder)
         runs = full_scale_runs(e["preset"])
         factor = float(e.get("cpu_factor", 1))
