@@ -3,6 +3,8 @@
     python reproduction/summary.py            # print the table
     python reproduction/summary.py --write    # put it into REPRODUCTION.md between the markers
     python reproduction/summary.py --check    # exit 1 if REPRODUCTION.md holds anything else
+
+The Fig. 5 block reads reproduction/fig5-cifar10-full as the paper's heat maps (fedsl.report.grid).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from fedsl.report import grid
 from fedsl.report.summary import cost_markdown, paper_markdown, summary_markdown
 
 HERE = Path(__file__).resolve().parent
@@ -22,14 +25,19 @@ COST_END = "<!-- end of cost -->"
 TABLE1_BEGIN = ("<!-- table1: computed by `python reproduction/summary.py --write` from "
                 "reproduction/table1-cifar10-full; do not edit -->")
 TABLE1_END = "<!-- end of table1 -->"
-BLOCKS = ((BEGIN, END), (COST_BEGIN, COST_END), (TABLE1_BEGIN, TABLE1_END))
+FIG5 = "fig5-cifar10-full"
+FIG5_EASY = ("FSL", "FSLsyn")  # the paper: "it is fairly easy to select learning rates for FSL and FSLsyn"
+FIG5_BEGIN = (f"<!-- fig5: computed by `python reproduction/summary.py --write` from reproduction/{FIG5}; "
+              "do not edit -->")
+FIG5_END = "<!-- end of fig5 -->"
+BLOCKS = ((BEGIN, END), (COST_BEGIN, COST_END), (TABLE1_BEGIN, TABLE1_END), (FIG5_BEGIN, FIG5_END))
 
 
 def tables() -> list[str]:
-    """The summary table, the cost table and Table 1 at full scale, as REPRODUCTION.md holds them."""
+    """The summary table, the cost table, Table 1 and Fig. 5 at full scale, as REPRODUCTION.md holds them."""
     entries = tomllib.loads((HERE / "summary.toml").read_text())["row"]
     return [summary_markdown(HERE, entries), cost_markdown(HERE, entries),
-            paper_markdown(HERE / "table1-cifar10-full")]
+            paper_markdown(HERE / "table1-cifar10-full"), grid.markdown(HERE / FIG5, easy=FIG5_EASY)]
 
 
 def table() -> str:
@@ -37,7 +45,7 @@ def table() -> str:
 
 
 def in_doc(text: str, block: int = 0) -> str:
-    """The block between a pair of markers in REPRODUCTION.md's text (0: summary, 1: cost, 2: Table 1)."""
+    """The block between a pair of markers in REPRODUCTION.md's text (0: summary, 1: cost, 2: Table 1, 3: Fig. 5)."""
     begin, end = BLOCKS[block]
     start, stop = text.index(begin) + len(begin), text.index(end)
     return text[start:stop].strip("\n") + "\n"
