@@ -98,6 +98,27 @@ class Checkpoints(Callback):
                      "it resumes from its last checkpoint")
 
 
+def uses_server_data(prep: Prepared) -> bool:
+    """Whether the run reads D0: server learning (FSL, FSL-p, FedDU, D0 only, a rule + SL), DS's shared data,
+    FLTrust's reference update, pretraining on D0, the fine-tuning control after round T, or the diagnostics
+    (ξ² and cos(∇F, ∇f0) measure ∇f0 on D0)."""
+    alg = prep.algorithm
+    return bool(alg.server_learning is not None or alg.share_server_data
+                or (alg.robust is not None and alg.robust.root is not None)
+                or prep.pretrain is not None or prep.cfg.server.finetune_epochs or prep.cfg.diag_every)
+
+
+def server_data_record(prep: Prepared) -> dict[str, Any]:
+    """summary.json's ``server_data``: D0's size and class histogram for a run that reads D0; for one that does not
+    (SCAFFOLD, FedDyn, FedAvg beside FSL in one preset), size 0, with the size of the D0 its config drew all the
+    same (``drawn_unused``: the same seed draws the same D0 for every variant, and D0 drawn IID without overlap
+    is kept out of the clients' data whether or not the run reads it)."""
+    fed = prep.fed
+    if uses_server_data(prep):
+        return {"size": fed.n0, "class_histogram": fed.server_histogram()}
+    return {"size": 0, "class_histogram": [], **({"drawn_unused": fed.n0} if fed.n0 else {})}
+
+
 class RunSummary(Callback):
     """summary.json: the run's set-up (data, model, device, hyper-parameters with their sources), x_0's
     accuracy, and at its end the paper's metrics over rounds 1..T (final accuracy, rise time, T_a), DP's ε,
@@ -115,7 +136,7 @@ class RunSummary(Callback):
             "name": cfg.name, "algorithm": prep.algorithm.name, "dataset": cfg.data.dataset, "seed": cfg.seed,
             "rounds": cfg.rounds, "device": str(prep.device), "executor": sim.executor.name,
             "threads": torch.get_num_threads(),
-            "server_data": {"size": fed.n0, "class_histogram": fed.server_histogram()},
+            "server_data": server_data_record(prep),
             "test_data": {"size": len(fed.y_test),
                           "class_histogram": torch.bincount(fed.y_test.cpu(), minlength=fed.num_classes).tolist()},
             "inputs": {"normalize": cfg.data.normalize,
