@@ -34,7 +34,7 @@ _AGES = re.compile(r"\bissues?\s+#?\d+|\bPR\s+#?\d+|design sketch|(?-i:ARCHITECT
 def aging_phrases(text: str, code: bool = True) -> list[str]:
     """The phrases of ``text`` that age: issue numbers and design talk, and (``code``) hardware timings,
     read across line breaks, comment marks and string-literal joins."""
-    flat = re.sub(r"""["']?\s*\n\s*(?:#\s*)?["']?""", " ", text)
+    flat = re.sub(r"\s+", " ", re.sub(r"""["']?\s*\n\s*(?:#\s*)?["']?""", " ", text))
     found = [m.group(0) for m in _AGES.finditer(flat)]
     if code:
         found += [m.group(0) for m in _SPEEDUP.finditer(flat)]
