@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 
 from fedsl.report import grid
-from fedsl.report.summary import cost_markdown, paper_markdown, summary_markdown
+from fedsl.report.summary import claims_markdown, cost_markdown, paper_markdown, summary_markdown
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "REPRODUCTION.md"
@@ -30,14 +30,20 @@ FIG5_EASY = ("FSL", "FSLsyn")  # the paper: "it is fairly easy to select learnin
 FIG5_BEGIN = (f"<!-- fig5: computed by `python reproduction/summary.py --write` from reproduction/{FIG5}; "
               "do not edit -->")
 FIG5_END = "<!-- end of fig5 -->"
-BLOCKS = ((BEGIN, END), (COST_BEGIN, COST_END), (TABLE1_BEGIN, TABLE1_END), (FIG5_BEGIN, FIG5_END))
+CLAIMS_BEGIN = ("<!-- table1-claims: computed by `python reproduction/summary.py --write` from "
+                "reproduction/table1-cifar10-full; do not edit -->")
+CLAIMS_END = "<!-- end of table1-claims -->"
+BLOCKS = ((BEGIN, END), (COST_BEGIN, COST_END), (TABLE1_BEGIN, TABLE1_END), (FIG5_BEGIN, FIG5_END),
+          (CLAIMS_BEGIN, CLAIMS_END))
 
 
 def tables() -> list[str]:
-    """The summary table, the cost table, Table 1 and Fig. 5 at full scale, as REPRODUCTION.md holds them."""
+    """The summary table, the cost table, Table 1 and Fig. 5 at full scale, and Table 1's claims judged, as
+    REPRODUCTION.md holds them."""
     entries = tomllib.loads((HERE / "summary.toml").read_text())["row"]
     return [summary_markdown(HERE, entries), cost_markdown(HERE, entries),
-            paper_markdown(HERE / "table1-cifar10-full"), grid.markdown(HERE / FIG5, easy=FIG5_EASY)]
+            paper_markdown(HERE / "table1-cifar10-full"), grid.markdown(HERE / FIG5, easy=FIG5_EASY),
+            claims_markdown(HERE / "table1-cifar10-full")]
 
 
 def table() -> str:
@@ -45,7 +51,8 @@ def table() -> str:
 
 
 def in_doc(text: str, block: int = 0) -> str:
-    """The block between a pair of markers in REPRODUCTION.md's text (0: summary, 1: cost, 2: Table 1, 3: Fig. 5)."""
+    """The block between a pair of markers in REPRODUCTION.md's text (0: summary, 1: cost, 2: Table 1, 3: Fig. 5,
+    4: Table 1's claims)."""
     begin, end = BLOCKS[block]
     start, stop = text.index(begin) + len(begin), text.index(end)
     return text[start:stop].strip("\n") + "\n"

@@ -181,8 +181,9 @@ def test_report_judges_the_claims_and_states_the_time_resolution(tmp_path, capsy
     md = (out / "report" / "report.md").read_text()
     judged = md.split("## The paper's claims, judged from these runs")[1]
     row = next(line for line in judged.splitlines() if line.startswith("| FSL beats FedAvg |"))
-    assert "(2; 2 seeds)" in row and "Welch t" in row and any(f"**{v}**" in row for v in
-                                                              ("holds", "not shown", "contradicted"))
+    # both sides ran seeds 0 and 1: the test pairs them, and Holm's p (one test: the same p) stands beside it
+    assert "(2; 2 seeds)" in row and "paired t (seeds 0, 1)" in row and "(SE)" in row and "(Holm " in row
+    assert any(f"**{v}**" in row for v in ("holds", "not shown", "contradicted"))
     assert "Rule: one-sided tests at the 5% level" in judged
     assert "found to within 5 rounds" in md
     capsys.readouterr()

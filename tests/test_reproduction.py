@@ -28,7 +28,7 @@ def test_reproduction_md_summary_is_recomputed_from_reproduction():
     """Every number and verdict of the summary table, re-computed from the committed files."""
     summary = _module("summary")
     text = summary.DOC.read_text()
-    for i, table in enumerate(summary.tables()):  # summary, cost, Table 1 at full scale
+    for i, table in enumerate(summary.tables()):  # summary, cost, Table 1, Fig. 5, Table 1's claims
         assert summary.in_doc(text, i) == table, "run: python reproduction/summary.py --write"
 
 

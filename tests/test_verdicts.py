@@ -145,3 +145,77 @@ def test_a_run_fine_tuned_on_d0_is_judged_as_its_own_variant_too(tmp_path):
     assert len(runs) == 9
     assert V.judge(claim(better="FedAvg+FT", worse="FedAvg"), runs)[0].verdict == "holds"
     assert V.judge(claim(better="FSL", worse="FedAvg+FT"), runs)[0].verdict == "holds"
+
+
+def test_runs_of_the_same_seeds_are_paired_by_hand():
+    """A = (0.60, 0.62, 0.65), B = (0.58, 0.61, 0.62) on seeds 0, 1, 2: d_s = (0.02, 0.01, 0.03), mean 0.02, sd 0.01,
+    SE = 0.01/√3, t = 2√3 on 2 df; Welch on the same numbers sees the sides' spread instead and does not hold."""
+    c = claim(worse="B")
+    a, b = [0.60, 0.62, 0.65], [0.58, 0.61, 0.62]
+    v = V.ordering(c, a, b, {}, seeds=([0, 1, 2], [0, 1, 2]))
+    assert v.test == "paired t (seeds 0, 1, 2)" and v.df == 2 and v.seeds_paired == (0, 1, 2)
+    assert v.se == pytest.approx(0.01 / math.sqrt(3)) and v.p == pytest.approx(stats.t.sf(2 * math.sqrt(3), 2))
+    assert v.verdict == "holds" and v.p < 0.05 and "± 0.0058 (SE), paired t" in v.line()
+    welch = V.ordering(c, a, b, {})
+    assert welch.test == "Welch t" and welch.p > 0.05 and welch.verdict == "not shown"
+    # the order of B's runs does not matter: seeds pair them
+    shuffled = V.ordering(c, a, [b[2], b[0], b[1]], {}, seeds=([0, 1, 2], [2, 0, 1]))
+    assert shuffled.p == pytest.approx(v.p)
+
+
+@pytest.mark.parametrize("seeds_b", [[0, 1, 3], [0, 1], [0, 0, 1], [0, 1, None]])
+def test_runs_that_do_not_share_their_seeds_are_not_paired(seeds_b):
+    """Pairing needs the same seeds on both sides, once each: another seed, a run left out (diverged before any
+    score), a seed twice or a run without a seed leave Welch."""
+    b = [0.58, 0.61, 0.62][:len(seeds_b)]
+    assert V.paired_seeds([0, 1, 2], seeds_b) is None
+    v = V.ordering(claim(worse="B"), [0.60, 0.62, 0.65], b, {}, seeds=([0, 1, 2], seeds_b))
+    assert v.test == "Welch t" and not v.seeds_paired
+
+
+def test_equal_differences_fall_back_to_welch_and_equal_seeds_to_the_sign():
+    """T_0.5 on a 10-round grid: every seed 30 rounds apart is no evidence of zero noise, so Welch reads the sides'
+    spread; with no spread on either side either, the sign decides as before."""
+    c = claim(worse="B", metric="T_0.5")
+    v = V.ordering(c, [80, 90, 90], [110, 120, 120], {}, seeds=([0, 1, 2], [0, 1, 2]))
+    assert v.test.startswith("Welch t (every seed's difference equal") and v.se > 0 and v.verdict == "holds"
+    flat = V.ordering(claim(worse="B"), [0.5, 0.5], [0.4, 0.4], {}, seeds=([0, 1], [0, 1]))
+    assert flat.verdict == "holds" and flat.p == 0.0 and flat.p_against == 1.0
+
+
+def test_holm_by_hand():
+    """p = (0.01, 0.04, 0.03, —): sorted 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 -> 0.06 (monotone); no test
+    stays NaN and does not count."""
+    out = V.holm([0.01, 0.04, 0.03, math.nan])
+    assert out[:3] == pytest.approx([0.03, 0.06, 0.06]) and math.isnan(out[3])
+    assert V.holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+
+
+def test_holm_adjusts_a_contradicted_verdict_among_the_ps_against():
+    """Two claims on one group: one holds (p = 0.010), one is contradicted (p against 0.020). Each Holm p is
+    adjusted among the 2 p's of its own direction: 2·0.010 = 0.020 stands; the contradicted one's p against is the
+    smaller of the two p's against, 2·0.020 = 0.040 stands too."""
+    hold, contra = V.Verdict("h", "ordering", "final_accuracy", {}, "holds", (3, 3)), \
+        V.Verdict("c", "ordering", "final_accuracy", {}, "contradicted", (3, 3))
+    hold.p, hold.p_against, contra.p, contra.p_against = 0.010, 0.990, 0.980, 0.020
+    V.with_holm([(claim(worse="B"), [hold]), (claim(worse="B"), [contra])])
+    assert hold.p_holm == pytest.approx(0.020) and contra.p_holm == pytest.approx(0.040)
+    assert hold.stands_after_holm() and contra.stands_after_holm()
+    assert contra.p_text() == "p = 0.020 against (Holm 0.040)"
+    assert V.multiplicity([(claim(worse="B"), [hold, contra])]) == (
+        "Holm over the 2 tests: 1 of the 1 that hold and 1 of the 1 contradicted stand at the family-wise 5% level")
+
+
+def test_the_committed_fine_tuning_control_is_paired():
+    """rivals-cifar10: FedAvg against its own runs fine-tuned on D0 share everything but the fine-tuning, seed by
+    seed. Welch's p was 0.059 (not shown); the paired p is 0.026 (holds)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "reproduction" / "rivals-cifar10"
+    ft = next(c for c in V.claims_for(json.loads((path / "group.json").read_text())) if c.better == "FedAvg+FT"
+              and c.worse == "FedAvg")
+    v = V.judge(ft, V.group_values(path))[0]
+    assert v.test == "paired t (seeds 0, 1, 2)" and round(v.p, 3) == 0.026 and v.verdict == "holds"
+    welch = V.ordering(ft, *[[rv.values["final_accuracy"] for rv in V.group_values(path) if rv.base == b]
+                            for b in ("FedAvg+FT", "FedAvg")], {})
+    assert round(welch.p, 3) == 0.059 and welch.verdict == "not shown"

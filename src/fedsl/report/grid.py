@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from fedsl.report import verdicts
 
@@ -138,13 +137,7 @@ def compare_lr_loss(claim: Any, grids: dict[str, Cells], floor: float) -> verdic
         return v
     v.se = sigma * math.sqrt(_var_terms(a, la.weights) + _var_terms(b, lb.weights))
     v.df = float(dof)
-    if v.se == 0:  # no noise left to test against: the sign decides
-        v.p = 0.0 if v.diff > 0 else 1.0
-        v.verdict = "holds" if v.diff > 0 else ("contradicted" if v.diff < 0 else "not shown")
-        return v
-    t = v.diff / v.se
-    v.p = float(stats.t.sf(t, v.df))
-    v.verdict = verdicts._decide(v.p, float(stats.t.cdf(t, v.df)))
+    verdicts.t_test(v)  # t = d / SE on df, one-sided both ways (SE = 0: the sign decides)
     return v
 
 
@@ -162,14 +155,19 @@ def judge_at_best(claim: Any, runs: list[verdicts.RunValue], row: str = ROW) -> 
     for key, rest in columns.items():
         best = []
         for side in (claim.better, claim.worse):
-            by_row: dict[Any, list[float]] = {}
+            by_row: dict[Any, list[verdicts.RunValue]] = {}
             for rv in runs:
                 if rv.base == side and tuple((k, v) for k, v in sorted(rv.params.items()) if k != row) == key:
-                    by_row.setdefault(rv.params[row], []).append(rv.values[claim.metric])
-            pick = (max if higher else min)(sorted(by_row), key=lambda r: np.mean(by_row[r])) if by_row else None
+                    by_row.setdefault(rv.params[row], []).append(rv)
+            pick = (max if higher else min)(sorted(by_row), key=lambda r: np.mean([rv.values[claim.metric] for rv in
+                                                                                  by_row[r]])) if by_row else None
             best.append((pick, by_row.get(pick, [])))
         cell = {**rest, row: f"{best[0][0]} vs {best[1][0]}"}
-        out.append(verdicts.ordering(claim, best[0][1], best[1][1], cell))
+        # the two best cells share the column's partition and sampling seed by seed: the rule pairs them
+        ra, rb = best[0][1], best[1][1]
+        out.append(verdicts.ordering(claim, [rv.values[claim.metric] for rv in ra],
+                                     [rv.values[claim.metric] for rv in rb], cell,
+                                     seeds=([rv.seed for rv in ra], [rv.seed for rv in rb])))
     return out
 
 
@@ -232,11 +230,18 @@ def _accuracy_table(grids: dict[str, Cells], rows: list, cols: list, floor: floa
 def _cell_verdicts(claims: list, runs: list[verdicts.RunValue], rows: list, cols: list, row: str, col: str,
                    R: str, C: str) -> list[str]:
     out = _head(["claim", R], cols, C)
-    for claim in claims:
-        judged = {(v.cell.get(row), v.cell.get(col)): v for v in verdicts.judge(claim, runs)}
+    every = verdicts.judge_all(claims, runs)  # Holm over every claim in every cell: the summary's family
+    for claim, vs in every:
+        judged = {(v.cell.get(row), v.cell.get(col)): v for v in vs}
         out += [f"| {claim.better} vs {claim.worse} | {r} | " + " | ".join(_judged(judged.get((r, c))) for c in cols)
                 + " |" for r in rows]
-    return out
+    return out + _holm_line(every)
+
+
+def _holm_line(judged: list) -> list[str]:
+    """The table's multiplicity statement (``verdicts.multiplicity``) as a paragraph under it."""
+    line = verdicts.multiplicity(judged)
+    return ["", f"{line} (Holm's adjusted p, `fedsl.report.verdicts`)."] if line else []
 
 
 def _best_tables(claims: list, runs: list[verdicts.RunValue], grids: dict[str, Cells], cols: list, floor: float,
@@ -246,10 +251,11 @@ def _best_tables(claims: list, runs: list[verdicts.RunValue], grids: dict[str, C
     out += [f"| {c} | " + " | ".join(f"{best[m][c][1]:.3f} ({R} = {best[m][c][0]})" if c in best[m] else "—"
                                      for m in grids) + " |" for c in cols]
     out += [""] + _head([f"claim, at each side's best {R}"], cols, C)
-    for claim in claims:
-        judged = {v.cell.get(col): v for v in judge_at_best(claim, runs, row)}
+    every = verdicts.with_holm([(claim, judge_at_best(claim, runs, row)) for claim in claims])
+    for claim, vs in every:
+        judged = {v.cell.get(col): v for v in vs}
         out.append(f"| {claim.text} | " + " | ".join(_judged(judged.get(c)) for c in cols) + " |")
-    return out
+    return out + _holm_line(every)
 
 
 def _loss_tables(claims: list, grids: dict[str, Cells], rows: list, floor: float, easy: tuple[str, ...],
@@ -262,14 +268,13 @@ def _loss_tables(claims: list, grids: dict[str, Cells], rows: list, floor: float
                                                           for lo in losses.values()) + " |")
     out.append("| G | " + " | ".join(f"{lo.mean:.3f}" for lo in losses.values()) + " |")
     out += ["", "| claim | G, claimed side | G, other | difference | verdict |", "|---|---|---|---|---|"]
-    for claim in claims:
-        if claim.better not in easy or claim.worse in easy:
-            continue
-        v = compare_lr_loss(claim, grids, floor)
-        if v.verdict != "no runs":
-            out.append(f"| {v.text} | {v.means[0]:.3f} | {v.means[1]:.3f} | {v.diff:+.3f} ± {v.se:.3f} (SE), "
-                       f"{v.test}, p = {verdicts._p(v.p)} | {_word(v.verdict)} |")
-    return out
+    compared = [(claim, [compare_lr_loss(claim, grids, floor)]) for claim in claims
+                if claim.better in easy and claim.worse not in easy]
+    compared = verdicts.with_holm([(c, vs) for c, vs in compared if vs[0].verdict != "no runs"])
+    for _, (v,) in compared:
+        out.append(f"| {v.text} | {v.means[0]:.3f} | {v.means[1]:.3f} | {v.diff:+.3f} ± {v.se:.3f} (SE), "
+                   f"{v.test}, p = {verdicts._p(v.p)} | {_word(v.verdict)} |")
+    return out + _holm_line(compared)
 
 
 def markdown(path: str | Path, row: str = ROW, col: str = COL, easy: tuple[str, ...] = ()) -> str:

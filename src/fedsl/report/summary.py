@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -85,14 +86,29 @@ def our_numbers(path: Path) -> str:
     return "; ".join(parts)
 
 
+def verdict_words(vs: list[verdicts.Verdict]) -> str:
+    """A claim's verdict as the summary gives it: the word by the rule, then, for one cell, its p and Holm's
+    adjusted p ('**holds** (p = 0.012, Holm 0.048)'), for several cells how many stand after Holm."""
+    word = f"**{verdicts.overall(vs)}**"
+    judged = [v for v in vs if v.verdict != "no runs" and not math.isnan(v.p)]
+    if len(judged) == 1:
+        v = judged[0]
+        return f"{word} ({v.p_text(bracket=False)})"
+    note = verdicts.after_holm(vs)
+    return f"{word} ({note})" if note else word
+
+
 def group_row(path: Path) -> dict[str, Any]:
-    """Scale, our numbers and the verdicts of the group at ``path``."""
+    """Scale, our numbers, the verdicts of the group at ``path`` (Holm's adjusted p over its tests) and its
+    multiplicity statement."""
     spec = json.loads((path / "group.json").read_text())
     runs = verdicts.group_values(path)
     rounds, seeds = scale(runs, _rounds_done(path))
-    judged = [(c, verdicts.judge(c, runs)) for c in verdicts.claims_for(spec)]
+    judged = verdicts.judge_all(verdicts.claims_for(spec), runs)
+    shown = [(c, v) for c, v in judged if verdicts.overall(v) != "no runs"]
     return {"scale": (rounds, seeds), "ours": our_numbers(path),
-            "verdicts": [(c, verdicts.overall(v)) for c, v in judged if verdicts.overall(v) != "no runs"]}
+            "verdicts": [(c, verdict_words(v)) for c, v in shown],
+            "multiplicity": verdicts.multiplicity(shown)}
 
 
 def _fmt_scale(rounds: int, seeds: int) -> str:
@@ -105,8 +121,9 @@ def summary_markdown(root: str | Path, entries: list[dict]) -> str:
     """The Markdown table over ``entries`` (dicts with paper, preset, folders, ran, paper_result; folders
     relative to ``root``): one row per entry, one line per folder in the computed columns."""
     root = Path(root)
-    lines = ["| paper | preset | what ran here | scale (rounds × seeds) | our result: final accuracy "
-             "(T_0.5) | the paper | verdicts (computed) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| paper | preset | what ran here | scale (rounds × seeds) | our result: final accuracy, mean ± sample "
+             "std over seeds (mean T_0.5) | the paper | verdicts (computed; p one-sided, Holm's p over the folder) |",
+             "|---|---|---|---|---|---|---|"]
     for e in entries:
         scales, ours, judged = [], [], []
         for folder in e["folders"]:
@@ -114,8 +131,10 @@ def summary_markdown(root: str | Path, entries: list[dict]) -> str:
             tag = f"`{folder}`: " if len(e["folders"]) > 1 else ""
             scales.append(tag + _fmt_scale(*row["scale"]))
             ours.append(tag + row["ours"])
-            judged += [f"**{v}**: {c.text}" + (f" (`{folder}`)" if len(e["folders"]) > 1 else "")
+            judged += [f"{v}: {c.text}" + (f" (`{folder}`)" if len(e["folders"]) > 1 else "")
                        for c, v in row["verdicts"]]
+            if row["multiplicity"]:
+                judged.append(f"*{row['multiplicity']}*" + (f" (`{folder}`)" if len(e["folders"]) > 1 else ""))
         lines.append(f"| {e['paper']} | `{e['preset']}` | {e['ran']} | {'<br>'.join(scales)} | {'<br>'.join(ours)} "
                      f"| {e['paper_result']} | {'<br>'.join(judged) or 'no claim judged'} |")
     return "\n".join(lines) + "\n"
@@ -191,7 +210,57 @@ def paper_markdown(path: str | Path) -> str:
              "| seeds finished | " + " | ".join(str(len(rows[v])) for v in variants) + " |"]
     for col, label, digits in (("final_accuracy", "final accuracy", 3), ("T_0.5", "T_0.5", 0),
                                ("rise_time", "rise time", 0)):
-        lines.append(f"| {label}, ours | " + " | ".join(ours(v, col, digits) for v in variants) + " |")
+        lines.append(f"| {label}, ours (mean ± sample std) | " + " | ".join(ours(v, col, digits) for v in variants)
+                     + " |")
         if any(col in p for p in paper.values()):
             lines.append(f"| {label}, paper | " + " | ".join(theirs(v, col, digits) for v in variants) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _paper_numbers(spec: dict) -> dict[str, dict[str, float]]:
+    """The paper's numbers per variant: group.json's ``paper``, else its preset's."""
+    from fedsl.experiments import presets
+
+    if spec.get("paper"):
+        return spec["paper"]
+    return presets.load(spec["name"]).get("paper", {}) if spec.get("name") in presets.names() else {}
+
+
+def _se(se: float, digits: int) -> str:
+    """An SE to ``digits`` decimals, or to one significant figure when that would read 0."""
+    return f"{se:.{digits}f}" if se == 0 or se >= 10 ** -digits else f"{se:.1g}"
+
+
+def _mean_sd(mean: float, sd: float, digits: int) -> str:
+    return f"{mean:.{digits}f}" + ("" if math.isnan(sd) else f" ± {sd:.{digits}f}")
+
+
+def claims_markdown(path: str | Path) -> str:
+    """Every claim of the group at ``path`` judged in each cell, one row each: our two sides (mean ± sample std over
+    seeds), the paper's two numbers, the difference d ± its standard error (signed so that d > 0 is the claim), the
+    test, the one-sided p (for a contradicted claim: against it), Holm's adjusted p over the group's tests, and the
+    verdict with whether it stands after Holm (``fedsl.report.verdicts``)."""
+    path = Path(path)
+    spec = json.loads((path / "group.json").read_text())
+    judged = verdicts.judge_group(path)
+    paper = _paper_numbers(spec)
+    lines = ["| claim of the paper | ours: A vs B (mean ± sample std over seeds) | the paper: A vs B | d ± SE of d "
+             "| test | one-sided p | Holm's p | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for claim, vs in judged:
+        for v in vs:
+            if v.verdict == "no runs":
+                continue
+            digits = 3 if v.metric == "final_accuracy" else 0
+            unit = "" if v.metric == "final_accuracy" else " rounds"
+            ours = " vs ".join(_mean_sd(m, sd, digits) for m, sd in zip(v.means, v.stds))
+            theirs = [paper.get(name, {}).get(v.metric) for name in v.names]
+            theirs_text = "—" if None in theirs else " vs ".join(f"{x:.{digits}f}" for x in theirs)
+            d = f"{v.diff:+.{digits}f}" + ("" if math.isnan(v.se) else f" ± {_se(v.se, digits)}")
+            against = " against" if v.verdict == "contradicted" else ""
+            where = "".join(f" ({k.split('.')[-1]} = {x})" for k, x in v.cell.items())
+            stands = (" (stands after Holm)" if v.stands_after_holm() else " (not after Holm)") \
+                if v.verdict in ("holds", "contradicted") else ""
+            lines.append(f"| {claim.text}{where} | {v.metric}: {ours}{unit} | {theirs_text} | {d} | {v.test} "
+                         f"| {verdicts._p(v.p_own)}{against} | {verdicts._p(v.p_holm)} | **{v.verdict}**{stands} |")
+    holm_line = verdicts.multiplicity(judged)
+    return "\n".join(lines) + ("\n\n" + holm_line + "." if holm_line else "") + "\n"

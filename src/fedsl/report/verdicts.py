@@ -5,21 +5,46 @@ accuracy (higher is better) or T_0.5 / rise time (fewer rounds is better). The r
 level, one-sided in the claimed direction:
 
 - **ordering** (A beats B), in each sweep cell: d = mean(A) − mean(B), signed so that d > 0 is what
-  the paper claims. With at least 2 seeds on each side: Welch's t-test (unequal variances,
-  Welch–Satterthwaite degrees of freedom). With one seed on a side there is no spread to test
-  against, so the test uses the seed-to-seed sample std σ of that setting measured elsewhere
-  (the claim's ``seed_std``, over ``seed_std_seeds`` seeds): t = d / (σ·√(1/n_A + 1/n_B)) with
-  seed_std_seeds − 1 degrees of freedom. Without such a σ, one seed is *not shown*.
+  the paper claims.
+  - **Paired t-test** when the two sides were run with the same seeds: at least 2 values a side, one
+    value per seed on each side, and the same set of seeds on both (``paired_seeds``). Then
+    d_s = A_s − B_s per seed s, t = mean(d_s) / (sd(d_s)/√n) on n − 1 degrees of freedom. Why this is
+    valid: a seed fixes everything random in a run but the method (``fedsl.core.rng``: the partition of
+    the data over the clients, D0 drawn from the clients, the clients sampled each round, their batch
+    order; ``fedsl.models.build_model``: the initial weights of a given model), so A_s and B_s share the
+    seed's luck, and the seeds' differences d_s are independent draws of one distribution. The test needs
+    no assumption on how strongly A_s and B_s go together; where they do, the seed's luck cancels from d_s.
+  - **Welch's t-test** (unequal variances, Welch–Satterthwaite degrees of freedom) with at least 2 values
+    a side otherwise (different seeds, or a run left out on one side), and also when every seed's
+    difference d_s is the same while the sides vary (T_a is found on the grid of evaluated rounds, so
+    three seeds can differ by exactly 30 rounds each): the pairs then estimate no noise at all, and the
+    sides' own spread is the estimate there is. Only when neither side varies does the sign decide.
+  - With one seed on a side there is no spread to test against, so the test uses the seed-to-seed sample
+    std σ of that setting measured elsewhere (the claim's ``seed_std``, over ``seed_std_seeds`` seeds):
+    t = d / (σ·√(1/n_A + 1/n_B)) with seed_std_seeds − 1 degrees of freedom. Without such a σ, one seed
+    is *not shown*.
 - **trend** (A improves as a swept key grows): least-squares slope of the metric on the key's
   value over every run (seeds and cells together), t = slope / its standard error, n − 2 degrees
   of freedom; residuals measure the noise, so one seed per point can be judged.
 
 Verdict: **holds** when the one-sided p-value in the claimed direction is below 0.05,
 **contradicted** when the one in the opposite direction is, **not shown** otherwise (inside
-the noise), **no runs** when a side has none. A T_a that was never reached counts as the
-run's last round (a lower bound: it understates the gap when the slower side never got there).
-A diverged run counts with its last measured accuracy; one that diverged before any was measured
-has no final accuracy and is left out (the verdict's seed counts show it).
+the noise), **no runs** when a side has none. The verdict's words are this per-claim rule and
+nothing else. A T_a that was never reached counts as the run's last round (a lower bound: it
+understates the gap when the slower side never got there). A diverged run counts with its last
+measured accuracy; one that diverged before any was measured has no final accuracy and is left out
+(the verdict's seed counts show it).
+
+**Multiplicity** (``holm``, ``with_holm``): a group's claims make m tests (each claim in each sweep
+cell), each at 5%. Beside each p stands Holm's adjusted p over those m: p_(k) sorted ascending is
+adjusted to max over j ≤ k of min(1, (m − j + 1)·p_(j)). The p of "holds" is adjusted among the m
+p's in the claimed direction, the p of "contradicted" among the m p's against it, so that the chance
+of any false "holds" in the group is at most 5% whatever the tests' dependence, and likewise for
+"contradicted". A verdict whose Holm p is below 0.05 *stands after Holm*; one whose raw p is below
+0.05 but whose Holm p is not keeps its word (the rule above) and the table says it does not stand.
+
+The "±" of a verdict is the **standard error of the difference** d (SE); the "±" of a mean over
+seeds elsewhere in the reports is the **sample std** (n − 1) of the seeds' values.
 """
 
 from __future__ import annotations
@@ -35,9 +60,11 @@ import numpy as np
 from scipy import stats
 
 ALPHA = 0.05
-RULE = ("one-sided tests at the 5% level over seeds: Welch's t-test for an ordering with ≥ 2 seeds a side, a "
-        "t-test against the setting's measured seed std with one seed, the slope's t-test for a trend; "
-        "'holds' (p < 0.05 in the claimed direction), 'contradicted' (p < 0.05 against it), else 'not shown'")
+RULE = ("one-sided tests at the 5% level over seeds: a paired t-test for an ordering whose two sides ran the same "
+        "seeds (≥ 2), Welch's t-test with ≥ 2 seeds a side otherwise, a t-test against the setting's measured seed "
+        "std with one seed, the slope's t-test for a trend; 'holds' (p < 0.05 in the claimed direction), "
+        "'contradicted' (p < 0.05 against it), else 'not shown'; ± is the standard error (SE) of the difference; "
+        "Holm's adjusted p over the group's tests beside each p (a verdict stands after Holm when it is below 0.05)")
 HIGHER_IS_BETTER = {"final_accuracy": True, "T_0.5": False, "rise_time": False}
 # A run fine-tuned on D0 after its last round (server.finetune_epochs) is also judged as the variant
 # "NAME+FT", whose final accuracy is the fine-tuned model's (summary.json: final_accuracy_finetuned).
@@ -54,16 +81,37 @@ class Verdict:
     verdict: str             # holds | not shown | contradicted | no runs
     n: tuple[int, int]       # seeds (ordering: A, B) or (runs, key values) for a trend
     means: tuple[float, float] = (math.nan, math.nan)   # ordering: A, B; trend: (slope, 0)
+    stds: tuple[float, float] = (math.nan, math.nan)    # ordering: the sample std (n − 1) of A's and B's seeds
     diff: float = math.nan   # signed so that > 0 is what the claim says
     se: float = math.nan
     df: float = math.nan
     p: float = math.nan      # one-sided, in the claimed direction
     test: str = ""
     names: tuple[str, str] = ("", "")
+    p_against: float = math.nan  # one-sided, against the claimed direction (what 'contradicted' reads)
+    p_holm: float = math.nan     # Holm's adjusted p of the verdict's own p over its group's tests (``with_holm``)
+    seeds_paired: tuple = ()     # the seeds a paired test paired on (empty: not paired)
+
+    @property
+    def p_own(self) -> float:
+        """The p that decides the verdict: against the claim for 'contradicted', else in the claimed direction."""
+        return self.p_against if self.verdict == "contradicted" else self.p
+
+    def stands_after_holm(self) -> bool:
+        """Whether a 'holds' or 'contradicted' keeps its word at the family-wise 5% level (Holm)."""
+        return self.verdict in ("holds", "contradicted") and self.p_holm < ALPHA
+
+    def p_text(self, bracket: bool = True) -> str:
+        """'p = 0.012 (Holm 0.048)' (``bracket`` False: 'p = 0.012, Holm 0.048'); for a contradicted claim the p
+        against it: 'p = 0.004 against (Holm 0.040)'."""
+        against = " against" if self.verdict == "contradicted" else ""
+        holm = "" if math.isnan(self.p_holm) else (f" (Holm {_p(self.p_holm)})" if bracket
+                                                   else f", Holm {_p(self.p_holm)}")
+        return f"p {_eq(self.p_own)}{against}{holm}"
 
     def line(self) -> str:
-        """One line of evidence, e.g. 'FSL-500 0.6120 vs FSL-250 0.5901 (3; 3 seeds): +0.0219 ± 0.0061, Welch t,
-        p = 0.012'."""
+        """One line of evidence, e.g. 'FSL-500 0.6120 vs FSL-250 0.5901 (3; 3 seeds): +0.0219 ± 0.0061 (SE), paired
+        t, p = 0.012 (Holm 0.13)'."""
         if self.verdict == "no runs":
             return "no runs"
         where = ", ".join(f"{k.split('.')[-1]} = {v}" for k, v in self.cell.items())
@@ -71,13 +119,13 @@ class Verdict:
         if self.kind == "trend" and math.isnan(self.se):
             return f"{self.names[0]}: {self.n[0]} runs at {self.n[1]} values of {self.names[1]}: {self.test}{where}"
         if self.kind == "trend":
-            return (f"{self.names[0]}: slope {self.means[0]:+.4g} per unit of {self.names[1]} ± {self.se:.2g} "
-                    f"({self.n[0]} runs, {self.n[1]} values), {self.test}, p = {_p(self.p)}{where}")
+            return (f"{self.names[0]}: slope {self.means[0]:+.4g} per unit of {self.names[1]} ± {self.se:.2g} (SE) "
+                    f"({self.n[0]} runs, {self.n[1]} values), {self.test}, {self.p_text()}{where}")
         fa, fb = (_num(m, self.metric) for m in self.means)
         head = f"{self.names[0]} {fa} vs {self.names[1]} {fb} ({self.n[0]}; {self.n[1]} seeds): {self.diff:+.4g}"
         if math.isnan(self.se):
             return f"{head}, {self.test}{where}"
-        return f"{head} ± {self.se:.2g}, {self.test}, p = {_p(self.p)}{where}"
+        return f"{head} ± {self.se:.2g} (SE), {self.test}, {self.p_text()}{where}"
 
 
 @dataclass
@@ -90,6 +138,12 @@ class RunValue:
 
 def _p(p: float) -> str:
     return "—" if math.isnan(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def _eq(p: float) -> str:
+    """'= 0.012' or '< 0.001', to follow 'p '."""
+    text = _p(p)
+    return text if text.startswith("<") else f"= {text}"
 
 
 def _num(v: float, metric: str) -> str:
@@ -171,8 +225,46 @@ def _decide(p_for: float, p_against: float) -> str:
     return "not shown"
 
 
-def ordering(claim: Any, a: list[float], b: list[float], cell: dict[str, Any]) -> Verdict:
-    """Judge 'A beats B' on per-seed values ``a`` and ``b`` (see the module docstring for the rule)."""
+def paired_seeds(seeds_a: list[Any] | None, seeds_b: list[Any] | None) -> list[Any] | None:
+    """The seeds to pair A's and B's values on, in A's order, or None when they cannot be paired: pairing needs at
+    least 2 values a side, every value with a seed, each seed once a side, and the same seeds on both sides (a run
+    left out on one side, e.g. diverged before any score, breaks the pairing: then Welch)."""
+    if seeds_a is None or seeds_b is None or len(seeds_a) < 2 or None in seeds_a or None in seeds_b:
+        return None
+    if len(set(seeds_a)) != len(seeds_a) or len(set(seeds_b)) != len(seeds_b) or set(seeds_a) != set(seeds_b):
+        return None
+    return list(seeds_a)
+
+
+def _welch(v: Verdict, xa: np.ndarray, xb: np.ndarray) -> None:
+    """Welch's t: SE = √(s_A²/n_A + s_B²/n_B) (sample variances), Welch–Satterthwaite degrees of freedom."""
+    va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
+    v.se, v.test = float(math.sqrt(va + vb)), "Welch t"
+    v.df = float((va + vb) ** 2 / (va ** 2 / (len(xa) - 1) + vb ** 2 / (len(xb) - 1))) if v.se > 0 else math.inf
+
+
+def _paired(v: Verdict, d: np.ndarray) -> None:
+    """The paired t on the per-seed differences d_s (signed as the claim): SE = sd(d_s)/√n, n − 1 degrees of
+    freedom."""
+    v.se, v.df = float(d.std(ddof=1) / math.sqrt(len(d))), float(len(d) - 1)
+    v.test = f"paired t (seeds {', '.join(map(str, v.seeds_paired))})" if v.seeds_paired else "paired t"
+
+
+def t_test(v: Verdict) -> None:
+    """p in the claimed direction and against it from t = diff / se on v.df degrees of freedom, and the verdict;
+    with no spread left (se = 0) the sign decides."""
+    if v.se == 0:
+        v.p, v.p_against = (0.0, 1.0) if v.diff > 0 else ((1.0, 0.0) if v.diff < 0 else (1.0, 1.0))
+    else:
+        t = v.diff / v.se
+        v.p, v.p_against = float(stats.t.sf(t, v.df)), float(stats.t.cdf(t, v.df))
+    v.verdict = _decide(v.p, v.p_against)
+
+
+def ordering(claim: Any, a: list[float], b: list[float], cell: dict[str, Any],
+             seeds: tuple[list[Any], list[Any]] | None = None) -> Verdict:
+    """Judge 'A beats B' on per-seed values ``a`` and ``b`` (see the module docstring for the rule); ``seeds``, the
+    seed of each value of ``a`` and of ``b``, lets the test pair them (``paired_seeds``)."""
     metric = claim.metric
     v = Verdict(claim.text, "ordering", metric, cell, "no runs", (len(a), len(b)), names=(claim.better, claim.worse))
     if not a or not b:
@@ -180,16 +272,22 @@ def ordering(claim: Any, a: list[float], b: list[float], cell: dict[str, Any]) -
     sign = 1.0 if HIGHER_IS_BETTER[metric] else -1.0
     xa, xb = np.asarray(a, float), np.asarray(b, float)
     v.means = (float(xa.mean()), float(xb.mean()))
-    v.diff = sign * (v.means[0] - v.means[1])
-    if len(a) >= 2 and len(b) >= 2:
-        va, vb = xa.var(ddof=1) / len(a), xb.var(ddof=1) / len(b)
-        v.se = float(math.sqrt(va + vb))
-        v.test = "Welch t"
-        if v.se == 0:  # every seed equal on both sides: the sign decides
-            v.df, v.p = math.inf, (0.0 if v.diff > 0 else 1.0)
-            v.verdict = "holds" if v.diff > 0 else ("contradicted" if v.diff < 0 else "not shown")
-            return v
-        v.df = float((va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)))
+    v.stds = tuple(float(x.std(ddof=1)) if len(x) > 1 else math.nan for x in (xa, xb))
+    v.diff = sign * (v.means[0] - v.means[1]) + 0.0  # + 0.0: no '-0' for a tie
+    pair = paired_seeds(*seeds) if seeds is not None else None
+    d = None
+    if pair is not None:
+        at_b = {s: x for s, x in zip(seeds[1], b)}
+        d = sign * (xa - np.asarray([at_b[s] for s in pair], float))
+    # every seed's difference equal (T_a lies on the grid of evaluated rounds, so this happens) while the sides
+    # vary: the pairs give no estimate of the noise, and the sides' own spread (Welch) is the one there is
+    if d is not None and (d.std() > 0 or (xa.std() == 0 and xb.std() == 0)):
+        v.seeds_paired = tuple(sorted(pair))
+        _paired(v, d)
+    elif len(a) >= 2 and len(b) >= 2:
+        _welch(v, xa, xb)
+        if d is not None:
+            v.test += " (every seed's difference equal: the pairs show no spread)"
     elif claim.seed_std is not None:
         v.se = float(claim.seed_std * math.sqrt(1 / len(a) + 1 / len(b)))
         v.df = float(claim.seed_std_seeds - 1)
@@ -198,9 +296,7 @@ def ordering(claim: Any, a: list[float], b: list[float], cell: dict[str, Any]) -
     else:
         v.verdict, v.test = "not shown", "one seed, no measured seed spread"
         return v
-    t = v.diff / v.se
-    v.p = float(stats.t.sf(t, v.df))
-    v.verdict = _decide(v.p, float(stats.t.cdf(t, v.df)))
+    t_test(v)
     return v
 
 
@@ -217,13 +313,7 @@ def trend(claim: Any, xs: list[float], ys: list[float], cell: dict[str, Any]) ->
     sign = (1.0 if HIGHER_IS_BETTER[metric] else -1.0) * (1.0 if claim.direction == "up" else -1.0)
     v.means = (float(fit.slope), 0.0)
     v.diff, v.se, v.df, v.test = sign * float(fit.slope), float(fit.stderr), float(len(xs) - 2), "slope t"
-    if v.se == 0:
-        v.p = 0.0 if v.diff > 0 else 1.0
-        v.verdict = "holds" if v.diff > 0 else ("contradicted" if v.diff < 0 else "not shown")
-        return v
-    t = v.diff / v.se
-    v.p = float(stats.t.sf(t, v.df))
-    v.verdict = _decide(v.p, float(stats.t.cdf(t, v.df)))
+    t_test(v)
     return v
 
 
@@ -243,10 +333,53 @@ def judge(claim: Any, runs: list[RunValue]) -> list[Verdict]:
     cells = _cells(mine + theirs, None)
     out = []
     for key, cell in cells.items():
-        a = [rv.values[claim.metric] for rv in mine if tuple(sorted(rv.params.items())) == key]
-        b = [rv.values[claim.metric] for rv in theirs if tuple(sorted(rv.params.items())) == key]
-        out.append(ordering(claim, a, b, cell))
+        ra = [rv for rv in mine if tuple(sorted(rv.params.items())) == key]
+        rb = [rv for rv in theirs if tuple(sorted(rv.params.items())) == key]
+        out.append(ordering(claim, [rv.values[claim.metric] for rv in ra], [rv.values[claim.metric] for rv in rb],
+                            cell, seeds=([rv.seed for rv in ra], [rv.seed for rv in rb])))
     return out or [ordering(claim, [], [], {})]
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: with the m finite p's sorted ascending,
+    p_(k) -> max over j ≤ k of min(1, (m − j + 1)·p_(j)). NaN (no test) stays NaN and does not count in m."""
+    idx = [i for i, x in enumerate(ps) if not math.isnan(x)]
+    order = sorted(idx, key=lambda i: ps[i])
+    out, running = [math.nan] * len(ps), 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (len(order) - k) * ps[i]))
+        out[i] = running
+    return out
+
+
+def with_holm(judged: list[tuple[Any, list[Verdict]]]) -> list[tuple[Any, list[Verdict]]]:
+    """Set each verdict's ``p_holm``: Holm over every test of ``judged`` (each claim in each cell), the p in the
+    claimed direction among those in the claimed direction, and for a contradicted verdict its p against the claim
+    among those against (the module docstring). Returns ``judged``."""
+    tests = [v for _, vs in judged for v in vs if not math.isnan(v.p)]
+    for_, against = holm([v.p for v in tests]), holm([v.p_against for v in tests])
+    for v, hf, ha in zip(tests, for_, against):
+        v.p_holm = ha if v.verdict == "contradicted" else hf
+    return judged
+
+
+def judge_all(claims: list[Any], runs: list[RunValue]) -> list[tuple[Any, list[Verdict]]]:
+    """Each claim judged on ``runs`` (``judge``), with Holm's adjusted p over all of them (``with_holm``)."""
+    return with_holm([(c, judge(c, runs)) for c in claims])
+
+
+def multiplicity(judged: list[tuple[Any, list[Verdict]]]) -> str:
+    """One sentence on the group's tests after Holm, e.g. 'Holm over the 22 tests: 3 of the 11 that hold and 1 of
+    the 3 contradicted stand at the family-wise 5% level'; '' when nothing was tested."""
+    tests = [v for _, vs in judged for v in vs if not math.isnan(v.p)]
+    parts = []
+    for word, said in (("that hold", "holds"), ("contradicted", "contradicted")):
+        these = [v for v in tests if v.verdict == said]
+        if these:
+            parts.append(f"{sum(v.stands_after_holm() for v in these)} of the {len(these)} {word}")
+    what = " and ".join(parts) + " stand" if parts else "nothing holds or is contradicted"
+    noun = "test" if len(tests) == 1 else "tests"
+    return f"Holm over the {len(tests)} {noun}: {what} at the family-wise 5% level" if tests else ""
 
 
 def overall(verdicts: list[Verdict]) -> str:
@@ -274,21 +407,36 @@ def claims_for(spec: dict) -> list:
 
 
 def judge_group(path: str | Path, claims: list[Any] | None = None) -> list[tuple[Any, list[Verdict]]]:
-    """Each claim of the group at ``path`` (its group.json's ``claims``, or ``claims``) with its verdicts."""
+    """Each claim of the group at ``path`` (its group.json's ``claims``, or ``claims``) with its verdicts, Holm's
+    adjusted p set over all of them."""
     path = Path(path)
     if claims is None:
         claims = claims_for(json.loads((path / "group.json").read_text()))
-    runs = group_values(path)
-    return [(c, judge(c, runs)) for c in claims]
+    return judge_all(claims, group_values(path))
+
+
+def after_holm(verdicts: list[Verdict]) -> str:
+    """How many of a claim's 'holds' / 'contradicted' cells stand after Holm, e.g. 'stands after Holm',
+    'not after Holm' (one such cell), '2 of 6 stand after Holm'; '' when nothing holds or is contradicted."""
+    said = [v for v in verdicts if v.verdict in ("holds", "contradicted")]
+    if not said:
+        return ""
+    standing = sum(v.stands_after_holm() for v in said)
+    if len(verdicts) == 1 or len(said) == 1:
+        return "stands after Holm" if standing else "not after Holm"
+    return f"{standing} of {len(said)} stand after Holm"
 
 
 def markdown(judged: list[tuple[Any, list[Verdict]]]) -> str:
-    """The claims as a Markdown table: claim, verdict, evidence (one line per cell)."""
+    """The claims as a Markdown table: claim, verdict (with how much of it stands after Holm), evidence (one line
+    per cell), and the group's multiplicity statement under it."""
     if not judged:
         return ""
     rows = ["| claim of the paper | verdict | evidence |", "|---|---|---|"]
     for claim, verdicts in judged:
         shown = [v for v in verdicts if v.verdict != "no runs"] or verdicts[:1]  # cells this group did not run
         evidence = "<br>".join(f"{v.verdict}: {v.line()}" if len(shown) > 1 else v.line() for v in shown)
-        rows.append(f"| {claim.text} | **{overall(verdicts)}** | {evidence} |")
-    return "\n".join(rows) + "\n\nRule: " + RULE + ".\n"
+        holm_note = after_holm(verdicts)
+        rows.append(f"| {claim.text} | **{overall(verdicts)}**{f' ({holm_note})' if holm_note else ''} | {evidence} |")
+    holm_line = multiplicity(judged)
+    return "\n".join(rows) + "\n\n" + (holm_line + ".\n\n" if holm_line else "") + "Rule: " + RULE + ".\n"
