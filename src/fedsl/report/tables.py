@@ -117,21 +117,81 @@ def write_comparison(path: str | Path) -> tuple[Path, Path]:
     return md, png
 
 
-def write_index(path: str | Path) -> Path:
-    """index.csv: one row per run (run, variant, seed, swept parameters, status, metrics), for pandas."""
+INDEX_METRICS = ("status", "final_accuracy", "rise_time", "T_0.5", "rounds_done", "wall_time")
+
+
+def index_csv(path: str | Path) -> str:
+    """index.csv's text for the group at ``path``: one row per run of group.json (run, variant, seed, swept
+    parameters, then ``INDEX_METRICS`` from the run's summary.json; 'pending' for a run without one), as
+    ``csv.writer`` writes it (CRLF line ends)."""
     import csv
+    import io
 
     path = Path(path)
     spec = group_spec(path).get("runs", {})
     params = sorted({k for s in spec.values() for k in s.get("params", {})})
-    cols = ["run", "variant", "seed", *params, "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done",
-            "wall_time"]
+    cols = ["run", "variant", "seed", *params, *INDEX_METRICS]
+    out = io.StringIO(newline="")
+    w = csv.writer(out)
+    w.writerow(cols)
+    for r, rd in group_runs(path).items():
+        s, sp = rd.read_summary(), spec.get(r, {})
+        row = {"run": r, "variant": sp.get("variant", r), "seed": sp.get("seed"), **sp.get("params", {}),
+               **{c: s.get(c) for c in INDEX_METRICS}, "status": s.get("status", "pending")}
+        w.writerow(["" if row.get(c) is None else row[c] for c in cols])
+    return out.getvalue()
+
+
+def write_index(path: str | Path) -> Path:
+    """index.csv: one row per run (run, variant, seed, swept parameters, status, metrics), for pandas
+    (``index_csv``)."""
+    path = Path(path)
     with open(path / "index.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for r, rd in group_runs(path).items():
-            s, sp = rd.read_summary(), spec.get(r, {})
-            row = {"run": r, "variant": sp.get("variant", r), "seed": sp.get("seed"), **sp.get("params", {}),
-                   "status": s.get("status", "pending"), **{c: s.get(c) for c in cols[len(params) + 4:]}}
-            w.writerow(["" if row.get(c) is None else row[c] for c in cols])
+        f.write(index_csv(path))
     return path / "index.csv"
+
+
+def index_differences(path: str | Path) -> list[str]:
+    """The lines of the group's committed index.csv that ``index_csv`` does not rebuild from its runs' summary.json
+    ('line 4: committed ..., rebuilt ...'); [] when every line agrees."""
+    path = Path(path)
+    committed = (path / "index.csv").read_bytes().decode().splitlines()
+    rebuilt = index_csv(path).splitlines()
+    out = [f"line {i + 1}: committed {a!r}, rebuilt {b!r}"
+           for i, (a, b) in enumerate(zip(committed, rebuilt)) if a != b]
+    if len(committed) != len(rebuilt):
+        out.append(f"{len(committed)} lines committed, {len(rebuilt)} rebuilt")
+    return out
+
+
+def summary_differences(path: str | Path) -> list[str]:
+    """Each run's paper metrics (final accuracy, rise time, T_0.5, the time resolution) re-computed from its
+    metrics.csv (``metrics.summarize`` over rounds 1..T with the config's rolling window, as the run computed them)
+    against its summary.json: one line per difference; runs without both files are skipped."""
+    import csv
+    import json
+
+    path = Path(path)
+    spec = json.loads((path / "group.json").read_text())
+    cfg = spec.get("config", {})
+    out = []
+    for name, run in spec.get("runs", {}).items():
+        folder = path / run.get("dir", name)
+        if not ((folder / "summary.json").is_file() and (folder / "metrics.csv").is_file()):
+            continue
+        summary = json.loads((folder / "summary.json").read_text())
+        with open(folder / "metrics.csv", newline="") as f:
+            rows = [(int(float(r["round"])), float(r["accuracy"])) for r in csv.DictReader(f)]
+        rows = [(t, a) for t, a in rows if t > 0]  # round 0 is x_0: not in the paper's metrics
+        override = (cfg.get("variants") or {}).get(run.get("base", ""), {}) or {}
+        window = override.get("rolling_window") or cfg.get("rolling_window") or metrics.WINDOW
+        again = metrics.summarize([t for t, _ in rows], [a for _, a in rows], window)
+        out += [f"{name}: {k} = {summary.get(k)!r} in summary.json, {v!r} from metrics.csv"
+                for k, v in again.items() if not _same_number(summary.get(k), v)]
+    return out
+
+
+def _same_number(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
+        return True
+    return a == b

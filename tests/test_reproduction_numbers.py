@@ -1,0 +1,101 @@
+"""The numbers of reproduction/ cannot drift: each committed index.csv is what its runs' files give, each run's
+summary.json is what its metrics.csv gives, and every statistic REPRODUCTION.md's prose quotes (a mean ± sample
+std, a difference ± SE, a p-value) is one its section's folders compute (reproduction/prose.py)."""
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedsl.report import tables
+
+ROOT = Path(__file__).resolve().parents[1]
+REPRO = ROOT / "reproduction"
+# Folders from before every run's metrics.csv and summary.json were kept: their index.csv is the only record of
+# their runs, so nothing rebuilds it; it is frozen here by the first 16 hex digits of its SHA-256, so that an edit
+# by hand fails too. Every other folder keeps all of its runs' files, and its index.csv is rebuilt from them.
+INDEX_ONLY = {"appendix-diagnostics-new-cpu": "e0017c3fa974cf7e", "appendix-fslp-new-cpu": "277766df5338383d",
+              "appendix-no-pretrain-c10-new-cpu": "d994715f1fbaf07a",
+              "appendix-no-pretrain-new-cpu": "915f147efad2e16b",
+              "fig2-cifar10-new-cpu": "98bea4ae11b0960a", "fig2-emnist-new-cpu": "a471c4e09e1bbbb4",
+              "fig3-cifar10-new-cpu": "881aaf58d28571b3", "fig3-emnist-new-cpu": "beee5978f9a6bfcd",
+              "fig5-cifar10-c2-new-cpu": "731bf4ce526c4c23", "fig5-cifar10-c5-new-cpu": "e1860dab63773b30",
+              "fig5-cifar10-fsl-grid-gpu": "dde2474a45e83295", "fig5-cifar10-fslsyn-feddyn-cpu": "d84a2c45aad834ce",
+              "fig5-cifar10-gpu": "85e5fa981adf7576", "fig5-emnist-new-cpu": "f3e448f4e26f1b58",
+              "parity-cifar10": "4105f1f80aef17e8", "table1-cifar10-new-cpu": "2ae82bf53ada6511"}
+GROUPS = sorted(p.name for p in REPRO.iterdir() if (p / "group.json").is_file())
+KEPT = [g for g in GROUPS if g not in INDEX_ONLY]
+
+
+def _run_files(folder: Path) -> list[Path]:
+    runs = json.loads((folder / "group.json").read_text())["runs"]
+    return [folder / r.get("dir", name) / f for name, r in runs.items() for f in ("metrics.csv", "summary.json")]
+
+
+def test_every_folder_keeps_all_its_runs_files_or_is_a_named_index_only_record():
+    for name in GROUPS:
+        present = [f.is_file() for f in _run_files(REPRO / name)]
+        assert (not any(present)) if name in INDEX_ONLY else all(present), name
+
+
+@pytest.mark.parametrize("name", sorted(INDEX_ONLY))
+def test_an_index_only_record_is_as_it_was_committed(name):
+    assert hashlib.sha256((REPRO / name / "index.csv").read_bytes()).hexdigest()[:16] == INDEX_ONLY[name]
+
+
+@pytest.mark.parametrize("name", KEPT)
+def test_index_csv_is_rebuilt_from_the_runs_files(name):
+    """index.csv as `reproduction/collect.py` writes it (``fedsl.report.tables.index_csv``) from each run's
+    summary.json, and each summary.json's final accuracy, rise time and T_0.5 from its metrics.csv."""
+    assert tables.index_differences(REPRO / name) == [], "an index.csv differs from its runs' summary.json"
+    assert tables.summary_differences(REPRO / name) == [], "a summary.json differs from its metrics.csv"
+
+
+def test_one_number_edited_by_hand_in_an_index_csv_is_found(tmp_path):
+    """FSL-500's seed-0 final accuracy in a copy of table1-cifar10-full's index.csv, one digit changed."""
+    src, dest = REPRO / "table1-cifar10-full", tmp_path / "t1"
+    dest.mkdir()
+    for f in ("group.json", "index.csv"):
+        shutil.copy2(src / f, dest / f)
+    for f in _run_files(src):
+        (dest / f.parent.name).mkdir(exist_ok=True)
+        shutil.copy2(f, dest / f.parent.name / f.name)
+    assert tables.index_differences(dest) == []
+    text = (dest / "index.csv").read_bytes().decode()
+    line = next(x for x in text.splitlines() if x.startswith("FSL-500-seed0,"))
+    value = line.split(",")[4]
+    edited = line.replace(value, value[:-1] + str((int(value[-1]) + 1) % 10))
+    (dest / "index.csv").write_bytes(text.replace(line, edited).encode())
+    found = tables.index_differences(dest)
+    assert len(found) == 1 and "FSL-500-seed0" in found[0] and value in found[0]
+
+
+def _prose():
+    spec = importlib.util.spec_from_file_location("prose", REPRO / "prose.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["prose"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_statistic_the_prose_quotes_is_computed_from_its_sections_folders():
+    """Outside the generated blocks, each 'mean ± std', 'difference ± SE' and p-value of REPRODUCTION.md is one
+    that the folders its section names give (reproduction/prose.py lists any that is not)."""
+    prose = _prose()
+    problems = prose.check((ROOT / "REPRODUCTION.md").read_text())
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_prose_check_finds_a_stale_number():
+    """FedDU's mean on CIFAR-10 one digit off, and a p-value the rule no longer gives (Welch's, unlabelled)."""
+    prose = _prose()
+    text = (ROOT / "REPRODUCTION.md").read_text()
+    for old, new, stale in (("- **FedDU**: 0.431 ± 0.017", "- **FedDU**: 0.432 ± 0.017", "'0.432 ± 0.017'"),
+                            ("(+0.111 ± 0.023, p = 0.020", "(+0.111 ± 0.023, p = 0.022", "'p = 0.022'")):
+        assert text.count(old) == 1
+        found = prose.check(text.replace(old, new))
+        assert len(found) == 1 and stale in found[0], found
