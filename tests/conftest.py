@@ -14,9 +14,14 @@ from fedsl.data.idx import IDX_DTYPES
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
-    """Generated datasets are cached in a per-session folder, never in the user's home."""
+    """Generated datasets are cached in a per-session folder, never in the user's home. Under pytest-xdist
+    the session's workers share it (their base folders sit side by side in the session's): each dataset is
+    decoded once, by whichever worker wants it first (``cached_arrays`` locks an entry while it is built)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent / "fedsl-cache" if os.environ.get("PYTEST_XDIST_WORKER") else base / "fedsl-cache"
+    folder.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FEDSL_CACHE", str(tmp_path_factory.mktemp("fedsl-cache")))
+        mp.setenv("FEDSL_CACHE", str(folder))
         yield
 
 

@@ -6,13 +6,14 @@ upright, with int64 labels 0..L-1 and one name per label.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -83,25 +84,58 @@ def cached_arrays(name: str, recipe: dict, build: Callable[[], dict[str, np.ndar
     """
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"{name}-{key}.npz"
-    if path.is_file():
+    cached = _read_entry(path)
+    if cached is not None:
+        return cached
+    # Processes that want the same entry at once (a sweep's workers, parallel test workers) build it once:
+    # the first holds the entry's lock while it builds, the others wait and then read what it wrote
+    with _entry_lock(path):
+        cached = _read_entry(path)
+        if cached is not None:
+            return cached
+        arrays = build()
         try:
-            _check_npz(path)
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
-        except (_BadEntry, OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, MemoryError):
-            try:
-                path.unlink(missing_ok=True)
-            except OSError:  # a read-only cache: rebuilt each time
-                pass
-    arrays = build()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+            tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+            np.savez(tmp, **arrays)
+            os.replace(tmp, path)
+        except OSError:
+            pass
     return arrays
+
+
+def _read_entry(path: Path) -> dict[str, np.ndarray] | None:
+    """The arrays of a sound cache entry at ``path``; None (and a corrupt entry removed) otherwise."""
+    if not path.is_file():
+        return None
+    try:
+        _check_npz(path)
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (_BadEntry, OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, MemoryError):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:  # a read-only cache: rebuilt each time
+            pass
+    return None
+
+
+@contextlib.contextmanager
+def _entry_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path``'s entry across processes (``flock`` on a ``.lock`` file beside it,
+    released by the kernel if its holder dies); no lock where the cache cannot be written or the platform
+    has no ``fcntl``: then each process builds for itself, as without the lock."""
+    try:
+        import fcntl
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(f".{path.stem}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def file_fingerprint(path: str | Path) -> str:
