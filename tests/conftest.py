@@ -205,18 +205,23 @@ def write_idx(path: str | Path, array: np.ndarray) -> Path:
     return path
 
 
-# Under pytest-xdist (`-n 2`, the README's test command) the tests that start services or process pools
-# run on one worker, one after another: two SuperLinks or Ray clusters at once would fight over the
-# machine's two cores (and Flower's default API ports), and their timeouts are sized for one at a time.
-SERIAL_MODULES = {"test_flower_deployment", "test_flower_secagg", "test_ray", "test_parallel", "test_group_faults"}
+# The README's test command runs the tests on 3 pytest-xdist workers, which take one test at a time
+# (`--maxschedchunk 1`) in the order below, the longest first: a greedy schedule that keeps the 2 cores busy. A
+# third worker because the longest tests (real SuperLinks and SuperNodes, Ray clusters, process pools, CLI runs
+# killed and resumed) spend much of their time waiting for their processes; those waits overlap the other workers'
+# work. These tests run side by side: each takes free ports, its own FLWR_HOME and its own folders, and sizes its
+# timeouts for a busy machine.
+SERVICE_MODULES = ["test_flower_deployment", "test_flower_secagg", "test_ray", "test_group_faults", "test_parallel"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
+def _expected_length(item) -> int:
+    """0 for the longest tests: those marked slow that start services, then the other slow ones, then the rest."""
+    module = item.module.__name__.rsplit(".", 1)[-1]
+    slow = item.get_closest_marker("slow") is not None
+    service = module in SERVICE_MODULES
+    return (0 if slow else 2) + (0 if service else 1)
+
+
 def pytest_collection_modifyitems(config, items):
-    serial = [item for item in items if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES]
-    for item in serial:
-        item.add_marker(pytest.mark.xdist_group("processes"))
-    # the group first: one worker starts on it (minutes of real processes) while the other takes the rest,
-    # instead of the group running alone at the end
-    ids = {id(item) for item in serial}
-    items[:] = serial + [item for item in items if id(item) not in ids]
+    # stable: within each length class the tests keep their files' order (every worker collects the same order)
+    items.sort(key=_expected_length)
