@@ -33,3 +33,16 @@ def test_an_unwritable_cache_still_builds(tmp_path, monkeypatch):
     blocker.write_text("not a folder")
     monkeypatch.setenv("FEDSL_CACHE", str(blocker / "cache"))
     assert cached_arrays("t", {"k": 2}, lambda: {"x": np.ones(2)})["x"].tolist() == [1.0, 1.0]
+
+
+def test_runs_of_one_pool_share_its_channels_last_copy():
+    import torch
+
+    from fedsl.engine.simulator import channels_last_pool
+
+    x = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+    a, b = channels_last_pool(x), channels_last_pool(x)
+    assert a.data_ptr() == b.data_ptr() != x.data_ptr()  # converted once, shared by the second run
+    assert a.is_contiguous(memory_format=torch.channels_last) and torch.equal(a, x)
+    other = x.clone()
+    assert channels_last_pool(other).data_ptr() != a.data_ptr()  # another pool: its own copy

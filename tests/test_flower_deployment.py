@@ -297,9 +297,9 @@ def _check_only_parameters(received: list[dict], model: dict[str, torch.Tensor])
 
 
 def test_fsl_on_flower_deployment_equals_the_simulator(deployments, tmp_path, one_thread):
-    """3 SuperNodes (partition-id 0, 1, 2), S = 2 of N = 3 per round, 3 rounds of FSL."""
+    """3 SuperNodes (partition-id 0, 1, 2), S = 2 of N = 3 per round, 2 rounds of FSL."""
     out = tmp_path / "out"
-    run_config = {"federation": "replay", "rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0}
+    run_config = {"federation": "replay", "rounds": 2, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0}
     cfg, _ = parse_run_config(app_run_config(**run_config), APP)
     sim = prepare(cfg).sim  # the simulator's run (this also fills the dataset cache the nodes read)
     expected, infos = run_rounds(sim, cfg.rounds)
@@ -402,11 +402,11 @@ def test_the_example_app_under_flwr_run_in_simulation(deployments, tmp_path, one
 
 
 def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployments, tmp_path, one_thread):
-    """The SuperLink (with its ServerApp) dies after round 2's checkpoint; a SuperLink started again and the
-    same `flwr run` continue from out-dir/checkpoint.pt: 4 rounds in all and the simulator's model. Then the
-    checkpoint cut in half: one line."""
+    """The SuperLink (with its ServerApp) dies after a round's checkpoint, before the last round; a SuperLink
+    started again and the same `flwr run` continue from out-dir/checkpoint.pt: 3 rounds in all and the simulator's
+    model. Then the checkpoint cut in half: one line."""
     out = tmp_path / "out"
-    run_config = {"federation": "replay", "rounds": 4, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0,
+    run_config = {"federation": "replay", "rounds": 3, "out-dir": str(out), "min-nodes": 3, "round-timeout": 120.0,
                   "client-delay": 1.0,
                   "checkpoint_every": 1}
     cfg, _ = parse_run_config(app_run_config(**run_config), APP)
@@ -424,11 +424,11 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
         except (OSError, RuntimeError, EOFError):
             return 0
 
-    _wait_for(lambda: checkpoint_round() >= 2, 240, "the checkpoint of round 2", dep)
+    _wait_for(lambda: checkpoint_round() >= 1, 240, "the checkpoint of round 1", dep)
     dep.kill("superlink")  # the SuperLink's machine dies, and the ServerApp with it
     dep.kill("flwr-run")
     crashed_at = checkpoint_round()
-    assert 2 <= crashed_at < 4 and not (out / "done.json").exists(), _logs(dep)
+    assert 1 <= crashed_at < 3 and not (out / "done.json").exists(), _logs(dep)
     before = json.loads((out / "rounds.json").read_text())
 
     dep.start_superlink()  # the same address; the SuperNodes are started again too
@@ -437,7 +437,7 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     res = dep.run_app(run_config, timeout=300)
     assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
     rounds = json.loads((out / "rounds.json").read_text())
-    assert [r["round"] for r in rounds] == [1, 2, 3, 4]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
     assert rounds[:crashed_at] == before[:crashed_at]  # kept from the checkpoint, not run again
     assert [r["trained"] for r in rounds] == [info.clients.tolist() for info in infos]
     final = torch.load(out / "final.pt")
@@ -449,7 +449,7 @@ def test_a_superlink_crash_and_a_run_resumed_from_the_server_checkpoint(deployme
     # file and what to do, as the run's status too, not torch's traceback
     ckpt = out / "checkpoint.pt"
     ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-    res = dep.run_app({**run_config, "rounds": 5}, timeout=300)
+    res = dep.run_app({**run_config, "rounds": 4}, timeout=300)
     line = f"{ckpt}: the checkpoint cannot be read ("
     assert f"fedsl: {line}" in res.stdout and "torch/serialization.py" not in res.stdout, _logs(dep, res)
     run_id = re.search(r"started run (\d+)", res.stdout)
@@ -475,14 +475,14 @@ def _stock_app(tmp_path: Path, client: str | None = None, **overrides: object) -
 
 
 def _check_stock_run(out: Path) -> None:
-    """Three rounds of FSL in which S = 2 nodes trained, their stock replies were taken as they are, and server
+    """Two rounds of FSL in which S = 2 nodes trained, their stock replies were taken as they are, and server
     learning ran."""
     assert json.loads((out / "done.json").read_text())["federation"] == "open"
     rounds = json.loads((out / "rounds.json").read_text())
-    assert len(rounds) == 3 and all(len(r["trained"]) == 2 and r["rejected"] == [] for r in rounds), rounds
+    assert len(rounds) == 2 and all(len(r["trained"]) == 2 and r["rejected"] == [] for r in rounds), rounds
     assert all(r["server_steps"] > 0 and r["train_loss"] > 0 for r in rounds), rounds
     replies = [e for e in json.loads((out / "received.json").read_text()) if e["kind"] == "train"]
-    assert len(replies) == 6 and all(sorted(e["metrics"]["metrics"]) == ["num-examples", "train_loss"]
+    assert len(replies) == 4 and all(sorted(e["metrics"]["metrics"]) == ["num-examples", "train_loss"]
                                      for e in replies), replies
 
 
@@ -491,7 +491,7 @@ def test_a_stock_client_app_in_flowers_deployment_runtime(deployments, tmp_path,
     FSL runs to completion with server learning. Then a run in which every client fails: the ServerApp fails
     with one line, `flwr ls` shows the run failed, failed.json says why, and no final.pt is written."""
     out = tmp_path / "out"
-    app, _ = _stock_app(tmp_path, **{"out-dir": str(out)})
+    app, _ = _stock_app(tmp_path, **{"out-dir": str(out), "rounds": 2})
     dep = deployments()
     dep.start_superlink()
     for i in range(4):
@@ -518,7 +518,7 @@ def test_a_stock_client_app_under_flwr_run_in_simulation(deployments, tmp_path, 
     """The same stock ClientApp in Flower's simulation runtime (virtual SuperNodes, Ray)."""
     pytest.importorskip("ray", reason="Flower's simulation runtime needs flwr[simulation] (Ray)")
     out = tmp_path / "out"
-    app, _ = _stock_app(tmp_path, **{"out-dir": str(out)})
+    app, _ = _stock_app(tmp_path, **{"out-dir": str(out), "rounds": 2})
     dep = deployments(simulation=True)
     dep.start_superlink()
     res = dep.flwr("run", str(app), "test", "--stream", "--federation-config", "num-supernodes=4", timeout=300)

@@ -72,6 +72,25 @@ class ClientWork:
         return self.plan.steps  # K_i
 
 
+# The channels-last copies of the last training pools converted in this process: the runs of a sweep share one
+# pool tensor (``fedsl.data.datasets`` hands every run of a dataset the same one), so the pool is converted once,
+# not once per run. Shared copies are read, never written to.
+_CHANNELS_LAST: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_CHANNELS_LAST_KEPT = 2
+
+
+def channels_last_pool(x: torch.Tensor) -> torch.Tensor:
+    """``x.contiguous(memory_format=torch.channels_last)``, converted once per pool tensor and shared."""
+    hit = _CHANNELS_LAST.get(id(x))
+    if hit is not None and hit[0] is x:
+        return hit[1]
+    converted = x.contiguous(memory_format=torch.channels_last)
+    while len(_CHANNELS_LAST) >= _CHANNELS_LAST_KEPT:
+        _CHANNELS_LAST.pop(next(iter(_CHANNELS_LAST)))
+    _CHANNELS_LAST[id(x)] = (x, converted)  # x is held, so its id is not reused while the entry lives
+    return converted
+
+
 class Simulator:
     """Runs rounds of ``algorithm`` on ``fed`` with ``executor``.
 
@@ -115,7 +134,7 @@ class Simulator:
         # evaluation and training of the CNNs (benchmarks/RESULTS.md).
         self.channels_last = self.device.type == "cpu" and fed.x.dim() == 4
         if self.channels_last:
-            self.fed = replace(fed, x=fed.x.contiguous(memory_format=torch.channels_last),
+            self.fed = replace(fed, x=channels_last_pool(fed.x),
                                x_test=fed.x_test.contiguous(memory_format=torch.channels_last))
         self.num_params = sum(p.numel() for p in fm.module.parameters())
         self._label_counts: LabelCounts | None = None
