@@ -38,7 +38,8 @@ differs. Variants of the paper are compositions: FSL = FedAvg + incremental serv
 FSL-p = FedAvg + the server as one more client; DS = FedAvg on D_i ∪ D0; server learning composes
 with SCAFFOLD, FedDyn, FedProx, FedAvgM, FedAdam and FedNova alike (``algorithm.Algorithm`` composes them).
 
-This module is the bottom of ``fedsl.algorithms``: it imports nothing of the package, so that the rules,
+This module is the bottom of ``fedsl.algorithms``: of the package it imports only ``defaults`` (the paper's
+default values, which import nothing), so that the rules,
 the robust and private aggregates and the composed ``Algorithm`` all build on it.
 """
 
@@ -50,6 +51,7 @@ from typing import Any, Protocol
 
 import torch
 
+from fedsl.algorithms.defaults import LOCAL_EPOCHS
 from fedsl.core.types import Params, State
 
 Carry = dict[str, Params]  # what a client's local steps change: {"y": local model, ...optimiser buffers}
@@ -248,5 +250,5 @@ class LocalTraining:
 
     lr: float
     batch_size: int
-    epochs: int = 1
+    epochs: int = LOCAL_EPOCHS
     steps: int | None = None
