@@ -100,6 +100,8 @@ def test_fsl_is_bit_identical_to_the_simulator(one_thread):
     ("feddyn", {"server.learning": "incremental"}),  # FedDyn + SL: ∇L_i on the clients, h on the server
     ("fsl_p", {}),  # the server as one more client
     ("fedavgm", {"server.learning": "incremental"}),  # server momentum kept by the strategy
+    ("fedyogi", {"server.learning": "incremental"}),  # Yogi's m, v kept by the strategy, then line 10
+    ("fedadagrad", {"server.learning": "parallel"}),  # Adagrad's Σ Δ_t² on the mean with FSL-p's server row
     ("ds", {}),  # clients train on D_i ∪ D0
     ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5}),  # unequal n_i: plain mean of Δ_i
     ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5, "algorithm.weighted": True}),

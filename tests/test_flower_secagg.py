@@ -293,7 +293,7 @@ def test_what_cannot_run_under_secagg_is_refused_in_one_line(extra, needle):
 
 
 def test_the_algorithms_that_run_under_secagg_are_accepted():
-    for name in ("fedavg", "fsl", "fsl_p", "fedavgm", "fedadam", "fedprox", "moon", "feddyn"):
+    for name in ("fedavg", "fsl", "fsl_p", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "moon", "feddyn"):
         _, options = parse_run_config({**SECAGG, "algorithm.name": name})
         assert options.secagg and options.secagg_shares == 1.0 and options.secagg_threshold == 0.67
 

@@ -122,6 +122,26 @@ def test_fedavgm_and_fedadam_one_step_by_hand():
     assert new["w"].item() == pytest.approx(1.0 + 0.1 * m1 / (math.sqrt(v1) + 1e-3), abs=1e-15)
 
 
+def test_fedyogi_and_fedadagrad_one_step_by_hand():
+    """Reddi et al. 2021, Algorithm 2, from m = 0.5 and v = (9, 1) on both sides of Δ_t² = 4: Yogi's v moves by
+    (1-β2)·Δ² toward Δ² (9 - 0.04, 1 + 0.04), Adam's by (1-β2)(Δ² - v) (8.95, 1.03), Adagrad's adds Δ² (13, 5)."""
+    x, finals = P(1.0, 1.0), stacked([2.0, 2.0], [4.0, 4.0])  # mean Δ = 2 in both coordinates
+    start = {"m": rows(0.5, 0.5), "v": rows(9.0, 1.0)}
+    m1 = 0.9 * 0.5 + 0.1 * 2.0
+    for name, v1 in (("fedyogi", (8.96, 1.04)), ("fedadam", (8.95, 1.03))):
+        rule = make_rule(name, 0.01, beta1=0.9, beta2=0.99, tau=1e-3)
+        new, out = rule.server_update(x, {k: dict(v) for k, v in start.items()}, finals, HALF, ctx([1, 1]))
+        assert out["v"]["w"].tolist() == pytest.approx(v1, abs=1e-14), name
+        assert out["m"]["w"].tolist() == pytest.approx([m1, m1], abs=1e-15)
+        assert new["w"].tolist() == pytest.approx([1 + 0.01 * m1 / (math.sqrt(v) + 1e-3) for v in v1], abs=1e-15)
+    for beta1, m in ((0.0, 2.0), (0.9, m1)):  # β1 = 0: Flower's FedAdagrad, m = Δ_t
+        rule = make_rule("fedadagrad", 0.1, beta1=beta1, tau=1e-3)
+        new, out = rule.server_update(x, {k: dict(v) for k, v in start.items()}, finals, HALF, ctx([1, 1]))
+        assert out["v"]["w"].tolist() == [13.0, 5.0] and out["m"]["w"].tolist() == pytest.approx([m, m], abs=1e-15)
+        assert new["w"].tolist() == pytest.approx([1 + 0.1 * m / (math.sqrt(v) + 1e-3) for v in (13, 5)], abs=1e-15)
+    assert make_rule("fedyogi", 0.01).init_server_state(x)["v"]["w"].tolist() == [0.0, 0.0]  # v_0 = 0, as Flower's
+
+
 def test_fednova_equals_fedavg_when_steps_are_equal_and_normalises_otherwise():
     x, finals = P(0.0, 1.0), stacked([1.0, 1.0], [3.0, -1.0])
     avg, _ = make_rule("fedavg", 1.0).server_update(x, {}, finals, HALF, ctx([4, 4]))
@@ -222,7 +242,8 @@ def test_one_check_of_server_learning_and_what_it_runs():
                                         "'auto'",
              ("fsl_p", "off", True): "server.learning = 'off' contradicts algorithm.name = 'fsl_p': expected 'auto'",
              ("fednova", "parallel", True): "server.learning = 'parallel' (FSL-p) composes with fedavg, fedprox, "
-                                            "fedavgm, fedadam, moon; not algorithm.name = 'fednova'",
+                                            "fedavgm, fedadam, fedyogi, fedadagrad, moon; not algorithm.name = "
+                                            "'fednova'",
              ("ds", "auto", False): "algorithm.name = 'ds' with server.learning = 'auto' needs server data: expected "
                                     "data.server_size > 0 or data.server_source = 'clients' / 'dataset'",
              ("fedavg", "incremental", False): "algorithm.name = 'fedavg' with server.learning = 'incremental' needs "

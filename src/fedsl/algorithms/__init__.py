@@ -6,7 +6,8 @@
 - ``ds``: FedAvg where clients train on D_i ∪ D0 (data sharing).
 - ``feddu``: FedAvg + line 10 with a step γ_t set each round by FedDU's rule (FedDUAP);
   ``d0_only``: the control that drops the clients' updates and keeps line 10 (``feddu.py``).
-- ``scaffold``, ``feddyn``, ``fedprox``, ``fedavgm``, ``fedadam``, ``fednova``: the baselines;
+- ``scaffold``, ``feddyn``, ``fedprox``, ``fedavgm``, ``fedadam``, ``fedyogi``, ``fedadagrad``, ``fednova``: the
+  baselines;
   any of them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
 - ``robust``: robust server rules (median, trimmed mean, Krum, norm bounding, FLTrust) in front of any
   rule's mean of the clients' updates.
@@ -47,7 +48,7 @@ from fedsl.algorithms.base import (
 )
 from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.feddyn import FedDyn
-from fedsl.algorithms.fedopt import FedAdam, FedAvgM
+from fedsl.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedsl.algorithms.fedprox import FedProx
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.algorithms.privacy import DifferentialPrivacy
@@ -130,7 +131,8 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
 
 __all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientResults", "DifferentialPrivacy",
            "LocalSGD",
-           "RunState", "client_update", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "GammaSchedule",
+           "RunState", "client_update", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "FedYogi",
+           "GammaSchedule",
            "LocalTraining", "Pretraining", "Robust", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule",
            "check_server_learning"]

@@ -1,7 +1,17 @@
 """Server optimisers on the mean client update (Hsu et al. 2019; Reddi et al. 2021).
 
 The pseudo-gradient is -Δ_t with Δ_t = Σ w_i Δ_i. FedAvgM keeps a momentum buffer v,
-FedAdam the Adam moments m, v. Their state is measured from the clients' updates only:
+FedAdam, FedYogi and FedAdagrad the moments m, v of Reddi, Charles, Zaheer, Garrett, Rush, Konečný,
+Kumar & McMahan, "Adaptive Federated Optimization", ICLR 2021, Algorithm 2 (no bias correction):
+
+    m_t = β1 m_{t-1} + (1-β1) Δ_t                          all three
+    v_t = v_{t-1} + Δ_t²                                   FedAdagrad
+    v_t = v_{t-1} - (1-β2) Δ_t² sign(v_{t-1} - Δ_t²)       FedYogi
+    v_t = β2 v_{t-1} + (1-β2) Δ_t²                         FedAdam
+    x_{t+1} = x_t + η_g m_t / (√v_t + τ)
+
+m and v start at 0 (Flower's FedOpt strategies do the same; Algorithm 2 allows any v_{-1} ≥ τ²): v stays ≥ 0
+under all three updates, so √v is defined. Their state is measured from the clients' updates only:
 server learning moves the model after the optimiser step, and that move is *not* fed
 back into momentum, so SL acts as a correction the next round's clients start from.
 """
@@ -63,18 +73,74 @@ class FedAdam(LocalSGD):
                       ctx: RoundContext) -> tuple[Params, State]:
         d = weighted_mean(deltas(x, finals), weights)
         m = {n: self.beta1 * state["m"][n] + (1 - self.beta1) * d[n] for n in x}
-        v = {n: self.beta2 * state["v"][n] + (1 - self.beta2) * d[n] ** 2 for n in x}
+        v = {n: self.second_moment(state["v"][n], d[n]) for n in x}
+        new = {n: p + self.global_lr * m[n] / (v[n].sqrt() + self.tau) for n, p in x.items()}
+        return new, {"m": m, "v": v}
+
+    def second_moment(self, v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """v_t from v_{t-1} and Δ_t: Adam's β2 v + (1-β2) Δ_t²."""
+        return self.beta2 * v + (1 - self.beta2) * d ** 2
+
+
+@dataclass(frozen=True)
+class FedYogi(FedAdam):
+    """FedAdam with Yogi's second moment: v ← v - (1-β2) Δ_t² sign(v - Δ_t²) (Reddi et al. 2021, Algorithm 2).
+
+    v moves toward Δ_t² by at most (1-β2) Δ_t² a round, additively, where Adam's moves by (1-β2)(Δ_t² - v):
+    a large v decays slower after the updates shrink. Attributes and defaults: as FedAdam's (``SPECS`` below).
+    """
+
+    name: str = field(default="fedyogi", init=False)
+
+    def second_moment(self, v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        d2 = d ** 2
+        return v - (1 - self.beta2) * d2 * torch.sign(v - d2)
+
+
+@dataclass(frozen=True)
+class FedAdagrad(LocalSGD):
+    """m ← β1 m + (1-β1) Δ_t; v ← v + Δ_t²; x ← x + η_g m / (√v + τ) (Reddi et al. 2021, Algorithm 2).
+
+    Attributes (defaults: ``SPECS`` below):
+        global_lr: η_g.
+        beta1: first-moment decay (0: m = Δ_t, as Flower's FedAdagrad fixes it).
+        tau: τ, adaptivity.
+    """
+
+    global_lr: float
+    beta1: float
+    tau: float
+    name: str = field(default="fedadagrad", init=False)
+
+    def init_server_state(self, x: Params) -> State:
+        return {"m": zeros_like(x), "v": zeros_like(x)}
+
+    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
+                      ctx: RoundContext) -> tuple[Params, State]:
+        d = weighted_mean(deltas(x, finals), weights)
+        m = {n: self.beta1 * state["m"][n] + (1 - self.beta1) * d[n] for n in x}
+        v = {n: state["v"][n] + d[n] ** 2 for n in x}
         new = {n: p + self.global_lr * m[n] / (v[n].sqrt() + self.tau) for n, p in x.items()}
         return new, {"m": m, "v": v}
 
 
+# The moment decays and τ of the three adaptive rules: one config key each, one default (FedAdam's, which Flower's
+# FedYogi shares: β1 = 0.9, β2 = 0.99, τ = 1e-3).
+BETA1 = HyperParam("beta1", 0.9, "β1", "first-moment decay (FedAdam, FedYogi, FedAdagrad)", ge=0, lt=1)
+BETA2 = HyperParam("beta2", 0.99, "β2", "second-moment decay (FedAdam, FedYogi)", ge=0, lt=1)
+TAU = HyperParam("tau", 1e-3, "τ", "adaptivity (FedAdam, FedYogi, FedAdagrad)", gt=0)
+
 # η_g of these baselines is not the paper's √S: FedAvgM (Hsu et al. 2019) steps with η_g = 1 on a
-# momentum buffer; FedAdam (Reddi et al. 2021) tunes η_g around 0.1.
+# momentum buffer; FedAdam (Reddi et al. 2021) tunes η_g around 0.1; FedYogi's 0.01 and FedAdagrad's 0.1 are
+# Flower's strategies' defaults (Reddi et al. tune η_g per task). Flower's FedAdagrad fixes β1 = 0 (m_t = Δ_t);
+# here β1 is the key the three share, default 0.9 (Algorithm 2's m_t): algorithm.beta1 = 0 is Flower's FedAdagrad.
 SPECS = (
     Spec("fedavgm", FedAvgM, (HyperParam("momentum", 0.9, "β", "FedAvgM server momentum", ge=0, lt=1),), global_lr=1.0,
          parallel_ok=True, summary="FedAvgM: server momentum on the mean update"),
-    Spec("fedadam", FedAdam, (HyperParam("beta1", 0.9, "β1", "FedAdam first-moment decay", ge=0, lt=1),
-                              HyperParam("beta2", 0.99, "β2", "FedAdam second-moment decay", ge=0, lt=1),
-                              HyperParam("tau", 1e-3, "τ", "FedAdam adaptivity", gt=0)),
-         global_lr=0.1, parallel_ok=True, summary="FedAdam: Adam on the mean update"),
+    Spec("fedadam", FedAdam, (BETA1, BETA2, TAU), global_lr=0.1, parallel_ok=True,
+         summary="FedAdam: Adam on the mean update"),
+    Spec("fedyogi", FedYogi, (BETA1, BETA2, TAU), global_lr=0.01, parallel_ok=True, title="FedYogi",
+         summary="FedYogi: Yogi's additive second moment on the mean update"),
+    Spec("fedadagrad", FedAdagrad, (BETA1, TAU), global_lr=0.1, parallel_ok=True, title="FedAdagrad",
+         summary="FedAdagrad: Adagrad's summed second moment on the mean update"),
 )

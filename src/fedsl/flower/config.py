@@ -177,7 +177,8 @@ def check_secagg(cfg: RunConfig, options: FlowerOptions) -> None:
     """What cannot run under SecAgg+, and bad SecAgg+ values, in one line each (docs/how-to/secure-aggregation.md).
 
     The server sees only the sum of the round's models. A rule runs under it when its server half reads the models
-    through their (weighted) mean alone: FedAvg, FSL, FSL-p, FedAvgM, FedAdam, FedProx, MOON, FedDyn (plain mean).
+    through their (weighted) mean alone: FedAvg, FSL, FSL-p, FedAvgM, FedAdam, FedYogi, FedAdagrad, FedProx, MOON,
+    FedDyn (plain mean).
 
     Raises:
         ConfigError: the first key that SecAgg+ cannot run with, or a bad ``secagg-*`` value.
@@ -201,7 +202,8 @@ def check_secagg(cfg: RunConfig, options: FlowerOptions) -> None:
                  "SecAgg+ train message (one array list) cannot carry"
     if reason:
         raise ConfigError(f"algorithm.name = {alg.name!r} {reason}; under secagg = true the server sees only the sum "
-                          "of the models: use fedavg, fsl, fsl_p, fedavgm, fedadam, fedprox, moon or feddyn")
+                          "of the models: use fedavg, fsl, fsl_p, fedavgm, fedadam, fedyogi, fedadagrad, fedprox, "
+                          "moon or feddyn")
     if sp.plain_mean and alg.weighted:
         raise ConfigError(f"algorithm.name = {alg.name!r} averages the models plainly, so under secagg = true the "
                           "clients are weighted equally: expected algorithm.weighted = false")
