@@ -78,6 +78,26 @@ def test_krum_with_fewer_replies_clamps_its_neighbours():
     assert torch.equal(R.krum(t64([2.0], [5.0]), 1), t64(2.0))  # two: equal scores, the first
 
 
+def test_bulyan_by_hand():
+    """S' = 7, f = 1: θ = 5 picks by Krum (neighbours |R| − 3, at least 1), then β = 3 per coordinate.
+    R = {0, 1, 3, 7, 8, 30, −20}, 4 nearest: scores 0:123 1:90 3:54 7:102 8:139 → 3;
+    {0, 1, 7, 8, 30, −20}, 3 nearest: 0:114 1:86 7:86 8:114 → 1 (tie: the lower row);
+    {0, 7, 8, 30, −20}, 2 nearest: 0:113 7:50 8:65 → 7; {0, 8, 30, −20}, 1 nearest: 0:64 8:64 → 0 (tie);
+    {8, 30, −20}: 8:484 30:484 −20:784 → 8. Picked 3, 1, 7, 0, 8: median 3, the 3 nearest it 3, 1, 0: mean 4/3
+    (the picked values' mean is 19/5, their median 3, their 1-trimmed mean 11/3)."""
+    d = t64([0.0], [1.0], [3.0], [7.0], [8.0], [30.0], [-20.0])
+    assert R.bulyan(d, 1).tolist() == pytest.approx([4 / 3], abs=1e-15)
+    assert R.bulyan(torch.cat([d, -d], 1), 1).tolist() == pytest.approx([4 / 3, -4 / 3], abs=1e-15)  # per coordinate
+    assert torch.equal(R.bulyan(d, 0), d.mean(0))  # f = 0: θ = β = S', the mean
+    with pytest.raises(ValueError) as e:
+        R.bulyan(d[:6], 1)
+    assert str(e.value) == "robust.aggregator = 'bulyan' with f = 1 needs S' >= 4f + 3 = 7 updates, got 6"
+    # the default f is the largest with S' >= 4f + 3; a round with fewer replies than 4f + 3 runs with that one
+    assert [R.default_bulyan_f(s) for s in (1, 3, 6, 7, 10, 11)] == [0, 0, 0, 1, 1, 2]
+    assert R.robust_delta(Robust("bulyan"), d).tolist() == pytest.approx([4 / 3], abs=1e-15)  # f = 1
+    assert torch.equal(R.robust_delta(Robust("bulyan", krum_f=1), d[:6]), d[:6].mean(0))  # S' = 6: f = 0
+
+
 def test_norm_bound_clips_long_updates_only():
     d = t64([3.0, 4.0], [0.3, 0.4], [0.0, 0.0])
     out = R.clip(d, 1.0)
@@ -324,6 +344,8 @@ def test_the_batched_rule_update_of_a_stack_sees_the_attacked_models_and_not_pas
     ({"aggregator": "mean", "bucket": 2}, {}, "robust.bucket = 2 averages the updates in buckets"),
     ({"aggregator": "fltrust", "bucket": 2}, {}, "expected robust.aggregator in median, trimmed_mean, krum"),
     ({"aggregator": "krum", "bucket": 2}, {}, "got ⌈S/s⌉ = 2"),
+    ({"aggregator": "bulyan", "krum_f": 1}, {}, "expected algorithm.clients_per_round S >= 4f + 3 = 7, got S = 3"),
+    ({"aggregator": "bulyan", "bucket": 2}, {}, "expected robust.aggregator in median, trimmed_mean, krum"),
     ({"aggregator": "median", "bucket": 0}, {}, "robust.bucket = 0"),
 ])
 def test_nonsense_robust_configs_are_one_line(robust, top, fragment):
@@ -342,11 +364,15 @@ def test_krum_with_three_clients_and_the_default_f_validates():
 
 # ----------------------------------------------------------------------------- Flower
 
-@pytest.mark.parametrize("aggregator,extra", [("fltrust", {}), ("krum", {}), ("median", {"robust.bucket": 2})])
+@pytest.mark.parametrize("aggregator,extra", [
+    ("fltrust", {}), ("krum", {}), ("median", {"robust.bucket": 2}),
+    ("bulyan", {"algorithm.clients_per_round": 7, "data.num_clients": 7, "data.samples_per_client": 12,
+                "robust.krum_f": 1, "rounds": 2}),  # θ = 5 of 7 picked, β = 3 per coordinate; then line 10
+])
 def test_a_robust_rule_on_flower_equals_the_simulator(aggregator, extra, flower_task_identity):
-    """The Flower strategy calls the same server half: FLTrust (its g0 from the server's Simulator), Krum and a
-    bucketed median (its bucket order from the run's seed and the round), then server learning, give the
-    simulator's x_T bit for bit."""
+    """The Flower strategy calls the same server half: FLTrust (its g0 from the server's Simulator), Krum, a
+    bucketed median (its bucket order from the run's seed and the round) and Bulyan, then server learning, give
+    the simulator's x_T bit for bit."""
     from test_flower import BASE, run_flower, run_simulator
     rc = {**BASE, "robust.aggregator": aggregator, "algorithm.clients_per_round": 3, "rounds": 3, **extra}
     strategy, _ = run_flower(rc)

@@ -17,6 +17,13 @@ Aggregators (``robust.aggregator``; S' = the replies that reached the server, d 
   Byzantine tolerant gradient descent", NeurIPS 2017: score(i) = Σ of the squared distances ‖Δ_i − Δ_j‖²
   to its S' − f − 2 nearest other updates (f = assumed Byzantine count); Krum takes the Δ_i of the lowest
   score, Multi-Krum the plain mean of the m lowest. O(S'² d).
+- ``bulyan``: El Mhamdi, Guerraoui & Rouault, "The hidden vulnerability of distributed learning in Byzantium",
+  ICML 2018: Krum (with f) picks an update from the remaining ones, which leaves them, θ = S' − 2f times; then
+  each coordinate is the mean of the β = θ − 2f of the θ picked values closest to their median. It needs
+  S' ≥ 4f + 3 (f: ``robust.krum_f``, default ⌊(S' − 3)/4⌋, at least 0, the largest f it tolerates; Flower's
+  Bulyan defaults to f = 0). A round with fewer replies than 4f + 3 (stragglers dropped, availability) runs
+  with the largest f its S' allows, ⌊(S' − 3)/4⌋, as Krum clamps its neighbours; at f = 0 Bulyan is the mean.
+  O(S'³ d).
 - ``norm_bound``: each Δ_i clipped to norm τ, Δ_i · min(1, τ/‖Δ_i‖) (Sun, Kairouz, Suresh & McMahan,
   "Can you really backdoor federated learning?", arXiv:1911.07963, 2019), then the rule's own mean: the
   one aggregator that keeps a row per client (the clipped Δ_i), so weighted means stay weighted. O(S' d).
@@ -47,7 +54,7 @@ from fedsl.algorithms.base import ClientResults, LocalTraining
 from fedsl.core import rng
 from fedsl.core.types import Params
 
-AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound", "fltrust")
+AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "norm_bound", "fltrust")
 BUCKETED = ("median", "trimmed_mean", "krum", "multi_krum")  # the rules that robust.bucket > 1 may precede
 
 
@@ -58,8 +65,8 @@ class Robust:
     Attributes:
         aggregator: one of ``AGGREGATORS``; "mean" is the rule's own aggregation (no robust step).
         trim: β of trimmed_mean, in [0, 0.5).
-        krum_f: f, the Byzantine count Krum assumes (None: ⌊(S' − 3)/2⌋, at least 0, the largest f with
-            S' > 2f + 2, Blanchard et al.'s condition).
+        krum_f: f, the Byzantine count Krum and Bulyan assume (None: Krum's ⌊(S' − 3)/2⌋, at least 0, the largest
+            f with S' > 2f + 2, Blanchard et al.'s condition; Bulyan's ⌊(S' − 3)/4⌋, the largest with S' ≥ 4f + 3).
         krum_m: m, the updates Multi-Krum averages (None: S' − f).
         norm_bound: τ of norm_bound.
         root: FLTrust's server update g0: LocalSGD on D0 with this schedule (η, B, K) from x_t.
@@ -175,6 +182,35 @@ def krum(deltas: torch.Tensor, f: int, m: int = 1) -> torch.Tensor:
     return deltas[chosen].mean(dim=0)
 
 
+def default_bulyan_f(s: int) -> int:
+    """Bulyan's f when ``robust.krum_f`` is unset: the largest f with S' ≥ 4f + 3, i.e. ⌊(S' − 3)/4⌋, at least 0."""
+    return max(0, (s - 3) // 4)
+
+
+def bulyan(deltas: torch.Tensor, f: int) -> torch.Tensor:
+    """Bulyan (El Mhamdi et al., ICML 2018): θ = S' − 2f updates picked one at a time by Krum with f from those not
+    yet picked (lowest score; ties: the lower row); each coordinate of Δ̂ the mean of the β = θ − 2f picked values
+    closest to the picked values' median (ties: the earlier pick).
+
+    Args:
+        deltas: the updates Δ_i as rows [S', d].
+        f: the assumed Byzantine count.
+    Raises:
+        ValueError: S' < 4f + 3, in one line naming both.
+    """
+    s = deltas.shape[0]
+    if s < 4 * f + 3:
+        raise ValueError(f"robust.aggregator = 'bulyan' with f = {f} needs S' >= 4f + 3 = {4 * f + 3} updates, "
+                         f"got {s}")
+    theta, beta = s - 2 * f, s - 4 * f
+    left, picked = list(range(s)), []
+    for _ in range(theta):
+        picked.append(left.pop(int(krum_select(krum_scores(deltas[left], f), 1)[0])))
+    chosen = deltas[picked]  # [θ, d], in the order picked
+    closest = (chosen - median(chosen)).abs().argsort(dim=0, stable=True)[:beta]  # [β, d]
+    return chosen.gather(0, closest).mean(dim=0)
+
+
 def clip(deltas: torch.Tensor, tau: float) -> torch.Tensor:
     """Each row Δ_i · min(1, τ/‖Δ_i‖): updates longer than τ cut to norm τ (Sun et al. 2019)."""
     norms = deltas.norm(dim=1, keepdim=True)
@@ -223,6 +259,9 @@ def robust_delta(robust: Robust, deltas: torch.Tensor, g0: torch.Tensor | None =
         f = robust.krum_f if robust.krum_f is not None else default_krum_f(s)
         m = 1 if kind == "krum" else min(s, robust.krum_m) if robust.krum_m is not None else max(1, s - f)
         return krum(deltas, f, m)
+    if kind == "bulyan":  # f of the config, or the largest this round's S' allows (module docstring)
+        f = min(robust.krum_f, default_bulyan_f(s)) if robust.krum_f is not None else default_bulyan_f(s)
+        return bulyan(deltas, f)
     if kind == "norm_bound":
         assert robust.norm_bound is not None, "norm_bound needs τ (config validation checks it)"
         return clip(deltas, robust.norm_bound)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.algorithms.gamma_schedule import Kind as GammaKind
-from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, Robust, bucket_count, default_krum_f
+from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, Robust, bucket_count, default_bulyan_f, default_krum_f
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
 from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
 from fedsl.data import registry
@@ -271,13 +271,16 @@ class RobustConfig(_Strict):
     """A robust server rule before the algorithm's mean of the updates (``fedsl.algorithms.robust``)."""
     aggregator: Literal[AGGREGATORS] = Field(
         _ROBUST.aggregator, description="'mean' (the algorithm's own aggregation), 'median' and 'trimmed_mean' "
-                                        "(coordinate-wise), 'krum', 'multi_krum', 'norm_bound' (clip each Δ_i to norm "
+                                        "(coordinate-wise), 'krum', 'multi_krum', 'bulyan' (Krum picks S − 2f, then "
+                                        "each coordinate's S − 4f values nearest its median are averaged), "
+                                        "'norm_bound' (clip each Δ_i to norm "
                                         "τ, then the mean) or 'fltrust' (trust scores from the server's own update on "
                                         "D0; needs server data)")
     trim: float = Field(_ROBUST.trim, ge=0, lt=0.5, description="β of trimmed_mean: the ⌊β·S⌋ largest and ⌊β·S⌋ "
                                                                 "smallest values of each coordinate are dropped")
-    krum_f: int | None = Field(_ROBUST.krum_f, ge=0, le=CLIENTS_MAX, description="f, the Byzantine count Krum assumes; "
-                               "its scores sum the S − f − 2 nearest updates (default ⌊(S − 3)/2⌋, at least 0)")
+    krum_f: int | None = Field(_ROBUST.krum_f, ge=0, le=CLIENTS_MAX, description="f, the Byzantine count Krum and "
+                               "Bulyan assume; Krum's scores sum the S − f − 2 nearest updates (default ⌊(S − 3)/2⌋, "
+                               "at least 0); Bulyan needs S >= 4f + 3 (default ⌊(S − 3)/4⌋, at least 0)")
     krum_m: int | None = Field(_ROBUST.krum_m, ge=1, le=CLIENTS_MAX, description="m, the updates Multi-Krum averages "
                                                                                  "(default S − f)")
     norm_bound: float | None = Field(_ROBUST.norm_bound, gt=0, description="τ of norm_bound (required there): each "
@@ -565,6 +568,12 @@ class RunConfig(_Strict):
                                  f"expected {rows} >= f + 3 = {f + 3}, got {symbol} = {s} (robust.krum_f = {f})")
             if r.krum_m is not None and r.krum_m > s:
                 raise ValueError(f"robust.krum_m = {r.krum_m}: expected at most {rows} = {s}")
+        if r.aggregator == "bulyan":
+            f = r.krum_f if r.krum_f is not None else default_bulyan_f(s)
+            if s < 4 * f + 3:
+                raise ValueError(f"robust.aggregator = 'bulyan' picks S − 2f updates by Krum, then averages each "
+                                 f"coordinate's S − 4f nearest its median: expected algorithm.clients_per_round S >= "
+                                 f"4f + 3 = {4 * f + 3}, got S = {s} (robust.krum_f = {f})")
 
     def _privacy_checks(self) -> None:
         """What DP-FedAvg's guarantee assumes of the rest of the run (docs/how-to/privacy.md)."""

@@ -21,7 +21,7 @@ from fedsl.algorithms import (
     make_algorithm,
     spec,
 )
-from fedsl.algorithms.robust import bucket_count, default_krum_f
+from fedsl.algorithms.robust import bucket_count, default_bulyan_f, default_krum_f
 from fedsl.core import privacy_accounting
 from fedsl.core.privacy_accounting import AccountingUnavailable, Budget, CalibrationError
 from fedsl.data.federation import Federation
@@ -158,6 +158,9 @@ def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any
         if r.aggregator == "multi_krum":
             note("m", "Multi-Krum's averaged updates", r.krum_m or n - f, r.krum_m,
                  "default S' − f")
+    elif r.aggregator == "bulyan":  # per round, of the S' replies; shown for S' = S
+        note("f", "Bulyan's assumed Byzantine count", r.krum_f if r.krum_f is not None
+             else default_bulyan_f(a.clients_per_round), r.krum_f, "default ⌊(S' − 3)/4⌋ of the S' replies")
     if r.bucket > 1:
         note("s", "bucket size (updates averaged per bucket before the rule)", r.bucket, True)
     return Robust(r.aggregator, r.trim, r.krum_f, r.krum_m, r.norm_bound, root, r.bucket, cfg.seed)
