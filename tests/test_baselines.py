@@ -465,3 +465,18 @@ def test_fsl_without_server_learning_is_refused():
         C.validate(_data(algorithm={"name": "fsl"}, server={"learning": "off"}))
     msg = str(e.value)
     assert "\n" not in msg and "server.learning = 'off'" in msg and "'fsl'" in msg
+
+
+def test_qfedavg_clients_report_their_loss_at_the_model_they_received():
+    """q-FedAvg's F_i(x_t): each arriving client's mean cross-entropy on D_i at x_t, dropout off, recomputed here by
+    hand; a rule that does not read it gets none."""
+    fed = random_federation(SMALL)
+    sim = _sim("qfedavg", fed, global_lr=1.0)  # q-FedAvg has no η_g: not read
+    x = sim.initial_params()
+    work = sim.sample(0)
+    res = sim.results(work, {n: v.unsqueeze(0).expand(len(work.ids), *v.shape) for n, v in x.items()}, x, 0)
+    sim.fm.train(False)
+    by_hand = [F.cross_entropy(sim.fm.forward(x, fed.x[fed.clients[i]]), fed.y[fed.clients[i]]).item()
+               for i in work.ids.tolist()]
+    assert res.start_losses == pytest.approx(by_hand, rel=1e-12) and len(set(res.start_losses)) == len(work.ids)
+    assert _sim("fedavg", fed).results(work, res.params, x, 0).start_losses == ()

@@ -102,6 +102,7 @@ def test_fsl_is_bit_identical_to_the_simulator(one_thread):
     ("fedavgm", {"server.learning": "incremental"}),  # server momentum kept by the strategy
     ("fedyogi", {"server.learning": "incremental"}),  # Yogi's m, v kept by the strategy, then line 10
     ("fedadagrad", {"server.learning": "parallel"}),  # Adagrad's Σ Δ_t² on the mean with FSL-p's server row
+    ("qfedavg", {"server.learning": "incremental"}),  # each client's F_i(x_t) as its start-loss metric, then line 10
     ("ds", {}),  # clients train on D_i ∪ D0
     ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5}),  # unequal n_i: plain mean of Δ_i
     ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5, "algorithm.weighted": True}),

@@ -142,6 +142,24 @@ def test_fedyogi_and_fedadagrad_one_step_by_hand():
     assert make_rule("fedyogi", 0.01).init_server_state(x)["v"]["w"].tolist() == [0.0, 0.0]  # v_0 = 0, as Flower's
 
 
+def test_qfedavg_one_step_by_hand():
+    """Li et al. 2020, Algorithm 2, with η_l = 0.1 (L = 10), q = 0.5, x_t = 0, x_1 = (0.1, 0), x_2 = (0, −0.2) and
+    F = (1, 4): Δw = L(x_t − x_k) = (−1, 0), (0, 2); F^q = 1, 2; h = q F^(q−1) ‖Δw‖² + L F^q = 0.5·1·1 + 10 = 10.5
+    and 0.5·0.5·4 + 20 = 21; x_{t+1} = x_t − (1·(−1, 0) + 2·(0, 2)) / 31.5 = (1, −4)/31.5 (FedAvg: (0.05, −0.1))."""
+    x, finals = P(0.0, 0.0), stacked([0.1, 0.0], [0.0, -0.2])
+    losses = torch.tensor([1.0, 4.0], dtype=torch.float64)
+    rule = make_rule("qfedavg", None, q=0.5)
+    new, out = rule.server_update(x, {}, finals, HALF, RoundContext(0.1, torch.tensor([1, 1]), 4, losses))
+    assert new["w"].tolist() == pytest.approx([1 / 31.5, -4 / 31.5], rel=1e-9) and out == {}
+    # q = 0: h_k = L for every k, x_t + the plain mean of Δ_k (FedAvg, η_g = 1), whatever the losses and weights
+    new, _ = make_rule("qfedavg", None, q=0.0).server_update(x, {}, finals, torch.tensor([0.9, 0.1]),
+                                                              RoundContext(0.1, torch.tensor([1, 1]), 4, losses))
+    assert new["w"].tolist() == pytest.approx([0.05, -0.1], abs=1e-15)
+    assert SPECS["qfedavg"].defaults() == {"q": 0.1} and SPECS["qfedavg"].global_lr is None
+    with pytest.raises(AssertionError, match="RoundContext.losses"):
+        rule.server_update(x, {}, finals, HALF, ctx([1, 1]))
+
+
 def test_fednova_equals_fedavg_when_steps_are_equal_and_normalises_otherwise():
     x, finals = P(0.0, 1.0), stacked([1.0, 1.0], [3.0, -1.0])
     avg, _ = make_rule("fedavg", 1.0).server_update(x, {}, finals, HALF, ctx([4, 4]))
@@ -244,6 +262,9 @@ def test_one_check_of_server_learning_and_what_it_runs():
              ("fednova", "parallel", True): "server.learning = 'parallel' (FSL-p) composes with fedavg, fedprox, "
                                             "fedavgm, fedadam, fedyogi, fedadagrad, moon; not algorithm.name = "
                                             "'fednova'",
+             ("qfedavg", "parallel", True): "server.learning = 'parallel' (FSL-p) composes with fedavg, fedprox, "
+                                            "fedavgm, fedadam, fedyogi, fedadagrad, moon; not algorithm.name = "
+                                            "'qfedavg'",
              ("ds", "auto", False): "algorithm.name = 'ds' with server.learning = 'auto' needs server data: expected "
                                     "data.server_size > 0 or data.server_source = 'clients' / 'dataset'",
              ("fedavg", "incremental", False): "algorithm.name = 'fedavg' with server.learning = 'incremental' needs "

@@ -9,7 +9,8 @@
 - ``scaffold``, ``feddyn``, ``fedprox``, ``fedavgm``, ``fedadam``, ``fedyogi``, ``fedadagrad``, ``fednova``: the
   baselines;
   any of them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
-- ``robust``: robust server rules (median, trimmed mean, Krum, norm bounding, FLTrust) in front of any
+- ``qfedavg``: FedAvg's clients, each also reporting its loss F_k(x_t); the server weighs them by F_k^q (q-FedAvg).
+- ``robust``: robust server rules (median, trimmed mean, Krum, Bulyan, norm bounding, FLTrust) in front of any
   rule's mean of the clients' updates.
 
 Each module ends with its ``Spec`` (``spec.py``); ``SPECS`` below is the registry that config
@@ -23,7 +24,8 @@ The modules, from the bottom up (each imports from its own row or the rows above
 - ``base`` (a rule's two halves, the round's state and replies, LocalSGD), ``spec``, ``gamma_schedule``,
   ``label_counts`` (the clients' and D0's class counts): they import nothing of the package;
 - ``server_learning`` (γ, η0, B0, K0, FSL or FSL-p), ``robust``, ``privacy``: settings and aggregates;
-- the rules: ``fedavg``, ``fedprox``, ``fedopt``, ``scaffold``, ``feddyn``, ``fednova``, ``moon``, ``feddu``;
+- the rules: ``fedavg``, ``fedprox``, ``fedopt``, ``scaffold``, ``feddyn``, ``fednova``, ``moon``,
+  ``qfedavg``, ``feddu``;
 - ``algorithm``: ``Algorithm``, a rule composed with the clients' schedule, server learning, a robust rule
   and privacy;
 - ``server_round``: the server's round of an ``Algorithm`` (lines 8-10), what the engines and Flower call;
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedsl.algorithms import fedavg, feddu, feddyn, fednova, fedopt, fedprox, moon, scaffold
+from fedsl.algorithms import fedavg, feddu, feddyn, fednova, fedopt, fedprox, moon, qfedavg, scaffold
 from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import (
     ClientResults,
@@ -52,6 +54,7 @@ from fedsl.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedsl.algorithms.fedprox import FedProx
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.algorithms.privacy import DifferentialPrivacy
+from fedsl.algorithms.qfedavg import QFedAvg
 from fedsl.algorithms.robust import Robust
 from fedsl.algorithms.scaffold import Scaffold
 from fedsl.algorithms.server_learning import Pretraining, ServerLearning
@@ -59,7 +62,7 @@ from fedsl.algorithms.spec import HyperParam, Spec
 
 # Every algorithm's spec, by name; a new algorithm adds its module here.
 SPECS: dict[str, Spec] = {s.name: s for s in (*fedavg.SPECS, *feddu.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC,
-                                                feddyn.SPEC, fednova.SPEC, moon.SPEC)}
+                                                feddyn.SPEC, fednova.SPEC, moon.SPEC, qfedavg.SPEC)}
 ALGORITHMS = tuple(SPECS)
 
 
@@ -133,6 +136,6 @@ __all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "Cl
            "LocalSGD",
            "RunState", "client_update", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "FedYogi",
            "GammaSchedule",
-           "LocalTraining", "Pretraining", "Robust", "RoundContext", "Scaffold", "ServerLearning",
+           "LocalTraining", "Pretraining", "QFedAvg", "Robust", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule",
            "check_server_learning"]

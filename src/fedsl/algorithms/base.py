@@ -82,6 +82,7 @@ class RoundContext:
     local_lr: float | torch.Tensor  # η_l (a 0-d tensor when an engine vmaps the rule over stacked runs)
     steps: torch.Tensor  # K_i, real local steps of each client whose model is aggregated [S]
     num_clients: int  # N
+    losses: torch.Tensor | None = None  # F_i(x_t) of those clients [S], float64, for rules that read them (q-FedAvg)
 
 
 @dataclass
@@ -93,12 +94,15 @@ class ClientResults:
         sizes: n_i, the clients' data sizes (D_i ∪ D0 for DS), for weighted means and FSL-p's w0.
         steps: K_i, the local steps each client took.
         ids: the clients' ids i (FedDU reads their label counts; empty where the caller does not say).
+        start_losses: F_i(x_t), each client's mean loss on its data at the model it started from, which the
+            clients of a rule whose spec ``reads_start_loss`` report beside x_i (q-FedAvg); empty otherwise.
     """
 
     params: Params
     sizes: list[int]
     steps: tuple[int, ...]
     ids: tuple[int, ...] = ()
+    start_losses: tuple[float, ...] = ()
 
 
 @dataclass

@@ -123,8 +123,9 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
         s = len(results.sizes)  # the clients' rows (not FSL-p's server row)
         cos = angle(x, {n: v[:s] for n, v in finals.items()}, weights[:s] / weights[:s].sum(), server.f0_grad(x))
     steps = tensor_on(results.steps, device)
+    losses = tensor_on(results.start_losses, device, torch.float64) if results.start_losses else None  # q-FedAvg
     x_bar, algo = alg.rule.server_update(x, state.algo, finals, weights, RoundContext(alg.local.lr, steps,
-                                                                                       server.num_clients))
+                                                                                       server.num_clients, losses))
     if on and dynamic(alg):
         gamma = dynamic_gamma(alg, gamma, x_bar, results, t, server)
     return Aggregated(x_bar, algo, gamma, cos, server_steps, incremental)
@@ -148,8 +149,11 @@ def robust_step(alg: Algorithm, x: Params, results: ClientResults, t: int, serve
 def _rule_alone(alg: Algorithm) -> bool:
     """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone: no robust step before it, no
     private aggregate (DP-FedAvg replaces the clients' models first), no FSL-p server update beside the
-    clients', no cos θ_t (a full gradient on D0). Only then may the engine's ``RuleUpdates`` stand in for them."""
+    clients', no cos θ_t (a full gradient on D0), no clients' losses read (q-FedAvg). Only then may the engine's
+    ``RuleUpdates`` stand in for them."""
     if alg.robust is not None and alg.robust.active:
+        return False
+    if alg.spec is not None and alg.spec.reads_start_loss:  # the engine's batched update passes no F_i(x_t)
         return False
     sl = alg.server_learning
     if alg.privacy is not None:

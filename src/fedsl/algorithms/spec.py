@@ -67,6 +67,9 @@ class Spec:
             and acc_t): an adaptive γ schedule, which sets γ_t from cos θ_t, cannot run with it.
         reads_label_counts: the rule's γ_t reads the sampled clients' label counts (FedDU): DP does not
             protect them, and the clients of an open Flower federation do not report them.
+        reads_start_loss: the server half reads each client's loss F_i(x_t) at the model it received
+            (``RoundContext.losses``; q-FedAvg): the simulator computes it, fedsl's ClientApp reports it as the metric
+            ``start-loss``; DP does not protect it, and the clients of an open Flower federation do not report it.
         plain_mean: the server half averages the clients' models plainly, whatever ``algorithm.weighted``
             says (FedDyn): under SecAgg+, whose sum is weighted by n_i when weighted = true, the two would
             differ.
@@ -92,6 +95,7 @@ class Spec:
     server_lr: Literal["paper", "local_lr"] = "paper"
     sets_gamma: bool = False
     reads_label_counts: bool = False
+    reads_start_loss: bool = False
     plain_mean: bool = False
     secagg_refused: str = ""
     summary: str = field(default="", compare=False)

@@ -219,14 +219,30 @@ class Simulator:
             if not len(work.ids):
                 return None
             ids = tuple(work.ids.tolist())
-            return ClientResults(self._attacked(x, finals, ids, t), work.sizes, work.steps, ids)
+            return ClientResults(self._attacked(x, finals, ids, t), work.sizes, work.steps, ids,
+                                 self.start_losses(x, ids))
         keep = [j for j, i in enumerate(work.ids.tolist()) if i not in work.dropped]
         if not keep:
             return None
         at = torch.tensor(keep, device=next(iter(finals.values())).device)
         ids = tuple(int(work.ids[j]) for j in keep)
         return ClientResults(self._attacked(x, {n: v.index_select(0, at) for n, v in finals.items()}, ids, t),
-                             [work.sizes[j] for j in keep], tuple(work.steps[j] for j in keep), ids)
+                             [work.sizes[j] for j in keep], tuple(work.steps[j] for j in keep), ids,
+                             self.start_losses(x, ids))
+
+    def start_losses(self, x: Params, ids: tuple[int, ...]) -> tuple[float, ...]:
+        """F_i(x_t) of the clients ``ids`` whose replies arrive, when the rule reads them (``Spec.reads_start_loss``:
+        q-FedAvg), else (): what each client reports beside x_i (``client_loss``)."""
+        if self.alg.spec is None or not self.alg.spec.reads_start_loss:
+            return ()
+        return tuple(self.client_loss(x, i) for i in ids)
+
+    def client_loss(self, x: Params, i: int) -> float:
+        """F_i(x): client i's mean cross-entropy on its data (D_i, or D_i ∪ D0 for DS) at ``x``, dropout off (the
+        evaluation's forward pass); a Flower ClientApp reports it for x_t as the metric ``start-loss``."""
+        idx = torch.as_tensor(self.client_data[i], dtype=torch.long, device=self.device)
+        return evaluate(self.fm, self.layout(x), self.fed.x[idx], self.fed.y[idx], self.eval_batch_size,
+                        self.eval_precision)[1]
 
     def _attacked(self, x: Params, finals: Params, ids: tuple[int, ...], t: int) -> Params:
         return attacks.attack_finals(self.attack, x, finals, ids, self.malicious, self.seed, t)

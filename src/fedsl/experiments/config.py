@@ -587,6 +587,10 @@ class RunConfig(_Strict):
             raise ValueError(f"privacy.clip = {c} with algorithm.name = {a.name!r}: {sp.display}'s γ_t reads the "
                              "sampled clients' label counts, which the mechanism does not protect: expected another "
                              "algorithm")
+        if sp.reads_start_loss:
+            raise ValueError(f"privacy.clip = {c} with algorithm.name = {a.name!r}: {sp.display}'s server step reads "
+                             "each sampled client's loss F_i(x_t), which the mechanism does not protect: expected "
+                             "another algorithm")
         if self.robust.aggregator != "mean":
             raise ValueError(f"privacy.clip = {c} with robust.aggregator = {self.robust.aggregator!r}: DP-FedAvg's "
                              "sensitivity C/S is that of the plain sum of clipped updates, which a robust rule "

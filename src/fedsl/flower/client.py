@@ -8,7 +8,8 @@ the ClientApp's ``context.state``; ``client_final`` gives the new one, exactly a
 simulator row i of its table.
 
 What goes back to the server is parameters only: the final model x_i (and as metrics the
-number of samples n_i, the steps K_i and the loss of x_i on D_i), never samples or labels.
+number of samples n_i, the steps K_i, the loss of x_i on D_i and, for a rule that reads it (q-FedAvg), the loss
+of x_t on D_i before training), never samples or labels.
 The messages and replies: README, "The Flower protocol".
 """
 
@@ -234,12 +235,16 @@ def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
         server_state = {}
         if "server-state" in msg.content.array_records:
             server_state = state_from_record(msg.content.array_records["server-state"], sim.device, sim.dtype)
+        # F_i(x_t), the loss at the model received, for a rule that reads it (q-FedAvg): the simulator's own number
+        start = sim.client_loss(params, pid) if alg.spec is not None and alg.spec.reads_start_loss else None
         final, steps, rows = train_partition(sim, params, t, pid, server_state, _load_rows(context), local, alg)
         for key, row in rows.items():
             context.state[STATE_PREFIX + key] = to_record(row)
         _, loss = _on(sim, final, sim.client_data[pid])
         n_i = len(sim.client_data[pid])
         metrics = {"num-examples": n_i, "steps": steps, "partition-id": pid, "round": t, "train-loss": loss}
+        if start is not None:
+            metrics["start-loss"] = start
         if legacy:  # SecAgg+ masks w_i · x_i: w_i = n_i for a weighted mean, else 1 (Algorithm 1's plain mean)
             weight = n_i if config.get("secagg-weighted", False) else 1
             if "secagg-clipping-range" in config:

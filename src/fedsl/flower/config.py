@@ -159,8 +159,10 @@ def check_open_federation(cfg: RunConfig, options: FlowerOptions) -> None:
                           f"{alg.straggler_fraction} simulate partial participation; an open federation has real "
                           f"nodes (the connected ones are sampled): {replay}")
     sp = algorithm_spec(alg.name)
-    if sp.reads_label_counts or sp.shares_server_data:
+    if sp.reads_label_counts or sp.shares_server_data or sp.reads_start_loss:
         why = ("reads the sampled clients' label counts, which open clients do not report" if sp.reads_label_counts
+               else "reads each client's loss at the model it was sent (metric start-loss), which open clients do "
+                    "not report" if sp.reads_start_loss
                else "trains the clients on D_i ∪ D0, so each client needs the server's D0")
         raise ConfigError(f"algorithm.name = {alg.name!r} {why}: {replay}")
 

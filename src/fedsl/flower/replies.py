@@ -10,7 +10,7 @@ the model's parameter names, shapes and dtype, finite values. The metrics differ
   are there, and checks what it reads.
 - ``replay`` (``check_reply``): fedsl's exact replay of the simulator. ``metrics`` must carry the integers
   ``num-examples`` (n_i, the partition's size), ``steps`` (K_i), ``partition-id`` and ``round`` (both as sent),
-  and may carry ``train-loss``.
+  and may carry ``train-loss`` and ``start-loss`` (F_i(x_t), which a rule such as q-FedAvg reads).
 
 Anything else is refused with ``BadReply``: one line saying what is wrong, which the strategy logs with the node.
 """
@@ -28,7 +28,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 # The metrics a train reply must carry, each an integer.
 TRAIN_METRICS = ("num-examples", "steps", "partition-id", "round")
 # Optional train-reply metrics, each a finite number when present.
-OPTIONAL_METRICS = ("train-loss",)
+OPTIONAL_METRICS = ("train-loss", "start-loss")
 # The loss keys an open-federation reply may use, in the order fedsl reads them (fedsl's, Flower's quickstart's, plain)
 LOSS_KEYS = ("train-loss", "train_loss", "loss")
 # The reason Flower gives when a ClientApp has no handler for a query message (a plain Flower client).
@@ -190,6 +190,13 @@ def train_loss(msg: Message) -> float | None:
     """The reply's ``train-loss`` metric (checked by ``check_reply``), or None."""
     metrics = msg.content.metric_records.get("metrics")
     value = None if metrics is None else metrics.get("train-loss")
+    return None if value is None else float(value)
+
+
+def start_loss(msg: Message) -> float | None:
+    """The reply's ``start-loss`` metric, F_i(x_t) (checked by ``check_reply``), or None."""
+    metrics = msg.content.metric_records.get("metrics")
+    value = None if metrics is None else metrics.get("start-loss")
     return None if value is None else float(value)
 
 

@@ -72,6 +72,7 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
     check_reply,
     describe_content,
     lacks_query_handler,
+    start_loss,
     train_loss,
 )
 from fedsl.flower.strategy_checkpoint import StrategyCheckpoint, out_folder
@@ -339,6 +340,7 @@ class FedslStrategy(FedAvg):
         impostors: set[int] = set()
         seen: set[int] = set()
         losses: dict[int, float | None] = {}  # pid -> the reply's train-loss (None: not reported)
+        starts: dict[int, float] = {}  # pid -> the reply's start-loss F_i(x_t), for a rule that reads it (q-FedAvg)
         for msg in replies:
             node = msg.metadata.src_node_id
             self.record_reply("train", msg, t)
@@ -360,6 +362,11 @@ class FedslStrategy(FedAvg):
                     # seed on every machine, says what it is
                     arrays, n_i, k_i = check_reply(msg, self.state.x, pid, t, len(self.sim.client_data[pid]))
                     losses[pid] = train_loss(msg)
+                    if self.alg.spec is not None and self.alg.spec.reads_start_loss:
+                        if start_loss(msg) is None:
+                            raise BadReply(f"metric start-loss missing: algorithm {self.alg.name!r} reads each "
+                                           "client's loss at the model it was sent")
+                        starts[pid] = start_loss(msg)
             except BadReply as e:
                 where = "" if self.open else f" (partition {pid})"
                 log(WARNING, "fedsl round %d: dropped the reply of node %d%s: %s", t + 1, node, where, e)
@@ -389,7 +396,7 @@ class FedslStrategy(FedAvg):
         if not ids and targets:
             log(WARNING, "fedsl round %d: no usable client update (%d sent, %d replies dropped): x̄ = x_t, "
                 "then server learning", t + 1, len(targets), len(rejected))
-        self.state, m, applied = self.run_server_half(t, ids, finals)  # the current model: after server learning
+        self.state, m, applied = self.run_server_half(t, ids, finals, starts)  # the model after server learning
         ids = ids if applied else []
         server_steps, cos, gamma = m.server_steps, m.cos_theta, m.gamma
         info = {"round": t + 1, "t": t, "sampled": pending["sampled"], "missing": pending["missing"],
@@ -444,18 +451,21 @@ class FedslStrategy(FedAvg):
         loc = self.alg.local
         return planned_steps(n_i, loc.batch_size, loc.epochs, loc.steps)
 
-    def run_server_half(self, t: int, ids: list[int], finals: dict) -> tuple[RunState, ServerMetrics, bool]:
+    def run_server_half(self, t: int, ids: list[int], finals: dict, start_losses: dict[int, float] | None = None
+                        ) -> tuple[RunState, ServerMetrics, bool]:
         """The algorithm's server half (``server_round.server_update``: the rule's update, FSL-p, line 10,
         γ) on the usable replies of clients ``ids`` (none: x̄ = x_t, then server learning as usual); and
-        whether their update was applied. ``finals``: client id -> (x_i, n_i, K_i). The new state is the
-        caller's to keep (``state``); SecAgg+'s rounds (``fedsl.flower.secagg``) call it too."""
+        whether their update was applied. ``finals``: client id -> (x_i, n_i, K_i); ``start_losses``: client id ->
+        F_i(x_t), for a rule that reads them (q-FedAvg). The new state is the caller's to keep (``state``);
+        SecAgg+'s rounds (``fedsl.flower.secagg``) call it too."""
         sim = self.sim
         state = RunState(sim.layout(self.state.x), self.state.algo, self.state.gamma)
         results = None
         if ids:
             results = ClientResults({n: torch.stack([finals[i][0][n] for i in ids]) for n in state.x},
                                     [finals[i][1] for i in ids], tuple(finals[i][2] for i in ids),
-                                    () if self.open else tuple(ids))  # open: node ids, not client ids
+                                    () if self.open else tuple(ids),  # open: node ids, not client ids
+                                    tuple(start_losses[i] for i in ids) if start_losses else ())
         new, metrics = server_update(self.alg, state, results, t, sim.server)
         if results is not None and not (_finite(new.x) and all(_finite(v) for v in new.algo.values())):
             # finite replies whose aggregate (or server learning from it) overflows
