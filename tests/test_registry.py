@@ -54,7 +54,11 @@ def test_server_sources_are_registry_entries_the_config_and_loader_read():
         assert callable(getattr(importlib.import_module(module), function)), (source.name, function)
         assert source.dataset is None or source.dataset in DATASETS, source.name
     choices = typing.get_args(DataConfig.model_fields["server_dataset"].annotation)
-    assert choices == registry.server_source_names() == ("fslsyn", "synthetic_chars", "stl10", "image_folder")
+    assert choices == registry.server_source_names() == ("fslsyn", "synthetic_chars", "stl10", "stl10_unlabelled",
+                                                         "image_folder")
+    # FedDF's unlabelled data: D0's images, or any source (labels never read; stl10_unlabelled has none)
+    assert typing.get_args(DataConfig.model_fields["unlabelled"].annotation) == ("server", *choices)
+    assert [s.name for s in registry.SERVER_SOURCES.values() if not s.labelled] == ["stl10_unlabelled"]
     with pytest.raises(ConfigError, match="^data.server_dataset = 'svhn'"):
         validate({"rounds": 2, "data": {"dataset": "toy", "server_source": "dataset", "server_dataset": "svhn"},
                   "algorithm": {"name": "fsl"}})

@@ -25,7 +25,10 @@ AVAILABILITY_PHASE = 12  # each client's phase in its fixed availability cycle (
 SAMPLE_AVAILABLE = 13  # S of the round's available clients (algorithm.availability < 1)
 STRAGGLERS = 14  # which sampled clients straggle, and how many of their K_i steps a partial one does
 SAMPLE_NODES = 19  # S of the connected nodes of a round (a Flower run with federation = 'open')
-# 20 onwards: Byzantine clients and robust rules (15 is DP's noise; 16-18 are free)
+# 16-18: FedDF's unlabelled data and distillation; 20 onwards: Byzantine clients and robust rules (15: DP's noise)
+DISTILL_BATCHES = 16  # the batches of the unlabelled data U (and dropout keys) of FedDF's distillation in round t
+DISTILL_SPLIT = 17  # which samples of U are held out for the distillation's early stopping, drawn once
+UNLABELLED = 18  # which images of an unlabelled source make U (data.unlabelled_size), drawn once
 ATTACKERS = 20  # which ⌊f·N⌋ clients are malicious for the whole run (attack.fraction), drawn once
 ATTACK_NOISE = 21  # a malicious client's Gaussian update in round t (attack.kind = 'gaussian')
 ROOT_BATCHES = 22  # the batches of D0 behind FLTrust's server update g0 in round t (robust.aggregator = 'fltrust')

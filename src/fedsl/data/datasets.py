@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsl.core.rng import TEST_SUBSET
+from fedsl.core.rng import TEST_SUBSET, UNLABELLED, rng
 from fedsl.data import partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet
 from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
@@ -146,6 +146,30 @@ def external_server_set(d, train: ImageSet, seed: int) -> ImageSet:
     return s
 
 
+def external_unlabelled_set(d, train: ImageSet, seed: int) -> ImageSet:
+    """U from another source (``data.unlabelled``, a name of ``registry.SERVER_SOURCES``): its images shaped as the
+    clients'; their labels are never read (-1 for a source without labels). ``data.server_per_class`` is D0's and
+    does not cut it."""
+    source = SERVER_SOURCES[d.unlabelled]
+    root = dataset_dir(source.dataset, d.server_data_dir or d.data_dir) if source.dataset else None
+    s = source.load(d.model_copy(update={"server_per_class": None}), train, seed, root)
+    if s.x.shape[1:] != train.x.shape[1:]:
+        raise DataError(f"data.unlabelled = {d.unlabelled!r}: its images have shape {s.x.shape[1:]}, the clients' "
+                        f"{train.x.shape[1:]}")
+    return s
+
+
+def unlabelled_subset(n: int, size: int, seed: int) -> np.ndarray:
+    """Positions of ``data.unlabelled_size`` = ``size`` of U's n images (0: all), drawn once from (seed,
+    ``UNLABELLED``), sorted; a source that draws them itself (STL-10's unlabelled images) draws the same ones."""
+    if not size or size == n:
+        return np.arange(n)
+    if size > n:
+        raise partition.PartitionError(f"data.unlabelled_size = {size}: the unlabelled data (data.unlabelled) has "
+                                       f"only {n} images")
+    return np.sort(rng(seed, UNLABELLED).permutation(n)[:size])
+
+
 def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     """Per-channel mean and (population) std of uint8 images [n, H, W(, C)], on the [0, 1] scale.
 
@@ -229,6 +253,13 @@ def build_federation(d, seed: int) -> Federation:
         x, y = np.concatenate([x, ext.x]), np.concatenate([y, ext.y])
     if d.server_source != "iid" and d.server_size:
         server = server[server_data.balanced_subset(y[server], d.server_size, seed)]
+    if d.unlabelled == "server":  # U: D0's images, labels ignored
+        unlabelled = server
+    else:  # U: another source's images, appended to the pool; no client or D0 draws from them
+        ext = external_unlabelled_set(d, train, seed)
+        unlabelled = len(y) + np.arange(len(ext))
+        x, y = np.concatenate([x, ext.x]), np.concatenate([y, ext.y])
+    unlabelled = unlabelled[unlabelled_subset(len(unlabelled), d.unlabelled_size, seed)]
 
     stats = input_stats(d, ds)
     x_test, y_test = to_tensor(ds.test.x, stats), torch.from_numpy(ds.test.y).long()
@@ -236,7 +267,8 @@ def build_federation(d, seed: int) -> Federation:
         keep = torch.from_numpy(test_subset(ds.test.y, d.test_size))
         x_test, y_test = x_test[keep], y_test[keep]
     return Federation(to_tensor(x, stats), torch.from_numpy(y).long(), clients, server, x_test, y_test,
-                      num_classes=len(ds.class_names), class_names=list(ds.class_names), input_stats=stats)
+                      num_classes=len(ds.class_names), class_names=list(ds.class_names), input_stats=stats,
+                      unlabelled=unlabelled)
 
 
 def test_subset(labels: np.ndarray, size: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ class Federation:
         class_names: one name per label.
         input_stats: (mean, std) per channel on the [0, 1] scale that standardised every
             input (``data.normalize = 'standardize'``); None when pixels are only / 255.
+        unlabelled: U, the server's unlabelled data (FedDF's distillation set), an index array into the pool
+            whose labels are never read: D0's own indices, or another source's images appended to the pool
+            (``data.unlabelled``); empty when the server has none.
     """
 
     x: torch.Tensor
@@ -32,6 +35,7 @@ class Federation:
     num_classes: int
     class_names: list[str]
     input_stats: tuple[list[float], list[float]] | None = None
+    unlabelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def num_clients(self) -> int:
@@ -55,7 +59,7 @@ class Federation:
     def to(self, device: torch.device, dtype: torch.dtype) -> "Federation":
         return Federation(self.x.to(device=device, dtype=dtype), self.y.to(device), self.clients, self.server,
                           self.x_test.to(device=device, dtype=dtype), self.y_test.to(device),
-                          self.num_classes, self.class_names, self.input_stats)
+                          self.num_classes, self.class_names, self.input_stats, self.unlabelled)
 
     def server_histogram(self) -> list[int]:
         return np.bincount(self.y[torch.from_numpy(self.server)].cpu().numpy(), minlength=self.num_classes).tolist() \

@@ -13,7 +13,8 @@ Loaders are imported on first use (``lazy``): some pull in heavy libraries (font
 
 The sources of a server dataset D0 other than the clients' pool (``data.server_source = 'dataset'``) are
 ``SERVER_SOURCES``, one entry each: the config's ``data.server_dataset`` choices and the loader
-(``fedsl.data.datasets.external_server_set``) read it.
+(``fedsl.data.datasets.external_server_set``) read it. They are also the sources of the server's unlabelled data
+(``data.unlabelled``, FedDF's), whose labels are never read; a source without labels serves only there.
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ class ServerSource:
             else ``data.data_dir`` (STL-10); None: generated, or a folder the config names.
         per_class: its loader applies ``data.server_per_class`` itself; otherwise the first
             ``server_per_class`` images of each class are kept after loading (FSLsyn's fixed 15).
+        labelled: its images have labels; False: a source of unlabelled data only (``data.unlabelled``, FedDF's
+            distillation set), whose loader labels every image -1 and applies ``data.unlabelled_size`` itself.
     """
 
     name: str
@@ -144,6 +147,7 @@ class ServerSource:
     note: str = ""
     dataset: str | None = None
     per_class: bool = True
+    labelled: bool = True
 
 
 SERVER_SOURCES: dict[str, ServerSource] = {source.name: source for source in (
@@ -151,6 +155,8 @@ SERVER_SOURCES: dict[str, ServerSource] = {source.name: source for source in (
                  per_class=False),
     ServerSource("synthetic_chars", lazy("fedsl.data.synthetic", "chars_server")),
     ServerSource("stl10", lazy("fedsl.data.stl10", "server_set"), dataset="stl10"),
+    ServerSource("stl10_unlabelled", lazy("fedsl.data.stl10", "unlabelled_set"), dataset="stl10", labelled=False,
+                 note="STL-10's 100,000 unlabelled images; data.unlabelled only"),
     ServerSource("image_folder", lazy("fedsl.data.image_folder", "server_set")),
 )}
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from fedsl.core.rng import UNLABELLED, rng
 from fedsl.data.arrays import ImageSet, cached_arrays, file_fingerprint
 from fedsl.data.download import fetch
 from fedsl.data.errors import DataError, download_hint
@@ -60,8 +61,9 @@ FOLDER = "stl10_binary"
 
 SIDE = 96
 IMAGE_BYTES = 3 * SIDE * SIDE
-# The members read (unlabeled_X.bin, 2.6 GB, is not needed and not extracted).
+# The members read (unlabeled_X.bin, 2.6 GB, is extracted only for the unlabelled source, ``unlabelled_set``).
 _MEMBERS = ("train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin", "class_names.txt", "fold_indices.txt")
+UNLABELLED_FILE = "unlabeled_X.bin"
 _SPLITS = ("train", "test")
 _CACHE_VERSION = 1
 MAX_IMAGES = 100_000  # the release's largest file, unlabeled_X.bin (the labelled splits: 5,000 and 8,000)
@@ -152,15 +154,14 @@ def read_stl10_binary(root: str | Path, splits: tuple[str, ...] = _SPLITS) -> di
     return out
 
 
-def extract_stl10(archive: str | Path, dest: str | Path) -> Path:
-    """Extract the labelled members of ``stl10_binary.tar.gz`` into ``dest/stl10_binary``.
-
-    ``unlabeled_X.bin`` (2.6 GB) is skipped. Each file is written under a temporary name and
+def extract_stl10(archive: str | Path, dest: str | Path, members: tuple[str, ...] = _MEMBERS) -> Path:
+    """Extract ``members`` of ``stl10_binary.tar.gz`` into ``dest/stl10_binary`` (default: the labelled ones;
+    ``unlabeled_X.bin``, 2.6 GB, only when asked for). Each file is written under a temporary name and
     renamed, so an interrupted extraction leaves no half file under the final name.
     """
     archive, out = Path(archive), Path(dest) / FOLDER
     out.mkdir(parents=True, exist_ok=True)
-    wanted = set(_MEMBERS)
+    wanted = set(members)
     try:
         with tarfile.open(archive, "r|gz") as tf:  # one pass over the stream
             for member in tf:
@@ -295,3 +296,45 @@ def server_set(d, train: ImageSet, seed: int, root: Path | None) -> ImageSet:
                         f"data.dataset is {d.dataset!r}")
     return load_stl10_as_cifar10(root, size=train.x.shape[1:3], per_class=d.server_per_class, seed=seed,
                                  download=d.download)
+
+
+def unlabelled_set(d, train: ImageSet, seed: int, root: Path | None) -> ImageSet:
+    """The registry's unlabelled source ``data.unlabelled = 'stl10_unlabelled'`` (``fedsl.data.registry``): STL-10's
+    unlabelled images (``unlabeled_X.bin`` of the publisher's binary release, 100,000 of them), resized to the
+    clients' colour images; every label -1 (there are none). ``data.unlabelled_size`` of them (0: all), drawn once
+    from (seed, ``UNLABELLED``) before any is decoded; ``root``: the STL-10 folder located.
+
+    With ``data.download`` (or the archive in ``root``) the archive's ``unlabeled_X.bin`` is extracted.
+    """
+    shape = train.x.shape[1:]
+    if len(shape) != 3 or shape[2] != 3:
+        raise DataError(f"data.unlabelled = 'stl10_unlabelled' has colour images, and data.dataset = {d.dataset!r} "
+                        "has grey ones: expected a dataset of RGB images")
+    root = Path(root) if root is not None else Path(".")
+    path = next((p / UNLABELLED_FILE for p in (root / FOLDER, root) if (p / UNLABELLED_FILE).is_file()), None)
+    if path is None and (d.download or (root / ARCHIVE).is_file()):
+        path = extract_stl10(fetch(URL, root / ARCHIVE, f"md5:{MD5}"), root, (UNLABELLED_FILE,)) / UNLABELLED_FILE
+    if path is None:
+        raise DataError(f"{root / FOLDER / UNLABELLED_FILE}: STL-10's unlabelled images not found; put "
+                        f"{ARCHIVE} (its {UNLABELLED_FILE}, 2.6 GB, is extracted) or the extracted file there, or "
+                        f"{download_hint()}")
+    n_bytes = path.stat().st_size
+    if n_bytes % IMAGE_BYTES or n_bytes // IMAGE_BYTES > MAX_IMAGES:
+        raise DataError(f"{path} has {n_bytes:,} bytes: expected whole 3x96x96 images ({IMAGE_BYTES} bytes each), at "
+                        f"most {MAX_IMAGES:,}; extract it again from {ARCHIVE}")
+    n = n_bytes // IMAGE_BYTES
+    size = d.unlabelled_size or n
+    if size > n:
+        raise DataError(f"data.unlabelled_size = {size}: {path} holds only {n:,} images")
+    pick = np.sort(rng(seed, UNLABELLED).permutation(n)[:size]) if size < n else np.arange(n)
+    # the file's identity by size and time, not a checksum: hashing 2.6 GB would cost more than the decoding it saves
+    stat = path.stat()
+    recipe = {"v": 1, "file": [str(path.resolve()), n_bytes, stat.st_mtime_ns], "size": size,
+              "seed": seed if size < n else 0, "side": [int(shape[0]), int(shape[1])]}
+
+    def build() -> dict[str, np.ndarray]:
+        raw = np.memmap(path, dtype=np.uint8, mode="r", shape=(n, IMAGE_BYTES))
+        return {"x": resize_images(stl10_images_from_binary(np.asarray(raw[pick])), (shape[0], shape[1]))}
+
+    x = cached_arrays("stl10_unlabelled", recipe, build)["x"]
+    return ImageSet(x, np.full(len(x), -1, dtype=np.int64), list(train.class_names))

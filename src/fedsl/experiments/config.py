@@ -76,6 +76,7 @@ def slug(text: str) -> str:
 
 DATASETS = registry.names()  # one entry each in fedsl.data.registry.DATASETS
 SERVER_DATASETS = registry.server_source_names()  # D0's other sources: fedsl.data.registry.SERVER_SOURCES
+UNLABELLED_SOURCES = ("server", *SERVER_DATASETS)  # FedDF's unlabelled data: D0's images, or another source's
 
 
 class DataConfig(_Strict):
@@ -122,6 +123,12 @@ class DataConfig(_Strict):
     server_per_class: int | None = Field(None, ge=1, le=100_000, description="other-source D0: samples per class "
                                                                                "(paper FSLsyn: STL-10 56 or 80; "
                                                                                "at most 100,000)")
+    unlabelled: Literal[UNLABELLED_SOURCES] = Field(
+        "server", description="the server's unlabelled data U that FedDF distils on (labels, if any, never read): "
+                              "'server' = D0's images, or another source of data.server_dataset's list (e.g. 'stl10', "
+                              "or 'stl10_unlabelled': STL-10's 100,000 unlabelled images), appended to the pool")
+    unlabelled_size: int = Field(0, ge=0, le=SAMPLES_MAX, description="|U|: that many of data.unlabelled's images, "
+                                 "drawn once from the seed (0 = all; at most 10^7)")
     test_size: int | None = Field(None, ge=1, le=SAMPLES_MAX, description="evaluate on this many test samples: a "
                                   "class-balanced subset drawn once, the same for every run and seed (quick looks, "
                                   "quick forms); default: the whole test split, as the paper")
@@ -143,6 +150,10 @@ class DataConfig(_Strict):
             raise ValueError(f"data.classes = 'paper45' is for dataset 'emnist', not {self.dataset!r}")
         if self.quantity_skew is not None and self.partition != "iid":
             raise ValueError(f"data.quantity_skew = {self.quantity_skew}: only with data.partition = 'iid'")
+        if self.server_source == "dataset" and not registry.SERVER_SOURCES[self.server_dataset].labelled:
+            raise ValueError(f"data.server_dataset = {self.server_dataset!r} has no labels, and D0 needs them: "
+                             f"expected a labelled source, or data.unlabelled = {self.server_dataset!r} (FedDF's "
+                             "unlabelled data)")
         check = registry.DATASETS[self.dataset].check_config  # the dataset's own rules (synthetic_chars: its size)
         problem = check(self) if check is not None else None
         if problem:
@@ -152,6 +163,11 @@ class DataConfig(_Strict):
     @property
     def has_server_data(self) -> bool:
         return self.server_source != "iid" or self.server_size > 0
+
+    @property
+    def has_unlabelled_data(self) -> bool:
+        """The server has unlabelled data U: D0's images, or another source's."""
+        return self.unlabelled != "server" or self.has_server_data
 
 
 class ModelConfig(_Strict):
