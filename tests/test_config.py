@@ -316,7 +316,7 @@ def test_zero_gamma_is_allowed():
     ("algorithm", "local_lr", 0, "greater than 0"),
     ("algorithm", "local_lr", -0.1, "greater than 0"),
     ("algorithm", "batch_size", 0, "greater than or equal to 1"),
-    ("algorithm", "name", "fedfoo", "'fednova' or 'moon'"),
+    ("algorithm", "name", "fedfoo", "'fednova', 'moon'"),
     ("algorithm", "weighted", [True], "valid boolean"),
     ("data", "num_clients", -3, "greater than or equal to 1"),
     ("data", "dataset", "svhn", "'synthetic_chars'"),

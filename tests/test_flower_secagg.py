@@ -274,6 +274,8 @@ def test_a_halted_round_still_runs_server_learning(one_thread, tmp_path):
                                                              "server, and under secagg = true"),
     ({"algorithm.name": "scaffold"}, "algorithm.name = 'scaffold' updates its control variate c with each client's"),
     ({"algorithm.name": "fednova"}, "algorithm.name = 'fednova' normalises each client's update by its own local"),
+    ({"algorithm.name": "feddf"}, "algorithm.name = 'feddf' distils the ensemble of the round's individual client "
+                                  "models on the server; under secagg = true"),
     ({"algorithm.name": "feddyn", "algorithm.weighted": True}, "algorithm.name = 'feddyn' averages the models plainly"),
     ({"algorithm.clients_per_round": 1}, "algorithm.clients_per_round = 1 with secagg = true: SecAgg+ sums"),
     ({"secagg-shares": 2}, "run config secagg-shares = 2: expected an integer in 3..algorithm.clients_per_round = 3"),

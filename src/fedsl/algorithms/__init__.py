@@ -6,6 +6,8 @@
 - ``ds``: FedAvg where clients train on D_i ∪ D0 (data sharing).
 - ``feddu``: FedAvg + line 10 with a step γ_t set each round by FedDU's rule (FedDUAP);
   ``d0_only``: the control that drops the clients' updates and keeps line 10 (``feddu.py``).
+- ``feddf``: FedAvg, then the ensemble of the round's client models distilled into their average on unlabelled
+  server data (FedDF; ``distillation``); with server learning, line 10 follows (FedDF + FSL).
 - ``scaffold``, ``feddyn``, ``fedprox``, ``fedavgm``, ``fedadam``, ``fedyogi``, ``fedadagrad``, ``fednova``: the
   baselines;
   any of them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
@@ -23,9 +25,10 @@ The modules, from the bottom up (each imports from its own row or the rows above
 
 - ``base`` (a rule's two halves, the round's state and replies, LocalSGD), ``spec``, ``gamma_schedule``,
   ``label_counts`` (the clients' and D0's class counts): they import nothing of the package;
-- ``server_learning`` (γ, η0, B0, K0, FSL or FSL-p), ``robust``, ``privacy``: settings and aggregates;
+- ``server_learning`` (γ, η0, B0, K0, FSL or FSL-p), ``robust``, ``privacy``, ``distillation`` (FedDF's settings
+  and its distillation loop): settings and aggregates;
 - the rules: ``fedavg``, ``fedprox``, ``fedopt``, ``scaffold``, ``feddyn``, ``fednova``, ``moon``,
-  ``qfedavg``, ``feddu``;
+  ``qfedavg``, ``feddu``, ``feddf``;
 - ``algorithm``: ``Algorithm``, a rule composed with the clients' schedule, server learning, a robust rule
   and privacy;
 - ``server_round``: the server's round of an ``Algorithm`` (lines 8-10), what the engines and Flower call;
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedsl.algorithms import fedavg, feddu, feddyn, fednova, fedopt, fedprox, moon, qfedavg, scaffold
+from fedsl.algorithms import fedavg, feddf, feddu, feddyn, fednova, fedopt, fedprox, moon, qfedavg, scaffold
 from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import (
     ClientResults,
@@ -48,6 +51,7 @@ from fedsl.algorithms.base import (
     State,
     client_update,
 )
+from fedsl.algorithms.distillation import Distillation
 from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.feddyn import FedDyn
 from fedsl.algorithms.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
@@ -62,7 +66,7 @@ from fedsl.algorithms.spec import HyperParam, Spec
 
 # Every algorithm's spec, by name; a new algorithm adds its module here.
 SPECS: dict[str, Spec] = {s.name: s for s in (*fedavg.SPECS, *feddu.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC,
-                                                feddyn.SPEC, fednova.SPEC, moon.SPEC, qfedavg.SPEC)}
+                                                feddyn.SPEC, fednova.SPEC, moon.SPEC, qfedavg.SPEC, feddf.SPEC)}
 ALGORITHMS = tuple(SPECS)
 
 
@@ -109,7 +113,7 @@ def check_server_learning(name: str, learning: str, has_server_data: bool) -> st
 
 def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: ServerLearning | None,
                    weighted: bool = False, robust: Robust | None = None, privacy: DifferentialPrivacy | None = None,
-                   **hp) -> Algorithm:
+                   distillation: Distillation | None = None, **hp) -> Algorithm:
     """Build algorithm ``name``.
 
     - fsl: FedAvg + ``server`` as incremental SL (Algorithm 1); fsl_p: FedAvg + ``server``
@@ -121,6 +125,8 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
     beta2, tau, alpha, rho; the spec's defaults for those not given). Whether ``server`` composes with
     the rule is ``check_server_learning``'s question, asked once at config validation; here it is assumed.
     ``privacy``: DP-FedAvg's clipped, noised mean of the clients' updates before the rule reads them (None: off).
+    ``distillation``: FedDF's settings, for a rule whose spec ``distills`` (default: ``Distillation()``'s); it
+    reads each client's model, so it takes no robust rule or privacy (config validation refuses them).
     """
     sp = spec(name)
     rule = make_rule(name, global_lr, **hp)
@@ -128,11 +134,18 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
         assert server is not None, f"{name} needs server learning (check_server_learning)"
         server = replace(server, mode=sp.server_learning)
     assert server is None or server.mode != "parallel" or sp.parallel_ok, f"FSL-p with {name}: check_server_learning"
+    robust = robust if robust is not None and robust.active else None
+    if sp.distills:
+        assert robust is None and privacy is None, f"{name} reads each client's model: no robust rule or DP"
+        distillation = distillation or Distillation()
+    else:
+        assert distillation is None, f"{name} does not distil"
     return Algorithm(name, local, rule, weighted, server_learning=server, share_server_data=sp.shares_server_data,
-                     spec=sp, robust=robust if robust is not None and robust.active else None, privacy=privacy)
+                     spec=sp, robust=robust, privacy=privacy, distillation=distillation)
 
 
 __all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "ClientResults", "DifferentialPrivacy",
+           "Distillation",
            "LocalSGD",
            "RunState", "client_update", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedProx", "FedYogi",
            "GammaSchedule",

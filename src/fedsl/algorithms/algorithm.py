@@ -4,12 +4,14 @@
 FedDyn, ...), the clients' LocalSGD schedule (η_l, B, E_c or K), and what the server's round
 (``server_round``) puts around the rule's ``server_update``: a robust aggregate (``robust``) and DP-FedAvg's
 private aggregate (``privacy``) before it, server learning on D0 after it (``server_learning``: K0 steps of
-γ_t·η0, FSL) or beside it (FSL-p). The paper's variants are compositions: FSL = FedAvg + incremental server
+γ_t·η0, FSL) or beside it (FSL-p), and FedDF's ensemble distillation on unlabelled data between the two
+(``distillation``). The paper's variants are compositions: FSL = FedAvg + incremental server
 learning; FSL-p = FedAvg + the server as one more client; DS = FedAvg on D_i ∪ D0 (``share_server_data``).
 ``fedsl.algorithms.make_algorithm`` builds one from its name and ``Spec``.
 
-It sits above the pieces it composes (``base``, ``spec``, ``server_learning``, ``robust``, ``privacy``) and
-below the server's round that runs it (``server_round``), so none of those pieces needs to know it.
+It sits above the pieces it composes (``base``, ``spec``, ``server_learning``, ``robust``, ``privacy``,
+``distillation``) and below the server's round that runs it (``server_round``), so none of those pieces needs to
+know it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedsl.algorithms.base import LocalTraining, ServerRule
+from fedsl.algorithms.distillation import Distillation
 from fedsl.algorithms.privacy import DifferentialPrivacy
 from fedsl.algorithms.robust import Robust
 from fedsl.algorithms.server_learning import ServerLearning
@@ -39,6 +42,8 @@ class Algorithm:
         spec: what outside the arithmetic depends on the algorithm (stacking, Flower, defaults).
         robust: a robust aggregate of the clients' updates before the rule's mean (``robust.robust_results``);
             None: the rule's own aggregation.
+        distillation: FedDF's ensemble distillation of the round's client models into x̄_t on unlabelled server
+            data, before server learning (``distillation``; None: off).
     """
 
     name: str
@@ -50,6 +55,7 @@ class Algorithm:
     privacy: DifferentialPrivacy | None = None
     spec: Spec | None = None  # the algorithm's spec (fedsl.algorithms.spec); set by make_algorithm
     robust: Robust | None = None  # a robust server rule (fedsl.algorithms.robust); None or "mean": none
+    distillation: Distillation | None = None  # FedDF's fusion (fedsl.algorithms.distillation); None: off
 
     @property
     def global_lr(self) -> float | None:

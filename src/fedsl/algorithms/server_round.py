@@ -2,6 +2,7 @@
 
     {x_i}   = robust_results(x_t, {x_i})                           a robust server rule, if any (robust.py)
     x̄_t     = rule.server_update(x_t, {x_i})                       lines 8-9 (FedAvg: x + η_g·mean Δ_i)
+    x̄_t     ← distil {x_i} into x̄_t on unlabelled data U           FedDF, if the algorithm distils (distillation.py)
     x_{t+1} = LocalSGD(x̄_t, γ_t·η0, K0, D0)                        line 10 (FSL)
 
 DP-FedAvg's private aggregate (``privacy``) replaces the clients' models after the robust step, when on.
@@ -27,6 +28,7 @@ import torch
 
 from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import ClientResults, RoundContext, RunState, client_weights
+from fedsl.algorithms.distillation import Distilled
 from fedsl.algorithms.label_counts import LabelCounts
 from fedsl.algorithms.privacy import privatize
 from fedsl.algorithms.robust import robust_results
@@ -49,6 +51,9 @@ class ServerSide:
         root_update: ``root_update(x, t) -> x'``: FLTrust's server model, LocalSGD on D0 from x with the
             robust rule's own schedule (``Robust.root``) over round t's batches; None where no rule needs it.
         seed: the run's seed (the stream of DP-FedAvg's noise, with t: ``fedsl.algorithms.privacy``).
+        distill: ``distill(x̄, finals, t) -> Distilled``: FedDF's distillation of round t's client models ``finals``
+            (stacked) into x̄ on the server's unlabelled data (``distillation.distill`` over the engine's batches);
+            None where the algorithm does not distil.
     """
 
     num_clients: int
@@ -59,6 +64,7 @@ class ServerSide:
     label_counts: Callable[[], LabelCounts] | None = None
     root_update: Callable[[Params, int], Params] | None = None
     seed: int = 0
+    distill: Callable[[Params, Params, int], Distilled] | None = None
 
 
 @dataclass
@@ -71,6 +77,7 @@ class Aggregated:
     cos: float | None  # cos θ_t, when measured
     server_steps: int  # K0 taken so far (FSL-p's server "client")
     incremental: bool  # whether line 10 is still to run
+    distill_steps: int = 0  # FedDF's distillation steps taken this round
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class ServerMetrics:
     gamma: float | None  # γ_t used this round
     cos_theta: float | None  # cos θ_t between -∇f0(x_t) and the clients' update
     server_steps: int  # K0 taken (0 without server learning)
+    distill_steps: int = 0  # FedDF's distillation steps taken (0 without distillation or client models)
 
 
 def initial_gamma(alg: Algorithm) -> float | None:
@@ -187,7 +195,8 @@ def finish(alg: Algorithm, state: RunState, agg: Aggregated, x_next: Params, ser
     gamma = state.gamma
     if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive" and agg.cos is not None:
         gamma = sl.gamma_schedule.adapt(sl.gamma, agg.gamma, agg.cos)
-    return RunState(x_next, agg.algo, gamma, state.clients), ServerMetrics(agg.gamma, agg.cos, server_steps)
+    return RunState(x_next, agg.algo, gamma, state.clients), ServerMetrics(agg.gamma, agg.cos, server_steps,
+                                                                          agg.distill_steps)
 
 
 RuleUpdates = Callable[[], list[tuple[Params, State]]]
@@ -210,7 +219,7 @@ def server_updates(algs: Sequence[Algorithm], states: Sequence[RunState], result
                    line10: Line10 | None = None) -> list[tuple[RunState, ServerMetrics]]:
     """Algorithm 1's server half, round t, for R runs side by side (a single run is a stack of one):
     each run's rule update (lines 8-9: FedAvg's x̄ = x + η_g·mean Δ_i; FSL-p beside it), then server
-    learning on D0 from x̄ (line 10: K0 steps of γ_t·η0), then γ's adaptation.
+    learning on D0 from x̄ (line 10: K0 steps of γ_t·η0; FedDF distils x̄ first), then γ's adaptation.
 
     Args:
         algs, states, results, servers: each run's algorithm, state x_t, clients' replies (None: none
@@ -225,6 +234,9 @@ def server_updates(algs: Sequence[Algorithm], states: Sequence[RunState], result
         updated = [None] * len(algs)
     aggs = [aggregate(alg, st, res, t, srv, up) for alg, st, res, srv, up in zip(algs, states, results, servers,
                                                                                 updated)]
+    for alg, a, res, srv in zip(algs, aggs, results, servers):
+        if alg.distillation is not None and res is not None:  # FedDF: x̄_t distilled from the round's client models
+            distil(alg, a, res, t, srv)
     nexts = [(a.x_bar, a.server_steps) for a in aggs]
     runs = [r for r, a in enumerate(aggs) if a.incremental]
     if runs:  # Algorithm 1, line 10: x_{t+1} = LocalSGD(x̄_t, γ_t·η0, K0, D0)
@@ -236,6 +248,17 @@ def server_updates(algs: Sequence[Algorithm], states: Sequence[RunState], result
         for r, out in zip(runs, outs):
             nexts[r] = out
     return [finish(alg, st, a, x, k0) for alg, st, a, (x, k0) in zip(algs, states, aggs, nexts)]
+
+
+def distil(alg: Algorithm, agg: Aggregated, results: ClientResults, t: int, server: ServerSide) -> None:
+    """FedDF's fusion of round t (``distillation``): x̄_t, in ``agg``, replaced by the model distilled from the
+    ensemble of the clients' models in ``results`` (those that reached the server) on the server's unlabelled data,
+    before line 10. The clients' models as they arrived: the algorithm has no robust rule or privacy
+    (``make_algorithm``), which would replace them."""
+    if server.distill is None:
+        raise ValueError(f"algorithm {alg.name!r} distils on the server's unlabelled data: the engine gives no distill")
+    out = server.distill(agg.x_bar, results.params, t)
+    agg.x_bar, agg.distill_steps = out.x, out.steps
 
 
 def angle(x: Params, finals: Params, weights: torch.Tensor, g0: Params) -> float:

@@ -76,6 +76,9 @@ class Spec:
         secagg_refused: why the server half cannot run on the sum of the clients' models that SecAgg+
             leaves the server (SCAFFOLD, FedNova), as a message's clause; "" = it can (a rule that
             ``sends`` server state is refused for that, too).
+        distills: the server distils the ensemble of the round's client models into x̄_t on unlabelled server data
+            (FedDF, ``distillation``): it reads each client's model, so a robust rule or DP-FedAvg in front of the
+            rule (which replace those models) cannot run with it, and it needs unlabelled data (``data.unlabelled``).
     """
 
     name: str
@@ -98,6 +101,7 @@ class Spec:
     reads_start_loss: bool = False
     plain_mean: bool = False
     secagg_refused: str = ""
+    distills: bool = False
     summary: str = field(default="", compare=False)
 
     def default_global_lr(self, clients_per_round: int) -> float | None:

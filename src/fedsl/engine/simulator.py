@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from fedsl.algorithms import distillation
 from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import ClientResults, LocalTraining, RunState, State
 from fedsl.algorithms.label_counts import LabelCounts, label_counts
@@ -55,6 +56,7 @@ class RoundInfo:
     cos_theta: float | None = None  # cos of the angle between -∇f0(x_t) and the clients' update
     comm_params: int = 0  # parameters sent down and up this round
     dropped: tuple[int, ...] = ()  # sampled clients whose update never arrived (stragglers, mode 'drop')
+    distill_steps: int = 0  # FedDF's distillation steps taken (early stopping may end them before distill.steps)
 
 
 @dataclass
@@ -138,6 +140,7 @@ class Simulator:
                                x_test=fed.x_test.contiguous(memory_format=torch.channels_last))
         self.num_params = sum(p.numel() for p in fm.module.parameters())
         self._label_counts: LabelCounts | None = None
+        self._unlabelled_parts: tuple[np.ndarray, torch.Tensor] | None = None
 
     def initial_params(self, pretrain: Pretraining | None = None) -> Params:
         """x_0: the model's initialisation, optionally pretrained on D0 (before round 1)."""
@@ -279,7 +282,7 @@ class Simulator:
         comm = (2 * len(work.ids) - len(work.dropped)) * self.num_params * (self.alg.spec.comm_factor
                                                                              if self.alg.spec else 1)
         info = RoundInfo(work.ids, work.steps, metrics.server_steps, metrics.gamma, metrics.cos_theta, comm,
-                         tuple(sorted(work.dropped)))
+                         tuple(sorted(work.dropped)), metrics.distill_steps)
         # last, so that an interruption inside the round leaves the tables as the checkpoint expects
         at = self._table_index(work)
         for key, new_rows in rows.items():
@@ -297,12 +300,13 @@ class Simulator:
 
     @property
     def server(self) -> ServerSide:
-        """N, n0, LocalSGD on D0, ∇f0, the accuracy on D0, the label counts, FLTrust's server model and the seed
-        (DP-FedAvg's noise): what the server half needs."""
+        """N, n0, LocalSGD on D0, ∇f0, the accuracy on D0, the label counts, FLTrust's server model, the seed
+        (DP-FedAvg's noise) and FedDF's distillation: what the server half needs."""
         rb = self.alg.robust
         root = self.root_sgd if rb is not None and rb.aggregator == "fltrust" else None
+        distill = self.distill if self.alg.distillation is not None else None
         return ServerSide(self.fed.num_clients, self.fed.n0, self.server_sgd, self.f0_gradient, self.d0_accuracy,
-                          self.label_counts, root, self.seed)
+                          self.label_counts, root, self.seed, distill)
 
     def d0_accuracy(self, x: Params) -> float:
         """The accuracy of ``x`` on D0 (FedDU's acc_t)."""
@@ -336,6 +340,43 @@ class Simulator:
         plan = make_plan([self.fed.server], [SERVER_ID], loc.batch_size, loc.epochs, loc.steps, self.seed, t,
                          rng.ROOT_BATCHES).to(self.device, self.dtype)
         return self._one(self.executor.local_sgd(self.layout(params), plan, self.fed.x, self.fed.y, loc.lr))
+
+    def unlabelled_parts(self) -> tuple[np.ndarray, torch.Tensor]:
+        """U's training part (pool indices, on the host: the batch plans draw from it) and validation part (on the
+        device): ``distill.val_fraction`` of U held out, drawn once from (seed, DISTILL_SPLIT)."""
+        if self._unlabelled_parts is None:
+            d, u = self.alg.distillation, np.asarray(self.fed.unlabelled)
+            assert d is not None, "only an algorithm that distils splits U"
+            train, val = distillation.split(len(u), d.val_fraction, rng.rng(self.seed, rng.DISTILL_SPLIT))
+            self._unlabelled_parts = u[train], to_device(torch.from_numpy(u[val]), self.device)
+        return self._unlabelled_parts
+
+    def distill_plan(self, t: int) -> BatchPlan:
+        """Round t's distillation batches of U's training part: K = ``distill.steps`` batches of ``distill.batch_size``
+        (epochs reshuffled), their dropout keys from (seed, t, DISTILL_BATCHES)."""
+        d = self.alg.distillation
+        assert d is not None
+        return make_plan([self.unlabelled_parts()[0]], [SERVER_ID], d.batch_size, 1, d.steps, self.seed, t,
+                         rng.DISTILL_BATCHES).to(self.device, self.dtype)
+
+    def distill(self, x_bar: Params, finals: Params, t: int) -> distillation.Distilled:
+        """FedDF's fusion in round t: the ensemble of the client models ``finals`` (stacked) distilled into x̄ on
+        U (``distillation.distill``: the student in training mode, the teachers and the validation in evaluation
+        mode)."""
+        d, fm = self.alg.distillation, self.fm
+        assert d is not None
+        plan = self.distill_plan(t)
+
+        def student(params: Params, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+            fm.train(True)
+            return fm.forward(params, x, key)
+
+        def predict(params: Params, x: torch.Tensor) -> torch.Tensor:
+            fm.train(False)
+            return fm.forward(params, x)
+
+        return distillation.distill(d, self.layout(x_bar), finals, student, predict, self.fed.x, plan.idx[0],
+                                    plan.weight[0], plan.keys[0], self.unlabelled_parts()[1], self.eval_batch_size)
 
     def finetune(self, params: Params, epochs: int, lr: float, batch_size: int) -> Params:
         """``epochs`` epochs of SGD on D0 from ``params`` (step ``lr``, batches of ``batch_size``): the

@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from fedsl.algorithms import ALGORITHMS, SPECS, check_server_learning, defaults
+from fedsl.algorithms.distillation import SCHEDULES as DISTILL_SCHEDULES
+from fedsl.algorithms.distillation import Distillation
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.algorithms.gamma_schedule import Kind as GammaKind
 from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, Robust, bucket_count, default_bulyan_f, default_krum_f
@@ -29,6 +31,7 @@ from fedsl.engine.functional import EVAL_PRECISIONS
 # γ's schedule (server.gamma_*), the robust rule ([robust]), the Byzantine clients ([attack]) and participation
 # (algorithm.availability, straggler_*), as the rules' own hyper-parameters take theirs from their specs.
 _SCHEDULE, _ROBUST, _ATTACK, _PARTICIPATION = GammaSchedule(), Robust(), Attack(), Participation()
+_DISTILL = Distillation()  # FedDF's [distill] table
 
 
 class ConfigError(ValueError):
@@ -310,6 +313,35 @@ class RobustConfig(_Strict):
                         "means (Karimireddy et al., ICLR 2022); 1 = no bucketing")
 
 
+class DistillConfig(_Strict):
+    """FedDF's ensemble distillation on the server's unlabelled data (``fedsl.algorithms.distillation``: which
+    defaults are the paper's, the authors' code's and ours); read by algorithms that distil (feddf)."""
+    lr: float = Field(_DISTILL.lr, gt=0, description="Adam's step size (paper: 1e-3)")
+    temperature: float = Field(_DISTILL.temperature, gt=0, description="T of the softmaxes the KL compares (authors' "
+                                                                      "code: 1)")
+    steps: int = Field(_DISTILL.steps, ge=1, le=STEPS_MAX, description="K, distillation steps per round at most "
+                                                                       "(paper: 10^4; at most 10^6)")
+    batch_size: int = Field(_DISTILL.batch_size, ge=1, le=BATCH_MAX, description="unlabelled samples per step "
+                                                                                 "(authors' code: 128)")
+    eval_every: int = Field(_DISTILL.eval_every, ge=1, le=STEPS_MAX, description="steps between validations of the "
+                                                                                 "KL on the held-out part (authors' "
+                                                                                 "code: 100)")
+    patience: int = Field(_DISTILL.patience, ge=1, le=STEPS_MAX, description="stop when the validation KL has not "
+                                                                             "improved for this many steps (paper: "
+                                                                             "10^3); the best validated model is kept")
+    val_fraction: float = Field(_DISTILL.val_fraction, ge=0, lt=1, description="share of the unlabelled data held "
+                                "out for early stopping, drawn once per run (ours: 0.1; 0 = no early stopping: K "
+                                "steps, the last model)")
+    schedule: Literal[DISTILL_SCHEDULES] = Field(_DISTILL.schedule, description="Adam's step size over the K steps: "
+                                                 "'cosine' (annealed to 0, as the authors') or 'constant'")
+    clip: float = Field(_DISTILL.clip, ge=0, description="clip the gradient to this norm before each step (authors' "
+                                                         "code: 5; 0 = no clipping)")
+
+    def settings(self) -> Distillation:
+        return Distillation(self.lr, self.temperature, self.steps, self.batch_size, self.eval_every, self.patience,
+                            self.val_fraction, self.schedule, self.clip)
+
+
 def krum_rows(r: RobustConfig) -> tuple[str, str]:
     """What Krum's S counts in an error message (the key, its symbol): a round's clients or their bucket means."""
     if r.bucket > 1:
@@ -489,6 +521,7 @@ class RunConfig(_Strict):
     attack: AttackConfig = Field(AttackConfig(), description="an [attack] table (Byzantine clients, simulation only)")
     robust: RobustConfig = Field(RobustConfig(), description="a [robust] table (a robust server rule)")
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="a [privacy] table (DP-FedAvg: clip, noise, ε)")
+    distill: DistillConfig = Field(DistillConfig(), description="a [distill] table (FedDF's ensemble distillation)")
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides, one run each, compared side by side")
 
@@ -559,8 +592,25 @@ class RunConfig(_Strict):
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
                              "or data.server_source = 'clients' / 'dataset'")
+        if sp.distills:
+            self._distill_checks()
         self._robust_checks()
         return self
+
+    def _distill_checks(self) -> None:
+        """What an algorithm that distils the clients' ensemble on unlabelled data (FedDF) needs (one line each)."""
+        name, d = self.algorithm.name, self.data
+        if not d.has_unlabelled_data:
+            raise ValueError(f"algorithm.name = {name!r} distils on the server's unlabelled data, and the server has "
+                             "none: expected data.unlabelled = a source (e.g. 'stl10_unlabelled'), or D0's images "
+                             "(data.server_size > 0 or data.server_source = 'clients' / 'dataset')")
+        if self.robust.aggregator != "mean":
+            raise ValueError(f"robust.aggregator = {self.robust.aggregator!r} with algorithm.name = {name!r}: its "
+                             "distillation reads each client's model, which a robust rule replaces: expected "
+                             "robust.aggregator = 'mean'")
+        if self.privacy.enabled:
+            raise ValueError(f"privacy.clip = {self.privacy.clip} with algorithm.name = {name!r}: its distillation "
+                             "reads each client's model, which DP-FedAvg does not protect: expected privacy unset")
 
     def _robust_checks(self) -> None:
         """Robust rules that cannot run with this config (one line each)."""

@@ -12,6 +12,7 @@ from typing import Any
 from fedsl.algorithms import (
     Algorithm,
     DifferentialPrivacy,
+    Distillation,
     GammaSchedule,
     LocalTraining,
     Pretraining,
@@ -21,6 +22,7 @@ from fedsl.algorithms import (
     make_algorithm,
     spec,
 )
+from fedsl.algorithms.distillation import ORIGIN
 from fedsl.algorithms.robust import bucket_count, default_bulyan_f, default_krum_f
 from fedsl.core import privacy_accounting
 from fedsl.core.privacy_accounting import AccountingUnavailable, Budget, CalibrationError
@@ -111,8 +113,9 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         note("δ", "DP's δ", budget.delta, p.delta, "default min(1e-5, 1/N^1.1)")
         note("q", "client sampling rate S/N (DP accounting)", round(budget.q, 6), None, "derived")
         privacy = DifferentialPrivacy(p.clip, budget.noise_multiplier, S)
+    distillation = distill_settings(cfg, fed, note) if sp.distills else None
     # validation checked it all
-    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, robust, privacy, **rule_hp)
+    algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, robust, privacy, distillation, **rule_hp)
 
     if s.finetune_epochs:
         note("E_ft", "fine-tuning epochs on D0 after round T", s.finetune_epochs, True)
@@ -123,6 +126,32 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         pretrain = Pretraining(s.pretrain_epochs, s.pretrain_lr, min(pb, n0))
         note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, True)
     return algorithm, pretrain, hp
+
+
+# FedDF's settings in the printed table: key of [distill] -> (symbol, meaning)
+DISTILL_ROWS = {"lr": ("η_kd", "distillation: Adam's step size"), "temperature": ("T_kd", "distillation temperature"),
+                "steps": ("K_kd", "distillation steps per round (at most)"),
+                "batch_size": ("B_kd", "distillation batch size (unlabelled)"),
+                "eval_every": ("every_kd", "distillation: steps between validations"),
+                "patience": ("pat_kd", "distillation: early-stopping patience (steps)"),
+                "val_fraction": ("val_kd", "distillation: held-out share of U"),
+                "schedule": ("sched_kd", "distillation: step-size schedule"),
+                "clip": ("clip_kd", "distillation: gradient norm clip")}
+
+
+def distill_settings(cfg: RunConfig, fed: Federation, note: Callable[..., Any]) -> Distillation:
+    """FedDF's distillation settings (``[distill]``), each noted with where its default comes from (the paper, the
+    authors' code, ours: ``distillation.ORIGIN``); U, the server's unlabelled data, must not be empty."""
+    n = len(fed.unlabelled)
+    if n == 0:
+        raise ConfigError(f"algorithm.name = {cfg.algorithm.name!r} distils on the server's unlabelled data: "
+                          f"data.unlabelled = {cfg.data.unlabelled!r} gave none")
+    note("|U|", "server's unlabelled samples", n, True)
+    dc, default = cfg.distill, Distillation()
+    for key, (symbol, meaning) in DISTILL_ROWS.items():
+        value = getattr(dc, key)
+        note(symbol, meaning, value, value if value != getattr(default, key) else None, f"default: {ORIGIN[key]}")
+    return dc.settings()
 
 
 def finetune_lr(cfg: RunConfig) -> float:

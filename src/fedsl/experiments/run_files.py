@@ -100,11 +100,12 @@ class Checkpoints(Callback):
 
 def uses_server_data(prep: Prepared) -> bool:
     """Whether the run reads D0: server learning (FSL, FSL-p, FedDU, D0 only, a rule + SL), DS's shared data,
-    FLTrust's reference update, pretraining on D0, the fine-tuning control after round T, or the diagnostics
-    (ξ² and cos(∇F, ∇f0) measure ∇f0 on D0)."""
+    FLTrust's reference update, pretraining on D0, the fine-tuning control after round T, the diagnostics
+    (ξ² and cos(∇F, ∇f0) measure ∇f0 on D0), or FedDF's distillation on D0's images (``data.unlabelled = 'server'``)."""
     alg = prep.algorithm
     return bool(alg.server_learning is not None or alg.share_server_data
                 or (alg.robust is not None and alg.robust.root is not None)
+                or (alg.distillation is not None and prep.cfg.data.unlabelled == "server")
                 or prep.pretrain is not None or prep.cfg.server.finetune_epochs or prep.cfg.diag_every)
 
 
@@ -112,11 +113,15 @@ def server_data_record(prep: Prepared) -> dict[str, Any]:
     """summary.json's ``server_data``: D0's size and class histogram for a run that reads D0; for one that does not
     (SCAFFOLD, FedDyn, FedAvg beside FSL in one preset), size 0, with the size of the D0 its config drew all the
     same (``drawn_unused``: the same seed draws the same D0 for every variant, and D0 drawn IID without overlap
-    is kept out of the clients' data whether or not the run reads it)."""
+    is kept out of the clients' data whether or not the run reads it). A run that distils (FedDF) adds ``unlabelled``:
+    the size and source of the unlabelled data U it distils on."""
     fed = prep.fed
+    extra = {}
+    if prep.algorithm.distillation is not None:
+        extra = {"unlabelled": {"size": len(fed.unlabelled), "source": prep.cfg.data.unlabelled}}
     if uses_server_data(prep):
-        return {"size": fed.n0, "class_histogram": fed.server_histogram()}
-    return {"size": 0, "class_histogram": [], **({"drawn_unused": fed.n0} if fed.n0 else {})}
+        return {"size": fed.n0, "class_histogram": fed.server_histogram(), **extra}
+    return {"size": 0, "class_histogram": [], **({"drawn_unused": fed.n0} if fed.n0 else {}), **extra}
 
 
 class RunSummary(Callback):

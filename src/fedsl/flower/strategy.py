@@ -404,6 +404,8 @@ class FedslStrategy(FedAvg):
                 "client_steps": [finals[i][2] for i in ids], "train_loss": mean_reported([losses[i] for i in ids]),
                 "server_steps": server_steps, "gamma": gamma,
                 "cos_theta": cos, "seconds": round(time.time() - pending["started"], 3)}
+        if m.distill_steps:  # FedDF: distillation steps taken on the server's unlabelled data
+            info["distill_steps"] = m.distill_steps
         if drop:
             info["straggler_dropped"] = drop
         self.record_round(info)
