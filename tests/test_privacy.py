@@ -20,9 +20,19 @@ import torch
 from conftest import flat_state, max_diff, random_federation, run_rounds, tiny_config
 
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
-from fedsl.algorithms.base import ClientResults, client_weights, deltas, weighted_mean
-from fedsl.algorithms.privacy import DifferentialPrivacy, clip_factors, private_update, privatize, update_norms
-from fedsl.algorithms.server_round import _rule_alone, server_update
+from fedsl.algorithms.base import ClientResults, RunState, client_weights, deltas, weighted_mean
+from fedsl.algorithms.privacy import (
+    AdaptiveClipping,
+    DifferentialPrivacy,
+    clip_factors,
+    gaussian_noise,
+    next_clip,
+    private_update,
+    privatize,
+    update_noise_multiplier,
+    update_norms,
+)
+from fedsl.algorithms.server_round import ServerSide, _rule_alone, server_update
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
@@ -115,6 +125,59 @@ def test_dp_sits_before_the_rule_fslp_and_line_10():
         assert all(torch.equal(with_dp.x[n], by_hand.x[n]) for n in st.x), mode
         plain, _ = server_update(sims[1].alg, st, res, 0, sims[1].server)
         assert max_diff(plain.x, with_dp.x) > 1e-3
+
+
+def test_adaptive_clipping_by_hand():
+    """Andrew et al. 2021 with _round's norms 10 and 1.25, S = 4 (two arrived), γ = 0.5, η_C = 0.2:
+    at C_t = 2.5 one is unclipped: b̄ = (1 − 2/2 + σ_b·ξ)/4 + 1/2, C_{t+1} = 2.5·exp(−0.2 (b̄ − 0.5)); σ_b = 0: b̄ = 1/2,
+    C stays; at C_t = 20 both: b̄ = 3/4, C shrinks by exp(−0.05); ξ from rng(seed, t, DP_COUNT_NOISE)."""
+    x, res = _round()
+    dp = DifferentialPrivacy(2.5, 0.0, 4, AdaptiveClipping(0.5, 0.2, 0.0))
+    assert next_clip(x, res, dp, 2.5, seed=7, t=3) == 2.5
+    assert next_clip(x, res, dp, 20.0, seed=7, t=3) == pytest.approx(20 * math.exp(-0.2 * 0.25), rel=1e-15)
+    noisy = DifferentialPrivacy(2.5, 0.0, 4, AdaptiveClipping(0.3, 0.2, 1.5))
+    xi = rng.rng(7, 3, rng.DP_COUNT_NOISE).standard_normal()
+    assert next_clip(x, res, noisy, 2.5, 7, 3) == pytest.approx(2.5 * math.exp(-0.2 * ((1.5 * xi) / 4 + 0.5 - 0.3)),
+                                                                rel=1e-15)
+    # the noise multipliers: z_Δ^-2 + (2σ_b)^-2 = z^-2 (z = 1, σ_b = 1: z_Δ = 1/√0.75); σ_b defaults to S/20
+    assert update_noise_multiplier(1.0, 1.0) == pytest.approx(1 / math.sqrt(0.75), rel=1e-15)
+    assert update_noise_multiplier(0.0, 0.0) == 0.0
+    dp = DifferentialPrivacy(2.5, 0.5, 40, AdaptiveClipping())
+    assert dp.count_stddev == 2.0 and dp.update_noise_multiplier ** -2 + 4.0 ** -2 == pytest.approx(0.5 ** -2)
+    assert DifferentialPrivacy(2.5, 0.0, 40, AdaptiveClipping()).count_stddev == 0.0  # clipping only
+    with pytest.raises(ValueError) as e:
+        update_noise_multiplier(1.0, 0.5)
+    assert "z = 1 needs z < 2·σ_b = 1 (σ_b = privacy.count_stddev, default S/20)" in str(e.value)
+    # round t's update: clipped at C_t, noised with z_Δ·C_t/S (the C it clipped with)
+    dp = DifferentialPrivacy(10.0, 1.0, 2, AdaptiveClipping(count_stddev=1.0))
+    upd = private_update(x, res, dp, 7, 3, clip=2.5)
+    noise = gaussian_noise(x, dp.update_noise_multiplier * 2.5 / 2, 7, 3)
+    assert upd["w"].tolist() == pytest.approx((torch.tensor([1.125, 1.0], dtype=torch.float64) + noise["w"]).tolist(),
+                                              abs=1e-15)
+
+
+def test_adaptive_clip_norm_carries_from_round_to_round():
+    """The server's round clips at the state's C_t (C_0 = privacy.clip at first) and hands C_{t+1} to the next
+    state; a round without replies keeps C; a fixed clip leaves RunState.clip None."""
+    x, res = _round()
+    adaptive = DifferentialPrivacy(2.5, 0.0, 2, AdaptiveClipping(0.5, 0.2, 0.0))
+    alg = make_algorithm("fedavg", LocalTraining(0.1, 8), 1.0, None, privacy=adaptive)
+    side = ServerSide(4, 0, None, None, seed=7)
+    one, _ = server_update(alg, RunState(x), res, 0, side)
+    assert one.clip == next_clip(x, res, adaptive, 2.5, 7, 0) == 2.5  # b̄ = (1 − 1)/2 + 1/2 = γ: C stays
+    two, _ = server_update(alg, RunState(x, clip=20.0), res, 1, side)  # both unclipped at 20: b̄ = 1
+    assert two.clip == pytest.approx(20 * math.exp(-0.2 * 0.5), rel=1e-15)
+    assert two.x["w"].tolist() == [1.0 + 3.375, 2.0 + 4.0]  # nothing clipped at 20: x_t + the plain mean
+    assert server_update(alg, RunState(x, clip=20.0), None, 1, side)[0].clip == 20.0
+    fixed = make_algorithm("fedavg", LocalTraining(0.1, 8), 1.0, None, privacy=DifferentialPrivacy(2.5, 0.0, 2))
+    assert server_update(fixed, RunState(x), res, 0, side)[0].clip is None
+
+
+def test_adaptive_clip_norm_is_checkpointed(tmp_path):
+    from fedsl.experiments import checkpoint
+    x, _ = _round()
+    checkpoint.save(tmp_path / "c.pt", checkpoint.Checkpoint(3, RunState(x, clip=0.75)))
+    assert checkpoint.load(tmp_path / "c.pt").state.clip == 0.75
 
 
 # ----------------------------------------------------------------------------- runs
@@ -218,17 +281,20 @@ def test_resume_with_dp_is_bit_identical(tmp_path):
         [[r[k] for k in keep] for r in _rows(tmp_path / "cut")]
 
 
-def test_flower_runs_dp_as_the_simulator(flower_task_identity):
+@pytest.mark.parametrize("adaptive", [{}, {"privacy.adaptive": True, "privacy.count_stddev": 0.5}])
+def test_flower_runs_dp_as_the_simulator(flower_task_identity, adaptive):
     """The Flower strategy goes through the same server half: DP's x_T bit for bit (the noise from the run's
-    seed), and ε after each round in rounds.json's records; the ClientApps need no accounting."""
+    seed), adaptive clipping's C_t too (z = 0.5 < 2σ_b = 1), and ε after each round in rounds.json's records (the
+    same z either way); the ClientApps need no accounting."""
     pytest.importorskip("flwr")
     pytest.importorskip("dp_accounting")
     from test_flower import BASE, run_flower, run_simulator
 
-    rc = {**BASE, "rounds": 3, "privacy.clip": 0.2, "privacy.noise_multiplier": 0.5}
+    rc = {**BASE, "rounds": 3, "privacy.clip": 0.2, "privacy.noise_multiplier": 0.5, **adaptive}
     strategy, _ = run_flower(rc)
     expected, _ = run_simulator(rc)
     assert max_diff(strategy.state.x, expected.x) == 0.0
+    assert strategy.state.clip == expected.clip and (expected.clip not in (None, 0.2)) == bool(adaptive)
     budget = strategy.setup.privacy
     assert (budget.q, budget.noise_multiplier, budget.clip) == (0.5, 0.5, 0.2)
     assert [h["epsilon"] for h in strategy.history] == [budget.epsilon(t) for t in (1, 2, 3)]
@@ -378,6 +444,26 @@ def test_what_dp_refuses_and_allows():
             validate({**base, "algorithm": {**base["algorithm"], **over}, "privacy": dp})
     with pytest.raises(ConfigError, match="with robust.aggregator = 'median': DP-FedAvg's sensitivity C/S is that of"):
         validate({**base, "robust": {"aggregator": "median"}, "privacy": dp})
+    for privacy, message in [({"adaptive": True}, "privacy.adaptive = true without privacy.clip: expected"),
+                             ({**dp, "target_quantile": 0.3}, "privacy.target_quantile = 0.3 sets adaptive clipping"),
+                             ({**dp, "adaptive": True, "target_quantile": 1.0}, "privacy.target_quantile = 1.0")]:
+        with pytest.raises(ConfigError) as err:
+            validate({**base, "privacy": privacy})
+        assert message in str(err.value) and "\n" not in str(err.value)
+    # z and the count's σ_b must compose (z < 2σ_b; S = 3: σ_b = 0.15): resolve's budget says so in one line
+    from types import SimpleNamespace
+
+    from fedsl.experiments.resolve import privacy_budget
+    pytest.importorskip("dp_accounting")
+    with pytest.raises(ConfigError) as err:
+        privacy_budget(validate({**base, "privacy": {"clip": 1.0, "noise_multiplier": 0.3, "adaptive": True}}),
+                       SimpleNamespace(num_clients=6))
+    assert "z = 0.3 needs z < 2·σ_b = 0.3" in str(err.value) and "\n" not in str(err.value)
+    budget = privacy_budget(validate({**base, "privacy": {"clip": 1.0, "noise_multiplier": 0.2, "adaptive": True}}),
+                            SimpleNamespace(num_clients=6))
+    assert budget.record(2)["adaptive_clipping"] == {"initial_clip": 1.0, "target_quantile": 0.5, "clip_lr": 0.2,
+                                                     "count_stddev": 0.15,
+                                                     "update_noise_multiplier": (0.2 ** -2 - 0.3 ** -2) ** -0.5}
     validate(tiny_config(privacy={"target_epsilon": math.inf}))  # no privacy asked: a sweep's non-private variant
     assert validate(tiny_config()).privacy.enabled is False
     assert validate(tiny_config(privacy={"clip": 2.0, "target_epsilon": math.inf})).privacy.enabled
@@ -405,3 +491,4 @@ def test_a_missing_dp_accounting_is_one_line_naming_the_extra(monkeypatch):
 def test_the_noise_stream_is_its_own():
     streams = {k: v for k, v in vars(rng).items() if k.isupper() and isinstance(v, int)}
     assert list(streams.values()).count(rng.DP_NOISE) == 1 and rng.DP_NOISE == 15
+    assert list(streams.values()).count(rng.DP_COUNT_NOISE) == 1

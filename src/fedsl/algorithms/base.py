@@ -67,12 +67,15 @@ class RunState:
         gamma: the adaptive γ schedule's current γ_t (None for schedules that are functions of t).
         clients: the clients' states as [N, ...] tables, one row per client (SCAFFOLD's c_i, FedDyn's
             ∇L_i); empty for stateless clients and on a deployment's server (clients keep their own).
+        clip: DP's clip norm C_t under adaptive clipping (``fedsl.algorithms.privacy``), once a round has adapted it;
+            None: ``privacy.clip`` (C_0, or the fixed C), or no DP.
     """
 
     x: Params
     algo: State = field(default_factory=dict)
     gamma: float | None = None
     clients: State = field(default_factory=dict)
+    clip: float | None = None
 
 
 @dataclass

@@ -5,7 +5,8 @@
     x̄_t     ← distil {x_i} into x̄_t on unlabelled data U           FedDF, if the algorithm distils (distillation.py)
     x_{t+1} = LocalSGD(x̄_t, γ_t·η0, K0, D0)                        line 10 (FSL)
 
-DP-FedAvg's private aggregate (``privacy``) replaces the clients' models after the robust step, when on.
+DP-FedAvg's private aggregate (``privacy``) replaces the clients' models after the robust step, when on (with
+adaptive clipping, at the state's C_t, and the round's C_{t+1} goes to the next state).
 FSL-p's server update joins the clients' beside the rule's mean instead of line 10, and γ_t comes from the
 γ schedule, or from the rule itself when it has a ``server_gamma`` (FedDU); what each setting means:
 ``server_learning``.
@@ -30,7 +31,7 @@ from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import ClientResults, RoundContext, RunState, client_weights
 from fedsl.algorithms.distillation import Distilled
 from fedsl.algorithms.label_counts import LabelCounts
-from fedsl.algorithms.privacy import privatize
+from fedsl.algorithms.privacy import next_clip, privatize
 from fedsl.algorithms.robust import robust_results
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
@@ -77,6 +78,7 @@ class Aggregated:
     cos: float | None  # cos θ_t, when measured
     server_steps: int  # K0 taken so far (FSL-p's server "client")
     incremental: bool  # whether line 10 is still to run
+    clip: float | None = None  # C_{t+1} of DP's adaptive clipping (RunState.clip), else None
     distill_steps: int = 0  # FedDF's distillation steps taken this round
 
 
@@ -110,12 +112,16 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
     if results is None:
         if gamma is not None and dynamic(alg):
             gamma = dynamic_gamma(alg, gamma, state.x, None, t, server)
-        return Aggregated(state.x, state.algo, gamma, None, 0, incremental)
+        return Aggregated(state.x, state.algo, gamma, None, 0, incremental, state.clip)
     if updated is not None:
-        return Aggregated(*updated, gamma, None, 0, incremental)
+        return Aggregated(*updated, gamma, None, 0, incremental, state.clip)
     results = robust_step(alg, state.x, results, t, server)  # the clients' rows only: FSL-p's joins below
+    clip = state.clip
     if alg.privacy is not None:  # DP-FedAvg: the rule, FSL-p and cos θ_t read the private aggregate only
-        results = privatize(state.x, results, alg.privacy, server.seed, t)
+        c = alg.privacy.clip if clip is None else clip  # C_t
+        if alg.privacy.adaptive is not None:  # adaptive clipping: C_{t+1} from round t's noised count
+            clip = next_clip(state.x, results, alg.privacy, c, server.seed, t)
+        results = privatize(state.x, results, alg.privacy, server.seed, t, c)
     x, finals = state.x, results.params
     device = next(iter(x.values())).device
     weights = to_device(client_weights(results.sizes, alg.weighted), device)  # queued, no GPU sync
@@ -136,7 +142,7 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
                                                                                        server.num_clients, losses))
     if on and dynamic(alg):
         gamma = dynamic_gamma(alg, gamma, x_bar, results, t, server)
-    return Aggregated(x_bar, algo, gamma, cos, server_steps, incremental)
+    return Aggregated(x_bar, algo, gamma, cos, server_steps, incremental, clip)
 
 
 def robust_step(alg: Algorithm, x: Params, results: ClientResults, t: int, server: ServerSide) -> ClientResults:
@@ -195,8 +201,8 @@ def finish(alg: Algorithm, state: RunState, agg: Aggregated, x_next: Params, ser
     gamma = state.gamma
     if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive" and agg.cos is not None:
         gamma = sl.gamma_schedule.adapt(sl.gamma, agg.gamma, agg.cos)
-    return RunState(x_next, agg.algo, gamma, state.clients), ServerMetrics(agg.gamma, agg.cos, server_steps,
-                                                                          agg.distill_steps)
+    new = RunState(x_next, agg.algo, gamma, state.clients, agg.clip)
+    return new, ServerMetrics(agg.gamma, agg.cos, server_steps, agg.distill_steps)
 
 
 RuleUpdates = Callable[[], list[tuple[Params, State]]]

@@ -158,7 +158,10 @@ class Budget:
         noise_multiplier: z.
         delta: δ.
         accountant: "rdp" or "pld".
-        clip: C (not in ε; reported beside it).
+        clip: C (not in ε; reported beside it); C_0 with adaptive clipping.
+        adaptive: adaptive clipping's settings, reported beside ε (None: a fixed clip): C_0, γ, η_C, σ_b and the
+            update's noise multiplier z_Δ; the round's two releases compose to z, which ε is of
+            (``fedsl.algorithms.privacy``).
     """
 
     q: float
@@ -166,14 +169,19 @@ class Budget:
     delta: float
     accountant: str
     clip: float
+    adaptive: dict[str, float] | None = None
 
     def epsilon(self, rounds: int) -> float:
         """ε after ``rounds`` rounds at δ (cached: a row of metrics.csv costs one accountant call once)."""
         return epsilon(self.q, self.noise_multiplier, rounds, self.delta, self.accountant)
 
     def record(self, rounds: int) -> dict[str, Any]:
-        """summary.json's ``privacy``: ε after ``rounds`` rounds with δ, z, C, q and the accountant."""
-        return {"epsilon": self.epsilon(rounds), "delta": self.delta, "noise_multiplier": self.noise_multiplier,
-                "clip": self.clip, "sampling_rate": self.q, "accountant": self.accountant, "rounds": rounds,
-                "sampling": "accounted as Poisson sampling at rate q = S/N (fedsl samples exactly S)",
-                "neighbouring": "add or remove one client"}
+        """summary.json's ``privacy``: ε after ``rounds`` rounds with δ, z, C, q and the accountant (and adaptive
+        clipping's settings)."""
+        out = {"epsilon": self.epsilon(rounds), "delta": self.delta, "noise_multiplier": self.noise_multiplier,
+               "clip": self.clip, "sampling_rate": self.q, "accountant": self.accountant, "rounds": rounds,
+               "sampling": "accounted as Poisson sampling at rate q = S/N (fedsl samples exactly S)",
+               "neighbouring": "add or remove one client"}
+        if self.adaptive is not None:
+            out["adaptive_clipping"] = dict(self.adaptive)
+        return out

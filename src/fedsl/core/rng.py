@@ -34,6 +34,7 @@ ATTACK_NOISE = 21  # a malicious client's Gaussian update in round t (attack.kin
 ROOT_BATCHES = 22  # the batches of D0 behind FLTrust's server update g0 in round t (robust.aggregator = 'fltrust')
 BUCKETS = 23  # the order of round t's updates before they are averaged in buckets (robust.bucket > 1)
 DP_NOISE = 15  # the Gaussian noise of round t's private aggregate (privacy.clip: DP-FedAvg)
+DP_COUNT_NOISE = 24  # the noise on round t's count of unclipped updates (privacy.adaptive: adaptive clipping)
 
 # Seed offsets, for generators that take one integer seed rather than a stream tuple
 # (``data.synthetic.make_font_chars``): ``offset_seed(seed, FONT_TEST)``. Fixed numbers too:

@@ -8,6 +8,7 @@ dicts and tensors, read back with ``weights_only=True``:
     params    x_t, the global model
     algo      the server rule's state (SCAFFOLD's c, FedDyn's h, optimiser moments, ...)
     gamma     γ_t of an adaptive γ schedule (None for schedules that are functions of t)
+    clip      C_t of DP's adaptive clipping (None: the configured clip, or no DP; absent in older files)
     clients   the clients' states as [N, ...] tables (SCAFFOLD's c_i, FedDyn's ∇L_i) when kept: empty
               for a finished run and on a Flower server (its clients keep their own)
     extra     each runtime's own records, as JSON text: the simulator's ``wall_time``, the Flower
@@ -94,7 +95,7 @@ def save(path: str | Path, ckpt: Checkpoint) -> None:
     """Write ``ckpt`` to ``path`` in ``FORMAT``, atomically."""
     s = ckpt.state
     blob = {"format": FORMAT, "round": int(ckpt.round), "params": _cpu(s.x), "algo": _cpu(s.algo),
-            "gamma": s.gamma, "clients": _cpu(s.clients), "extra": json.dumps(ckpt.extra, default=str)}
+            "gamma": s.gamma, "clip": s.clip, "clients": _cpu(s.clients), "extra": json.dumps(ckpt.extra, default=str)}
     atomic_write(Path(path), lambda p: torch.save(blob, p))
 
 
@@ -180,7 +181,10 @@ def _from_blob(blob: dict[str, Any]) -> Checkpoint:
     gamma = blob.get("gamma")
     if gamma is not None and not isinstance(gamma, (int, float, torch.Tensor)):
         raise TypeError(f"its gamma is {type(gamma).__name__}, not a number")
+    clip = blob.get("clip")
+    if clip is not None and not isinstance(clip, (int, float)):
+        raise TypeError(f"its clip is {type(clip).__name__}, not a number")
     if not _tensors(x, "parameters"):
         raise ValueError("it holds no parameters")
-    state = RunState(x, _tensors(algo, "server state"), gamma, _tensors(clients, "clients' states"))
+    state = RunState(x, _tensors(algo, "server state"), gamma, _tensors(clients, "clients' states"), clip)
     return Checkpoint(blob["round"], state, extra)

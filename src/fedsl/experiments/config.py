@@ -20,6 +20,7 @@ from fedsl.algorithms.distillation import SCHEDULES as DISTILL_SCHEDULES
 from fedsl.algorithms.distillation import Distillation
 from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.algorithms.gamma_schedule import Kind as GammaKind
+from fedsl.algorithms.privacy import AdaptiveClipping
 from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, Robust, bucket_count, default_bulyan_f, default_krum_f
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
 from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
@@ -31,6 +32,7 @@ from fedsl.engine.functional import EVAL_PRECISIONS
 # γ's schedule (server.gamma_*), the robust rule ([robust]), the Byzantine clients ([attack]) and participation
 # (algorithm.availability, straggler_*), as the rules' own hyper-parameters take theirs from their specs.
 _SCHEDULE, _ROBUST, _ATTACK, _PARTICIPATION = GammaSchedule(), Robust(), Attack(), Participation()
+_ADAPTIVE = AdaptiveClipping()  # [privacy]'s adaptive clipping (fedsl.algorithms.privacy)
 _DISTILL = Distillation()  # FedDF's [distill] table
 
 
@@ -365,6 +367,16 @@ class PrivacyConfig(_Strict):
                                 "below 1/N at every N")
     accountant: Literal["rdp", "pld"] = Field("rdp", description="ε by 'rdp' (Rényi DP, milliseconds) or 'pld' "
                                               "(privacy loss distributions: tighter, and slower per evaluated round)")
+    adaptive: bool = Field(False, description="adaptive clipping (Andrew et al., NeurIPS 2021): privacy.clip is C_0, "
+                           "and each round C ← C·exp(−η_C (b̄ − γ)), b̄ the noised fraction of updates not clipped; "
+                           "the update's noise is raised so that it and the count's compose to z (ε unchanged)")
+    target_quantile: float = Field(_ADAPTIVE.target_quantile, gt=0, lt=1, description="γ of adaptive clipping: the "
+                                   "fraction of updates C should leave unclipped (Andrew et al., Flower: 0.5)")
+    clip_lr: float = Field(_ADAPTIVE.lr, gt=0, description="η_C of adaptive clipping: the geometric update's step "
+                           "(Andrew et al., Flower: 0.2)")
+    count_stddev: float | None = Field(_ADAPTIVE.count_stddev, ge=0, description="σ_b of adaptive clipping: the noise "
+                                       "on the count of unclipped updates (default S/20, Andrew et al.'s; 0 when z = "
+                                       "0); needs z < 2·σ_b")
 
     @model_validator(mode="after")
     def _one_noise(self) -> "PrivacyConfig":
@@ -382,6 +394,23 @@ class PrivacyConfig(_Strict):
             raise ValueError(f"privacy.clip = {self.clip}: expected exactly one of privacy.noise_multiplier = z or "
                              f"privacy.target_epsilon = ε, got {got}")
         return self
+
+    @model_validator(mode="after")
+    def _adaptive_keys(self) -> "PrivacyConfig":
+        if self.adaptive and self.clip is None:
+            raise ValueError("privacy.adaptive = true without privacy.clip: expected privacy.clip = C_0 > 0, the "
+                             "initial clip norm (Andrew et al. suggest 0.1)")
+        if not self.adaptive:
+            for key, default in (("target_quantile", _ADAPTIVE.target_quantile), ("clip_lr", _ADAPTIVE.lr),
+                                 ("count_stddev", _ADAPTIVE.count_stddev)):
+                if getattr(self, key) != default:
+                    raise ValueError(f"privacy.{key} = {getattr(self, key)} sets adaptive clipping: expected "
+                                     "privacy.adaptive = true with it")
+        return self
+
+    def adaptive_clipping(self) -> AdaptiveClipping | None:
+        """Adaptive clipping's settings (None: a fixed clip)."""
+        return AdaptiveClipping(self.target_quantile, self.clip_lr, self.count_stddev) if self.adaptive else None
 
     @property
     def enabled(self) -> bool:

@@ -112,7 +112,14 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
              "" if p.target_epsilon is None else f"calibrated to ε = {p.target_epsilon:g} after T rounds")
         note("δ", "DP's δ", budget.delta, p.delta, "default min(1e-5, 1/N^1.1)")
         note("q", "client sampling rate S/N (DP accounting)", round(budget.q, 6), None, "derived")
-        privacy = DifferentialPrivacy(p.clip, budget.noise_multiplier, S)
+        privacy = DifferentialPrivacy(p.clip, budget.noise_multiplier, S, p.adaptive_clipping())
+        if privacy.adaptive is not None:  # privacy_budget checked that z_Δ exists
+            note("γ_C", "adaptive clipping: quantile of the update norms C follows", p.target_quantile, True)
+            note("η_C", "adaptive clipping: step of C's geometric update", p.clip_lr, True)
+            note("σ_b", "adaptive clipping: noise on the count of unclipped updates", privacy.count_stddev,
+                 p.count_stddev, "default S/20 (0 without noise)")
+            note("z_Δ", "the update's noise multiplier (with σ_b's, z)", privacy.update_noise_multiplier, None,
+                 "derived: (z^-2 − (2σ_b)^-2)^-1/2")
     distillation = distill_settings(cfg, fed, note) if sp.distills else None
     # validation checked it all
     algorithm = make_algorithm(a.name, local, eta_g, server, a.weighted, robust, privacy, distillation, **rule_hp)
@@ -212,7 +219,15 @@ def privacy_budget(cfg: RunConfig, fed: Federation) -> Budget | None:
             z = privacy_accounting.calibrate(q, cfg.rounds, p.target_epsilon, delta, p.accountant)
     except (AccountingUnavailable, CalibrationError) as e:
         raise ConfigError(str(e)) from None
-    return Budget(q, z, delta, p.accountant, p.clip)
+    adaptive = None
+    if p.adaptive:  # the update's noise multiplier z_Δ that, with the count's σ_b, composes to the z accounted
+        dp = DifferentialPrivacy(p.clip, z, cfg.algorithm.clients_per_round, p.adaptive_clipping())
+        try:
+            adaptive = {"initial_clip": p.clip, "target_quantile": p.target_quantile, "clip_lr": p.clip_lr,
+                        "count_stddev": dp.count_stddev, "update_noise_multiplier": dp.update_noise_multiplier}
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return Budget(q, z, delta, p.accountant, p.clip, adaptive)
 
 
 def format_hparams(hp: list[Setting]) -> str:

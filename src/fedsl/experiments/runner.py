@@ -70,7 +70,7 @@ class RunSession:
                             for k, v in d.items()}
 
                 s = ckpt.state  # the clients' tables where the simulator keeps them (they may live in host memory)
-                self.state = RunState(dev(s.x), dev(s.algo), s.gamma, dev(s.clients, sim.tables_device))
+                self.state = RunState(dev(s.x), dev(s.algo), s.gamma, dev(s.clients, sim.tables_device), s.clip)
                 history = rd.truncate_metrics(self.start)
             elif rd.is_run():
                 rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too

@@ -26,7 +26,7 @@
   atomically to ``out-dir/checkpoint.pt`` (the simulator's checkpoint format, ``fedsl.experiments.checkpoint``);
   ``resume`` continues a ServerApp from it (``fedsl.flower.strategy_checkpoint``).
 
-The server keeps only the server state (SCAFFOLD's c, FedDyn's h, optimiser moments, γ_t): a
+The server keeps only the server state (SCAFFOLD's c, FedDyn's h, optimiser moments, γ_t, DP's adaptive C_t): a
 rule's server half reads the clients' models, never their states, which stay on the clients
 (each updates its own with the rule's ``client_final``; ``fedsl.flower.client``).
 """
@@ -126,7 +126,7 @@ class FedslStrategy(FedAvg):
             x = self.sim.initial_params(setup.pretrain)
             state = RunState(x, self.alg.rule.init_server_state(x), initial_gamma(self.alg))
         # the server keeps the server state only: each client keeps its own (``fedsl.flower.client``)
-        self.state = RunState(state.x, state.algo, state.gamma)
+        self.state = RunState(state.x, state.algo, state.gamma, clip=state.clip)
         self.assigned: dict[int, int] = dict(setup.options.node_partitions)  # node-partitions (empty: first claim)
         for node, pid in self.assigned.items():
             if not 0 <= pid < setup.num_clients:
@@ -260,7 +260,7 @@ class FedslStrategy(FedAvg):
         t = self.offset + server_round - 1
         first, self._started = not self._started, True
         if first and len(arrays):  # x_0 as given to ``start`` (later rounds: our own x_{t}, after SL)
-            self.state = RunState(self._params(arrays), self.state.algo, self.state.gamma)
+            self.state = RunState(self._params(arrays), self.state.algo, self.state.gamma, clip=self.state.clip)
         self._refresh_nodes(grid, first=first)
         cfg = self.setup.cfg
         steps: dict[int, int] = {}
@@ -461,7 +461,7 @@ class FedslStrategy(FedAvg):
         F_i(x_t), for a rule that reads them (q-FedAvg). The new state is the caller's to keep (``state``);
         SecAgg+'s rounds (``fedsl.flower.secagg``) call it too."""
         sim = self.sim
-        state = RunState(sim.layout(self.state.x), self.state.algo, self.state.gamma)
+        state = RunState(sim.layout(self.state.x), self.state.algo, self.state.gamma, clip=self.state.clip)
         results = None
         if ids:
             results = ClientResults({n: torch.stack([finals[i][0][n] for i in ids]) for n in state.x},

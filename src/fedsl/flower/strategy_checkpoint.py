@@ -118,7 +118,7 @@ class StrategyCheckpoint:
             return {n: v.to(device=self.device, dtype=self.dtype) for n, v in group.items()}
 
         s = ckpt.state  # the server state only: the clients keep theirs
-        return Resumed(done, RunState(dev(s.x), {k: dev(g) for k, g in s.algo.items()}, s.gamma),
+        return Resumed(done, RunState(dev(s.x), {k: dev(g) for k, g in s.algo.items()}, s.gamma, clip=s.clip),
                        list(ckpt.extra.get("history", []))[:done],
                        [e for e in ckpt.extra.get("evaluations", []) if e["round"] <= done])
 
