@@ -18,10 +18,10 @@ the FSL paper), so p_k = 1/N here, where the q-FFL paper samples them with proba
 is not read (the rule's weights are its own).
 
 Defaults: q = 0.1 (Flower's QFedAvg; the paper tunes q per dataset, e.g. q = 5 on Vehicle in the authors' README,
-and has no default). L = 1/η_l
-as the authors' code and Flower's ``client_learning_rate``. Which choices are ours: the loss F_k is the model's
-cross-entropy on D_i without dropout (the evaluation's forward pass), reported by each client (Flower's legacy
-QFedAvg used one server-side loss for every client, its message-API one the clients' training loss).
+and has no default). L = 1/η_l as the authors' code and Flower's ``client_learning_rate``. Which choices are ours:
+the loss F_k is the model's cross-entropy on D_i without dropout (the evaluation's forward pass), reported by each
+client (Flower's legacy QFedAvg used one server-side loss for every client, its message-API one the clients'
+training loss).
 
 What it composes with: server learning after the step (line 10, ``server.learning = 'incremental'``) and the robust
 rules before it (every row x_t + Δ̂, each client's F_k kept). Not: FSL-p (the server's row has no F_0), SecAgg+
