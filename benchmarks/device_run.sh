@@ -5,10 +5,35 @@
 # annotated-types==0.8.0 typing-inspection==0.4.5 --python-version 3.12 --only-binary=:all: -d .dev/wheels`). Results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src:/tmp/lib
-python3 -m pip install -q --no-index --no-deps --target /tmp/lib .dev/wheels/*.whl  # a carried .dev replaces the last call's
+WORK=${WORK:-/tmp}  # scratch: wheels, unpacked data, runs (a CPU dry run names its own: /tmp is shared there)
+SRC=${SRC:-src}  # the fedsl that runs: the tree's, or a commit's (`git archive C src | tar -x -C .dev`: .dev/src)
+export PYTHONPATH=$(realpath "$SRC"):$WORK/lib
+python3 -m pip install -q --no-index --no-deps --target "$WORK/lib" .dev/wheels/*.whl  # a carried .dev replaces the last call's
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c "import torch, pydantic, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'pydantic', pydantic.__version__)" | tee -a "$OUT/machine.txt"
+[ -f "$SRC/COMMIT" ] && echo "fedsl from $SRC at commit $(cat "$SRC/COMMIT")" | tee -a "$OUT/machine.txt"
+unpack_data() {  # the carried CIFAR-10 and STL-10 into $WORK/data, unless a warm machine has them already
+  for d in cifar10:cifar10-jpeg stl10:stl10-subset; do
+    [ -f ".dev/${d%%:*}.npz" ] && [ ! -d "$WORK/data/${d#*:}" ] && \
+      python3 benchmarks/device_data.py unpack ".dev/${d%%:*}.npz" "$WORK/data/${d#*:}"
+  done
+}
+run_collect() {  # NAME, then `fedsl run` options. Runs them, stopped CALL_S (510) s after this script began less 20 s
+                 # to pack (a stack cut off leaves nothing; one not started says so), then returns the text results
+                 # (collect.py; the data folder written DATA, as in seed 0's group.json) as $OUT/NAME.tgz. Killed
+                 # 10 s after its SIGTERM: the checkpoint SIGTERM writes (2.2 GB a SCAFFOLD run) is of no use here
+  local name=$1 start=$SECONDS left=$(( ${CALL_S:-510} - SECONDS - 20 )) compile=cuda-graphs; shift
+  python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || compile=off
+  if [ "$left" -lt 60 ]; then echo "$name: not started, $left s left of CALL_S" | tee -a "$OUT/times.txt"; return; fi
+  rm -rf "${WORK:?}/runs/$name" "$WORK/keep/$name"  # a retry on a warm machine starts afresh
+  # shellcheck disable=SC2086  # EXTRA is several options
+  timeout -k 10 "$left" python3 -m fedsl.cli run "$@" --set rounds="${ROUNDS:-1000}" --set compile=$compile \
+    --set checkpoint_every=0 ${EXTRA:-} --data-dir "$WORK/data" --out "$WORK/runs/$name" -q 2>&1 | tail -4
+  echo "$name: rc=${PIPESTATUS[0]} $(( SECONDS - start )) s rounds=${ROUNDS:-1000} compile=$compile" | tee -a "$OUT/times.txt"
+  python3 reproduction/collect.py "$WORK/runs/$name" "$WORK/keep/$name" | cut -c1-200
+  sed -i "s#\"data_dir\": \"$WORK/data\"#\"data_dir\": \"DATA\"#" "$WORK/keep/$name/group.json"
+  tar czf "$OUT/$name.tgz" -C "$WORK/keep" "$name"
+}
 case "${1:-check}" in
   verify)  # CUDA tests of the current tree, then the heat-map timing (a baseline for issue 16)
     timeout 200 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -6 | tee "$OUT/cuda_tests.txt"
@@ -72,6 +97,73 @@ case "${1:-check}" in
       echo "$v: $(( $(date +%s) - start )) s, rounds=${ROUNDS:-1000}" | tee -a "$OUT/fig5_full_times.txt"
       python3 reproduction/collect.py "/tmp/fig5-full/$v" "/tmp/keep/fig5-full-$v" | cut -c1-200
       tar czf "$OUT/fig5-full-$v.tgz" -C /tmp/keep "fig5-full-$v"
+    done
+    ls -la "$OUT"
+    ;;
+  fig5seed)  # issue 36 item 5: Fig. 5's seed SEED (1, then 2) at 1,000 rounds, as seed 0 ran (fig5-cifar10-full): each
+             # variant's 20 runs (5 eta_l x 4 C) one stack; its results as $OUT/fig5-sSEED-VARIANT.tgz (a folder
+             # fig5-sSEED-VARIANT; group.json's data folder written DATA, as seed 0's), wall times in $OUT/times.txt.
+             # fedsl pinned to seed 0's commit, so that merge.py takes the seeds as one group (it wants equal configs,
+             # and new config keys land in the tree often) and the tree's uncommitted edits stay out. Here, once:
+             #   rm -rf .dev/src && git archive 5afdfbd src | tar -x -C .dev && git rev-parse 5afdfbd >.dev/src/COMMIT
+             # (.dev: wheels 2.8 MB, cifar10.npz 18.5, stl10.npz 23.6, src 1.0: 46 MB, with the tree ~54 of 64 MiB).
+             # Two calls a seed, one session a seed; make the second at once (warm: the data stays unpacked):
+             #   run(command="SRC=.dev/src SEED=1 VARIANTS='FSL SCAFFOLD' bash benchmarks/device_run.sh fig5seed",
+             #       carry=[".dev"], timeout_s=540)
+             #   run(command="SRC=.dev/src SEED=1 VARIANTS='FedDyn FSLsyn' bash benchmarks/device_run.sh fig5seed",
+             #       carry=[".dev"], timeout_s=540)
+             # Expected on one H100, from seed 0's times (same code and shapes; fig5-cifar10-full/times.txt):
+             #   call 1: FSL 185 s + SCAFFOLD 106 s = 291 s, + unpacking (7 s on this 2-core CPU) + pip, nvidia-smi
+             #           and torch's import (~15 s) + collect and tar (~5 s a variant) = ~320 s = ~5.3 min
+             #   call 2: FedDyn 114 s + FSLsyn 177 s = 291 s, + the same less unpacking = ~5.2 min
+             #   session: machine start 1-2 min + 5.3 + 5.2 = ~12-13 of its 15 min (~14 if the machine went back
+             #   between the calls and started again). CALL_S=510 stops the last variant before timeout_s would.
+             # Then here: reproduction/fig5-cifar10-full/README.md, "Seeds 1 and 2" (merged beside seed 0).
+             # CPU dry run (2 rounds, the quick grid; python3 = the venv's; WORK its own, /tmp is shared here):
+             #   PATH=$PWD/.venv/bin:$PATH WORK=/tmp/t36 OUT=/tmp/t36/out SRC=.dev/src SEED=1 ROUNDS=2 \
+             #     VARIANTS="FSL SCAFFOLD FedDyn FSLsyn" EXTRA="--quick --set threads=1" bash benchmarks/device_run.sh fig5seed
+             # took 171 s with the unpacking, 105 s without; VARIANTS=SCAFFOLD at the whole grid (EXTRA="--set
+             # threads=1") 289 s, and its folder merged beside a copy of seed 0's (rounds, threads, compile reset).
+    unpack_data
+    for v in ${VARIANTS:?VARIANTS: e.g. "FSL SCAFFOLD"}; do
+      run_collect "fig5-s${SEED:?SEED: 1 or 2}-$v" --preset fig5-cifar10 --variants "$v" --set "seeds=[$SEED]" \
+        --set eval_every=10
+    done
+    ls -la "$OUT"
+    ;;
+  table1tune)  # issue 36 item 5: Table 1's tuning as the paper did it, preset table1-cifar10-tuning (1,000 rounds, C = 2,
+               # each method's eta_l its best cell at C = 2 in fig5-cifar10-full: FSL 0.02 (0.625), FSLsyn 0.02 (0.613),
+               # FedDyn 0.05 (0.626); seed 0, the one seed that grid ran, so the tuning sees the draw (partition,
+               # sampling, init) that picked eta_l, and its gamma = 1 / alpha = 0.01 runs repeat table1-cifar10-full's
+               # seed 0 on the GPU; a pick on seed 0 then reported over seeds 0-2 favours it a little on seed 0).
+               # PARTS FSL = FSL-250, FSL-500, FSLsyn-504,
+               # FSLsyn-720 x gamma in {0.6, 0.8, 1.0, 1.2} (16 runs, one stack: gamma is the server's), FedDyn =
+               # alpha in {0.01, 0.05, 0.1, 0.5} (4 runs, 4 stacks of one: alpha enters the clients' step, which a
+               # stack shares). Results as $OUT/t1tune-PART.tgz. fedsl pinned to a commit that has the preset:
+               #   C=$(git rev-parse HEAD); rm -rf .dev/src && git archive $C src | tar -x -C .dev && echo $C >.dev/src/COMMIT
+               # One session, two calls:
+               #   run(command="SRC=.dev/src PARTS=FSL bash benchmarks/device_run.sh table1tune", carry=[".dev"], timeout_s=540)
+               #   run(command="SRC=.dev/src PARTS=FedDyn bash benchmarks/device_run.sh table1tune", carry=[".dev"], timeout_s=540)
+               # Expected on one H100 (this preset not timed yet; from seed 0's Fig. 5 stacks of 20):
+               #   call 1: FSL's 20 runs at K0 = 50 took 185 s; a stack pads every run's server steps to its largest
+               #           K0, 72 (FSLsyn-720), so <= 185 x 72/50 = 266 s for these 16, + ~30 s (unpacking, pip, tar)
+               #           = ~3.5-5 min
+               #   call 2: one FedDyn run alone is host-bound, 0.033-0.040 s a round (RESULTS-gpu.md, R = 1, H200):
+               #           33-40 s + ~15 s set-up = ~55 s, x 4 = 220 s, + ~15 s = ~4 min; at worst a run alone costs
+               #           what a stack of 20 did (114 s): 456 s, still inside CALL_S. Each alpha's stack ends on its
+               #           own, so a call cut off keeps the alphas before it
+               #   session: start 1-2 min + ~4.5 + ~4 = ~10-11 of 15 min. One call for both would not fit 9 min at
+               #   the upper bounds (266 + 456 s).
+               # Then here (T: where the tgz files were unpacked):
+               #   python reproduction/merge.py reproduction/table1-cifar10-tuning T/t1tune-FSL T/t1tune-FedDyn
+               # CPU dry run (2 rounds, the whole grid of 20 runs at full size):
+               #   PATH=$PWD/.venv/bin:$PATH WORK=/tmp/t36 OUT=/tmp/t36/out SRC=.dev/src ROUNDS=2 EXTRA="--set threads=1" \
+               #     bash benchmarks/device_run.sh table1tune
+               # took 326 s (FSL part 260 s, FedDyn 53 s); the two folders merged, and `fedsl report` read them.
+    unpack_data
+    for part in ${PARTS:-FSL FedDyn}; do
+      case $part in FSL) vs=FSL-250,FSL-500,FSLsyn-504,FSLsyn-720 ;; *) vs=$part ;; esac
+      run_collect "t1tune-$part" --preset table1-cifar10-tuning --variants "$vs"
     done
     ls -la "$OUT"
     ;;
