@@ -128,6 +128,11 @@ def calibrate(q: float, rounds: int, target_epsilon: float, delta: float, accoun
         return 0.0
     dp = library()
     mc = dp.mechanism_calibration
+    # ε falls as z grows: when ε(Z_MIN) is already below the target no z brackets it, and the library would search
+    # 30 doublings of z (each an accountant call, slowest at large z) before saying so. RDP's ε bounds PLD's from
+    # above (and PLD's is slow at small z), so RDP's answers for both, as the PLD branch's RDP calibration did
+    if epsilon(q, Z_MIN, rounds, delta, "rdp") < target_epsilon:
+        raise _calibration_error(q, rounds, target_epsilon, delta)
     if accountant == "pld":
         hi = calibrate(q, rounds, target_epsilon, delta, "rdp")
         lo = hi
@@ -143,10 +148,14 @@ def calibrate(q: float, rounds: int, target_epsilon: float, delta: float, accoun
             z = dp.calibrate_dp_mechanism(lambda: _accountant(accountant), lambda z: _rounds_event(q, z, rounds),
                                           target_epsilon, delta, bracket, tol=Z_TOL)
     except (mc.NoBracketIntervalFoundError, ValueError):  # ε(Z_MIN) ≤ target: no bracket of a root
-        raise CalibrationError(f"privacy.target_epsilon = {target_epsilon:g}: met with noise multiplier z < {Z_MIN} "
-                               f"over {rounds} rounds at q = {q:.4g}, δ = {delta:.3g}: expected a smaller target, or "
-                               "set privacy.noise_multiplier directly") from None
+        raise _calibration_error(q, rounds, target_epsilon, delta) from None
     return float(z)
+
+
+def _calibration_error(q: float, rounds: int, target_epsilon: float, delta: float) -> CalibrationError:
+    return CalibrationError(f"privacy.target_epsilon = {target_epsilon:g}: met with noise multiplier z < {Z_MIN} "
+                            f"over {rounds} rounds at q = {q:.4g}, δ = {delta:.3g}: expected a smaller target, or "
+                            "set privacy.noise_multiplier directly")
 
 
 @dataclass(frozen=True)
