@@ -7,7 +7,8 @@
 The algorithm owns the arithmetic (``fedsl.algorithms``); the simulator samples, plans batches
 and schedules. Everything random is drawn from (seed, round), so ``round(state, t)`` is a
 function of (state, t) alone: that is what makes resume bit-identical. (The clients' states,
-e.g. SCAFFOLD's c_i, are [N, ...] tables whose sampled rows are updated in place.)
+e.g. SCAFFOLD's c_i, are [N, ...] tables, or a store of the rows of the clients seen so far
+(``fedsl.engine.client_state``), whose sampled rows are updated in place.)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,6 +34,7 @@ from fedsl.core.transfer import to_device
 from fedsl.core.types import Params
 from fedsl.data.federation import Federation
 from fedsl.data.poisoning import flip_labels
+from fedsl.engine.client_state import DENSE, STORE_FILE, ClientStore, SavedStore, StoreSettings, store_dtype
 from fedsl.engine.executors import Executor
 from fedsl.engine.functional import EVAL_PRECISIONS, FunctionalModel, evaluate, full_gradient
 from fedsl.engine.plan import BatchPlan, make_plan, truncate
@@ -111,11 +114,15 @@ class Simulator:
         attack: Byzantine clients (``fedsl.core.attacks``; default none): the run's malicious clients
             (``malicious``, drawn once from the seed) train on flipped labels (label_flip: their samples are
             copied into the pool relabelled, ``fedsl.data.poisoning``) or replace their models after training.
+        client_store: how the clients' states are kept (``fedsl.engine.client_state``): [N, ...] tables (the
+            default), or the rows of the clients seen so far, in the run's dtype or float16, in memory (the
+            tables' device) or in a file in ``run_folder``, which the runner sets to the run's folder.
     """
 
     def __init__(self, fm: FunctionalModel, fed: Federation, algorithm: Algorithm, executor: Executor,
                  clients_per_round: int, seed: int, eval_batch_size: int = 500, eval_precision: str = "float32",
-                 tables_on_host: bool = False, part: Participation = FULL, attack: Attack = NO_ATTACK) -> None:
+                 tables_on_host: bool = False, part: Participation = FULL, attack: Attack = NO_ATTACK,
+                 client_store: StoreSettings = DENSE) -> None:
         assert eval_precision in EVAL_PRECISIONS, eval_precision  # config validation checks it
         self.attack = attack
         self.malicious = attacks.malicious_clients(seed, fed.num_clients, attack)  # M, fixed for the run
@@ -131,7 +138,9 @@ class Simulator:
             self.client_data = fed.clients
         self.dtype = fed.x.dtype
         self.device = fed.x.device
-        self.tables_device = torch.device("cpu") if tables_on_host else self.device
+        self.tables_device = torch.device("cpu") if tables_on_host or client_store.on_disk else self.device
+        self.client_store = client_store
+        self.run_folder: Path | None = None  # where a store on disk keeps its file (the run's folder)
         # Channels-last images and conv weights take oneDNN's fast convolutions on CPU: faster
         # evaluation and training of the CNNs (benchmarks/RESULTS.md).
         self.channels_last = self.device.type == "cpu" and fed.x.dim() == 4
@@ -177,11 +186,48 @@ class Simulator:
         """Round 0: x_0 (optionally pretrained), the server's and every client's initial state, γ_0."""
         x = self.initial_params(pretrain)
         rule, n = self.alg.rule, self.fed.num_clients
-        # the clients' states as [N, ...] tables: the round updates the sampled clients' rows in place,
-        # since copying N×d numbers (2 GB for 1,000 CIFAR clients) would cost more than the round
-        clients = {k: {p: v.to(self.tables_device).unsqueeze(0).expand(n, *v.shape).clone() for p, v in g.items()}
-                   for k, g in rule.init_client_state(x).items()}
+        initial = rule.init_client_state(x)
+        if self.client_store.sparse and initial:  # rows for the clients seen, the initial row implied for the rest
+            clients = ClientStore(initial, n, self.tables_device, store_dtype(self.client_store, self.dtype),
+                                  self.store_file())
+        else:
+            # the clients' states as [N, ...] tables: the round updates the sampled clients' rows in place,
+            # since copying N×d numbers (2 GB for 1,000 CIFAR clients) would cost more than the round
+            clients = {k: {p: v.to(self.tables_device).unsqueeze(0).expand(n, *v.shape).clone() for p, v in g.items()}
+                       for k, g in initial.items()}
         return RunState(x, rule.init_server_state(x), initial_gamma(self.alg), clients)
+
+    def store_file(self) -> Path | None:
+        """The file of a store on disk (``STORE_FILE`` in the run's folder; never outside it), None in memory."""
+        if not self.client_store.on_disk:
+            return None
+        if self.run_folder is None:
+            raise ValueError("client_state.on_disk = true keeps the clients' states in a file in the run's folder: "
+                             "expected a run with an output folder (Simulator.run_folder)")
+        return Path(self.run_folder) / STORE_FILE
+
+    def place_clients(self, clients: State | ClientStore | SavedStore) -> State | ClientStore:
+        """A checkpoint's clients' states (on the CPU) where this run keeps them: dense tables on the tables'
+        device in the run's dtype; a sparse store's rows on its device or in its file, rebuilt from the checkpoint
+        (so a file a killed run left ahead of its checkpoint is overwritten)."""
+        if not clients:
+            return {}
+        saved = clients.saved() if isinstance(clients, ClientStore) else clients
+        if isinstance(clients, ClientStore) and clients.path is not None and clients.path == self.store_file():
+            saved = replace(saved, rows=saved.rows.clone())  # its file is rewritten below: the rows first in memory
+        sparse = isinstance(saved, SavedStore)
+        if sparse != self.client_store.sparse:
+            held = "a sparse store" if sparse else "dense tables"
+            raise ValueError(f"the checkpoint holds the clients' states as {held}: expected client_state.store as the "
+                             f"run started with, not {self.client_store.store!r}")
+        if not isinstance(saved, SavedStore):
+            return {k: {n: v.to(device=self.tables_device, dtype=self.dtype) for n, v in g.items()}
+                    for k, g in saved.items()}
+        if saved.dtype != store_dtype(self.client_store, self.dtype):
+            raise ValueError(f"the checkpoint's client states are {str(saved.dtype).removeprefix('torch.')}: expected "
+                             f"client_state.dtype as the run started with, not {self.client_store.dtype!r}")
+        return ClientStore.restore(saved, self.fed.num_clients, self.device, self.dtype, self.tables_device,
+                                   self.store_file())
 
     def round(self, state: RunState, t: int) -> tuple[RunState, RoundInfo]:
         """x_{t+1} (and the algorithm's state) from x_t: one round of the algorithm.
@@ -284,6 +330,9 @@ class Simulator:
         info = RoundInfo(work.ids, work.steps, metrics.server_steps, metrics.gamma, metrics.cos_theta, comm,
                          tuple(sorted(work.dropped)), metrics.distill_steps)
         # last, so that an interruption inside the round leaves the tables as the checkpoint expects
+        if isinstance(new.clients, ClientStore):
+            new.clients.scatter(work.ids, rows)
+            return new, info
         at = self._table_index(work)
         for key, new_rows in rows.items():
             for n, r in new_rows.items():
@@ -292,6 +341,8 @@ class Simulator:
 
     def client_rows(self, clients: State, work: ClientWork) -> State:
         """The sampled clients' rows of the state tables, on the device (copied over from host tables)."""
+        if isinstance(clients, ClientStore):
+            return clients.gather(work.ids)
         at = self._table_index(work)
         return {k: {n: to_device(v[at], self.device) for n, v in g.items()} for k, g in clients.items()}
 

@@ -149,7 +149,7 @@ class StackedSimulator:
         lrs = [sim.alg.local.lr for sim, s in zip(self.sims, sizes) for _ in range(s)]
         sent = [sim.sent(st) for sim, st, s in zip(self.sims, states, sizes) for _ in range(s)]
         mine = [sim.client_rows(st.clients, w) for sim, st, w in zip(self.sims, states, works)]
-        rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in states[0].clients.items()}
+        rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in mine[0].items()}
         if sum(sizes):
             finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows,
                                                    sent)
