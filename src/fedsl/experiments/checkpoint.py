@@ -10,7 +10,11 @@ dicts and tensors, read back with ``weights_only=True``:
     gamma     γ_t of an adaptive γ schedule (None for schedules that are functions of t)
     clip      C_t of DP's adaptive clipping (None: the configured clip, or no DP; absent in older files)
     clients   the clients' states as [N, ...] tables (SCAFFOLD's c_i, FedDyn's ∇L_i) when kept: empty
-              for a finished run and on a Flower server (its clients keep their own)
+              for a finished run and on a Flower server (its clients keep their own), and for a sparse store
+    client_store  a sparse store's clients (``fedsl.engine.client_state``): ``ids`` [M] (int64, row order), ``rows``
+              [M, D] (one client's states flattened, in the order of ``initial``), ``initial`` (one client's initial
+              state, as ``clients``' tables hold it without the leading N); absent without one (a run folder written
+              with one has a ``client_state`` table in its config.json, which a fedsl without stores refuses)
     extra     each runtime's own records, as JSON text: the simulator's ``wall_time``, the Flower
               server's ``history``, ``evaluations`` and ``config``
 
@@ -33,6 +37,7 @@ from typing import Any
 import torch
 
 from fedsl.algorithms.base import RunState
+from fedsl.engine.client_state import ClientStore, SavedStore
 
 FORMAT = "fedsl-checkpoint/1"
 LEGACY_FLOWER = "fedsl-flower-checkpoint/1"  # the Flower server's layout before FORMAT (x, records as JSON)
@@ -94,13 +99,20 @@ def _cpu(group: dict) -> dict:
 def save(path: str | Path, ckpt: Checkpoint) -> None:
     """Write ``ckpt`` to ``path`` in ``FORMAT``, atomically."""
     s = ckpt.state
+    store = s.clients.saved() if isinstance(s.clients, ClientStore) else s.clients
+    clients = {} if isinstance(store, SavedStore) else _cpu(store)
     blob = {"format": FORMAT, "round": int(ckpt.round), "params": _cpu(s.x), "algo": _cpu(s.algo),
-            "gamma": s.gamma, "clip": s.clip, "clients": _cpu(s.clients), "extra": json.dumps(ckpt.extra, default=str)}
+            "gamma": s.gamma, "clip": s.clip, "clients": clients, "extra": json.dumps(ckpt.extra, default=str)}
+    if isinstance(store, SavedStore):
+        # the rows of a store on disk are a tensor over its file, of exactly the rows held: written from the file
+        blob["client_store"] = _cpu({"ids": store.ids, "rows": store.rows, "initial": store.initial})
     atomic_write(Path(path), lambda p: torch.save(blob, p))
 
 
-def load(path: str | Path, what_to_do: str = RESTART_RUN) -> Checkpoint | None:
-    """The checkpoint at ``path`` (its tensors on the CPU), or None when there is no file.
+def load(path: str | Path, what_to_do: str = RESTART_RUN, mmap: bool = False) -> Checkpoint | None:
+    """The checkpoint at ``path`` (its tensors on the CPU), or None when there is no file. ``mmap``: the tensors
+    are read from the file as they are used (memory-mapped, copy on write), not into memory at once: a store on
+    disk is rebuilt from its checkpoint without holding its rows in memory.
 
     Raises:
         CorruptCheckpoint: the file cannot be read (cut short, not a checkpoint, a newer format); its
@@ -109,7 +121,7 @@ def load(path: str | Path, what_to_do: str = RESTART_RUN) -> Checkpoint | None:
     path = Path(path)
     if not path.is_file():
         return None
-    blob = _read(path, what_to_do, mmap=False)
+    blob = _read(path, what_to_do, mmap=mmap)
     try:
         return _from_blob(blob)
     except KeyError as e:
@@ -160,12 +172,25 @@ def _tensors(group: Any, what: str) -> dict:
     return group
 
 
+def _store(saved: Any) -> SavedStore:
+    """A sparse store's entry, checked: int64 ids [M], rows [M, D], an initial state of tensors."""
+    store = SavedStore(saved["ids"], saved["rows"], _tensors(saved["initial"], "clients' initial states"))
+    if not isinstance(store.ids, torch.Tensor) or not isinstance(store.rows, torch.Tensor):
+        raise TypeError("its client store is not tensors")
+    if store.ids.dtype != torch.int64 or store.rows.dim() != 2 or store.ids.shape != (store.rows.shape[0],):
+        raise ValueError(f"its client store holds {tuple(store.rows.shape)} rows for {tuple(store.ids.shape)} ids, "
+                         "not one row per id")
+    return store
+
+
 def _from_blob(blob: dict[str, Any]) -> Checkpoint:
     """A Checkpoint from a file's dict: ``FORMAT``, or one of the two layouts before it."""
     fmt = blob.get("format")
     if fmt == FORMAT:
         extra = json.loads(blob["extra"])
         x, algo, clients = blob["params"], blob["algo"], blob["clients"]
+        if "client_store" in blob:
+            clients = _store(blob["client_store"])
     elif fmt == LEGACY_FLOWER:  # the Flower server's: x, and its records as JSON texts
         extra = {k: json.loads(blob[k]) for k in ("history", "evaluations", "config")}
         x, algo, clients = blob["x"], blob["algo"], {}
@@ -186,5 +211,7 @@ def _from_blob(blob: dict[str, Any]) -> Checkpoint:
         raise TypeError(f"its clip is {type(clip).__name__}, not a number")
     if not _tensors(x, "parameters"):
         raise ValueError("it holds no parameters")
-    state = RunState(x, _tensors(algo, "server state"), gamma, _tensors(clients, "clients' states"), clip)
+    if not isinstance(clients, SavedStore):
+        clients = _tensors(clients, "clients' states")
+    state = RunState(x, _tensors(algo, "server state"), gamma, clients, clip)
     return Checkpoint(blob["round"], state, extra)

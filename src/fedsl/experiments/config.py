@@ -25,6 +25,7 @@ from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, Robust, bucket_count,
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
 from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
 from fedsl.data import registry
+from fedsl.engine.client_state import STORE_DTYPES, STORES, StoreSettings
 from fedsl.engine.executors import COMPILE_MODES
 from fedsl.engine.functional import EVAL_PRECISIONS
 
@@ -34,6 +35,7 @@ from fedsl.engine.functional import EVAL_PRECISIONS
 _SCHEDULE, _ROBUST, _ATTACK, _PARTICIPATION = GammaSchedule(), Robust(), Attack(), Participation()
 _ADAPTIVE = AdaptiveClipping()  # [privacy]'s adaptive clipping (fedsl.algorithms.privacy)
 _DISTILL = Distillation()  # FedDF's [distill] table
+_STORE = StoreSettings()  # the clients' states' store ([client_state]; fedsl.engine.client_state)
 
 
 class ConfigError(ValueError):
@@ -344,6 +346,33 @@ class DistillConfig(_Strict):
                             self.val_fraction, self.schedule, self.clip)
 
 
+class ClientStateConfig(_Strict):
+    """How a stateful rule's clients' states (SCAFFOLD's c_i, FedDyn's ∇L_i, MOON's previous models) are kept
+    (``fedsl.engine.client_state``; where on a GPU: ``client_tables``)."""
+    store: Literal[STORES] = Field(_STORE.store, description="'dense': an N × d table per state (every client, sampled "
+                                   "or not); 'sparse': rows only for the clients sampled so far (at most min(N, S·T)), "
+                                   "the rule's initial row for the others; the same results bit for bit")
+    dtype: Literal[STORE_DTYPES] = Field(_STORE.dtype, description="the sparse rows' numbers: 'auto' (the run's dtype: "
+                                         "exact) or 'float16' (half of float32's memory; lossy: each number rounded "
+                                         "to float16, relative error <= 2^-11)")
+    on_disk: bool = Field(_STORE.on_disk, description="keep the sparse rows in a memory-mapped file in the run's "
+                                                      "folder (client_state.bin), paged in and out by the operating "
+                                                      "system: for more rows than memory; checkpoints hold them too")
+
+    @model_validator(mode="after")
+    def _sparse_only(self) -> "ClientStateConfig":
+        if self.store == "dense" and self.dtype != "auto":
+            raise ValueError(f"client_state.dtype = {self.dtype!r} sets the numbers of a sparse store: expected "
+                             "client_state.store = 'sparse', or dtype = 'auto'")
+        if self.store == "dense" and self.on_disk:
+            raise ValueError("client_state.on_disk = true keeps a sparse store's rows in a file: expected "
+                             "client_state.store = 'sparse', or on_disk = false")
+        return self
+
+    def settings(self) -> StoreSettings:
+        return StoreSettings(self.store, self.dtype, self.on_disk)
+
+
 def krum_rows(r: RobustConfig) -> tuple[str, str]:
     """What Krum's S counts in an error message (the key, its symbol): a round's clients or their bucket means."""
     if r.bucket > 1:
@@ -530,7 +559,8 @@ class RunConfig(_Strict):
                                                    "always are")
     client_tables: Literal["auto", "device", "host"] = Field(
         "auto", description="where the clients' state tables live on a GPU (SCAFFOLD's c_i, FedDyn's ∇L_i: N × d "
-                            "numbers per run, 2.2 GB for 1,000 CIFAR clients): 'device'; 'host' (CPU memory: each "
+                            "numbers per run, 2.2 GB for 1,000 CIFAR clients; a sparse store's rows of the clients "
+                            "seen, [client_state]): 'device'; 'host' (CPU memory: each "
                             "round copies the S sampled rows over and back, so N × d may exceed the GPU's memory; "
                             "slower: the host waits for the round's end); 'auto' = 'host' when one run's tables "
                             "would take more than half the GPU's free memory. Results are the same")
@@ -551,6 +581,8 @@ class RunConfig(_Strict):
     robust: RobustConfig = Field(RobustConfig(), description="a [robust] table (a robust server rule)")
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="a [privacy] table (DP-FedAvg: clip, noise, ε)")
     distill: DistillConfig = Field(DistillConfig(), description="a [distill] table (FedDF's ensemble distillation)")
+    client_state: ClientStateConfig = Field(ClientStateConfig(), description="a [client_state] table (how the clients' "
+                                            "states are kept: dense tables or the rows of the clients seen)")
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides, one run each, compared side by side")
 
@@ -577,6 +609,9 @@ class RunConfig(_Strict):
         if isinstance(self.stack, int) and not 1 <= self.stack <= 1024:
             raise ValueError(f"stack = {self.stack}: expected 'auto' or an integer >= 1 (1 = no stacking), "
                              "at most 1024")
+        if self.client_state.on_disk and self.client_tables == "device":
+            raise ValueError("client_state.on_disk = true keeps the clients' states in a file on the host: expected "
+                             "client_tables = 'auto' or 'host', not 'device'")
         if self.compile == "cuda-graphs" and self.device == "cpu":
             raise ValueError("compile = 'cuda-graphs' captures CUDA graphs: expected device = 'cuda' or 'auto' (on a "
                              "machine with a GPU), not 'cpu'")

@@ -1,9 +1,9 @@
 """GPU memory planning: how many runs advance together as one stack (``stack = 'auto'``).
 
-A stacked run's device memory is its clients' state tables (N × d numbers per state its rule keeps,
-unless they live in host memory) and its working memory (its S clients' activations and gradients),
-measured once for the CIFAR CNN and scaled from there. d is counted on the model itself, built for
-the config's dataset.
+A stacked run's device memory is its clients' state tables (N × d numbers per state its rule keeps, or a sparse
+store's rows of the clients seen, unless they live in host memory or on disk) and its working memory (its S clients'
+activations and gradients), measured once for the CIFAR CNN and scaled from there. d is counted on the model itself,
+built for the config's dataset.
 """
 
 from __future__ import annotations
@@ -45,12 +45,13 @@ def stack_limit(cfg: RunConfig) -> int:
 
 
 def run_bytes(cfg: RunConfig, free: float | None = None) -> float:
-    """A stacked run's device memory: its clients' tables (N × d; none when they live in host memory:
-    ``client_tables``, which 'auto' decides from ``free``: ``placement.tables_go_to_host``) and its working
+    """A stacked run's device memory: its clients' tables (N × d, or a sparse store's rows of at most min(N, S·T)
+    clients seen: ``[client_state]``; none when they live in host memory or on disk: ``client_tables``, which 'auto'
+    decides from ``free``: ``placement.tables_go_to_host``) and its working
     memory (measured for the CIFAR CNN, scaled by S·B, by d for larger models, by 2 for float64)."""
     d = model_params(cfg)
     width = placement.number_bytes(cfg.dtype)
-    tables = placement.client_table_bytes(SPECS[cfg.algorithm.name], cfg.data.num_clients, d, cfg.dtype)
+    tables = placement.client_state_bytes(cfg, SPECS[cfg.algorithm.name], cfg.data.num_clients, d)
     if placement.tables_go_to_host(cfg.client_tables, tables, free if free is not None else float("inf")):
         tables = 0
     work = RUN_BYTES_MEASURED * cfg.algorithm.clients_per_round * cfg.algorithm.batch_size / MEASURED_CLIENT_SAMPLES

@@ -34,16 +34,25 @@ def number_bytes(dtype: str) -> int:
     return getattr(torch, dtype).itemsize
 
 
-def client_table_bytes(sp: Spec, num_clients: int, d: float, dtype: str) -> float:
-    """The clients' state tables of one run of ``sp``'s rule: N × d numbers of ``dtype`` per entry of its
-    ``client_state`` (SCAFFOLD's c_i, FedDyn's ∇L_i; none for stateless clients)."""
-    return len(sp.client_state) * num_clients * d * number_bytes(dtype)
+def client_state_bytes(cfg: RunConfig, sp: Spec, num_clients: int, d: float) -> float:
+    """The memory of one run's clients' states where they live (a GPU, or the host) as ``cfg.client_state`` keeps
+    them, d numbers per entry of the rule's ``client_state`` (SCAFFOLD's c_i, FedDyn's ∇L_i) and client: N rows
+    (dense), or at most min(N, S·T) rows of the clients seen (sparse; in the run's dtype or float16; its index, about
+    ``client_state.INDEX_BYTES`` per client seen, is on the host); 0 for stateless clients and for a store on disk
+    (the file's pages are the operating system's to hold)."""
+    st = cfg.client_state.settings()
+    if not sp.client_state or st.on_disk:
+        return 0.0
+    rows = st.rows(num_clients, cfg.algorithm.clients_per_round, cfg.rounds)
+    per_client = len(sp.client_state) * d * st.number_bytes(number_bytes(cfg.dtype))
+    return rows * per_client
 
 
 def tables_on_host(cfg: RunConfig, device: torch.device, algorithm: Algorithm, num_clients: int, d: int) -> bool:
     """Whether a run keeps its clients' state tables in host memory (``cfg.client_tables``; 'auto': on a GPU,
-    when its tables, N × d numbers per state the rule keeps, would take more than half the free memory)."""
+    when its tables, N × d numbers per state the rule keeps, or a sparse store's rows of at most min(N, S·T) clients,
+    would take more than half the free memory). A store on disk lives on the host whatever this says."""
     if device.type != "cuda" or cfg.client_tables == "device":
         return False
     free = torch.cuda.mem_get_info(device)[0] if cfg.client_tables == "auto" else 0
-    return tables_go_to_host(cfg.client_tables, client_table_bytes(algorithm.spec, num_clients, d, cfg.dtype), free)
+    return tables_go_to_host(cfg.client_tables, client_state_bytes(cfg, algorithm.spec, num_clients, d), free)

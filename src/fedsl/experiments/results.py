@@ -140,7 +140,8 @@ class RunDir:
         """The round of the last checkpoint, read without loading the tensors (memory-mapped)."""
         return checkpoint.read_round(self.checkpoint_file)
 
-    def load_checkpoint(self) -> Checkpoint | None:
+    def load_checkpoint(self, mmap: bool = False) -> Checkpoint | None:
         """The last checkpoint, or None; ``CorruptCheckpoint`` (one line: the file and what to do) when it
-        cannot be read: cut short by a full disk or a partial copy, or not a checkpoint at all."""
-        return checkpoint.load(self.checkpoint_file)
+        cannot be read: cut short by a full disk or a partial copy, or not a checkpoint at all. ``mmap``: its
+        tensors read from the file as they are used (``checkpoint.load``)."""
+        return checkpoint.load(self.checkpoint_file, mmap=mmap)

@@ -21,13 +21,14 @@ import torch
 
 from fedsl.data.federation import Federation
 from fedsl.engine import metrics
+from fedsl.engine.client_state import ClientStore
 from fedsl.engine.diagnostics import measure
 from fedsl.engine.simulator import RoundInfo, RunState
 from fedsl.engine.stacked import StackedSimulator
 from fedsl.experiments import tracking
 from fedsl.experiments.build import Built, Prepared, finetune, prepare
 from fedsl.experiments.callbacks import Callback, CallbackList, RunStart
-from fedsl.experiments.config import RunConfig
+from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.divergence import DivergenceGuard
 from fedsl.experiments.progress import RunProgress
 from fedsl.experiments.resolve import format_hparams
@@ -53,6 +54,7 @@ class RunSession:
             log(f"{cfg.name}: removed {p.name}, left by a write that was killed")
         self.prep = prep = prep or prepare(cfg, built=built)
         self.sim = sim = prep.sim
+        sim.run_folder = rd.path  # a store of the clients' states on disk keeps its file here
         self.start, self.wall0, history = 0, 0.0, []
         self.state: RunState | None = None
         if resume:
@@ -61,7 +63,8 @@ class RunSession:
                 # automatic threads follow the machine's load, and float sums (so results, to the last
                 # bit) follow the thread count: the resumed rounds use the count the run started with
                 torch.set_num_threads(started)
-            ckpt = rd.load_checkpoint()
+            # a store on disk is rebuilt from the checkpoint's rows read from the file, not held in memory at once
+            ckpt = rd.load_checkpoint(mmap=cfg.client_state.on_disk)
             if ckpt is not None:
                 self.start, self.wall0 = ckpt.round, float(ckpt.extra.get("wall_time", 0.0))
 
@@ -69,8 +72,12 @@ class RunSession:
                     return {k: dev(v, device) if isinstance(v, dict) else v.to(device=device, dtype=sim.dtype)
                             for k, v in d.items()}
 
-                s = ckpt.state  # the clients' tables where the simulator keeps them (they may live in host memory)
-                self.state = RunState(dev(s.x), dev(s.algo), s.gamma, dev(s.clients, sim.tables_device), s.clip)
+                s = ckpt.state  # the clients' states where the simulator keeps them (host memory, a file, ...)
+                try:
+                    clients = sim.place_clients(s.clients)
+                except ValueError as e:
+                    raise ConfigError(f"{rd.checkpoint_file}: {e}") from None
+                self.state = RunState(dev(s.x), dev(s.algo), s.gamma, clients, s.clip)
                 history = rd.truncate_metrics(self.start)
             elif rd.is_run():
                 rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too
@@ -170,6 +177,9 @@ class RunSession:
                          f"accuracy {tuned['final_accuracy_finetuned']:.4f}")
         summary = self.summary.write(status, self.done, self.wall(), tuned)
         self.callbacks.on_run_end(summary)
+        if self.state is not None and isinstance(self.state.clients, ClientStore):
+            # its file is a working copy: the checkpoint holds the rows a resumed run rebuilds it from
+            self.state.clients.close(remove=True)
         if status == "interrupted":
             # a run of a group resumes with its group (whose other runs may be unfinished too)
             group = self.rd.path.parent
