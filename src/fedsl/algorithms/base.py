@@ -66,7 +66,9 @@ class RunState:
         algo: the server rule's state (SCAFFOLD's c, FedDyn's h, momentum, ...).
         gamma: the adaptive γ schedule's current γ_t (None for schedules that are functions of t).
         clients: the clients' states as [N, ...] tables, one row per client (SCAFFOLD's c_i, FedDyn's
-            ∇L_i); empty for stateless clients and on a deployment's server (clients keep their own).
+            ∇L_i), or a sparse store of the rows of the clients sampled so far (``fedsl.engine.client_state``,
+            which the engine reads and writes); empty for stateless clients and on a deployment's server (clients
+            keep their own).
         clip: DP's clip norm C_t under adaptive clipping (``fedsl.algorithms.privacy``), once a round has adapted it;
             None: ``privacy.clip`` (C_0, or the fixed C), or no DP.
     """
