@@ -12,6 +12,7 @@ import torch
 from conftest import random_federation, run_rounds
 
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
+from fedsl.data.clients import ClientIndex
 from fedsl.engine import client_state as cs
 from fedsl.engine.client_state import CHUNK, STORE_FILE, ClientStore, StoreSettings
 from fedsl.engine.executors import SequentialExecutor
@@ -106,7 +107,8 @@ def test_a_million_clients_declared_hold_the_rows_of_those_sampled():
     """A SCAFFOLD run over N = 10^6 clients (each one of 8 small clients' index arrays, shared): three rounds of
     S = 10 hold 30 rows (dense tables would hold 10^6 × d)."""
     small = random_federation([3] * 8, dtype=torch.float32)
-    fed = replace(small, clients=small.clients * (10**6 // 8))
+    reps = 10**6 // 8  # the 8 clients' index arrays repeated, as one ClientIndex (CSR) of 10^6 clients
+    fed = replace(small, clients=ClientIndex(np.arange(0, 3 * 8 * reps + 1, 3), np.tile(small.clients.indices, reps)))
     fm = FunctionalModel(build_model("mlp", fed.num_classes, fed.input_shape, seed=3))
     alg = make_algorithm("scaffold", LocalTraining(0.1, 8), 1.0, None)
     sim = Simulator(fm, fed, alg, SequentialExecutor(fm), 10, seed=5, client_store=SPARSE)

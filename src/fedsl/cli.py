@@ -385,12 +385,12 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
                    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
                    out: Path = typer.Option(Path("partition.png"), "--out", "-o", help="heat-map PNG")) -> None:
     """Per-client class histograms of a config's partition, and a heat map."""
+    from fedsl.algorithms.label_counts import label_counts
     from fedsl.data.datasets import build_federation
     from fedsl.report.plots import partition_heatmap
     cfg = _load_config(config, preset, set_, data_dir)
     fed = build_federation(cfg.data, cfg.seed)
-    y = fed.y.numpy()
-    counts = np.stack([np.bincount(y[c], minlength=fed.num_classes) for c in fed.clients])
+    counts = label_counts(fed.y, fed.clients, fed.server, fed.num_classes).clients.astype(np.int64)
     console.print(f"{cfg.name}: {cfg.data.partition} partition, N={fed.num_clients}, n={fed.n}, n0={fed.n0}",
                   markup=False, highlight=False)
     table = Table()

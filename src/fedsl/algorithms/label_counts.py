@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedsl.data.clients import ClientIndex
+
 
 @dataclass(frozen=True)
 class LabelCounts:
@@ -33,8 +35,13 @@ class LabelCounts:
 
 def label_counts(y: torch.Tensor, clients: Sequence[np.ndarray], server: np.ndarray, num_classes: int
                  ) -> LabelCounts:
-    """``LabelCounts`` from the labels ``y`` of the pool and the clients' and D0's index arrays."""
+    """``LabelCounts`` from the labels ``y`` of the pool and the clients' and D0's index arrays (a ``ClientIndex``
+    or a list of arrays): one ``bincount`` over every client's samples, no loop over the N clients."""
     labels = y.cpu().numpy()
-    rows = [np.bincount(labels[c], minlength=num_classes) for c in clients]
-    return LabelCounts(np.stack(rows).astype(np.float64) if rows else np.zeros((0, num_classes)),
-                       np.bincount(labels[server], minlength=num_classes).astype(np.float64))
+    index = ClientIndex.from_arrays(clients)
+    n = len(index)
+    own = np.bincount(index.owners() * num_classes + labels[index.indices], minlength=n * num_classes)
+    rows = own.reshape(n, num_classes)
+    if index.shared is not None:  # DS: D0's counts in every client's row
+        rows = rows + np.bincount(labels[index.shared], minlength=num_classes)
+    return LabelCounts(rows.astype(np.float64), np.bincount(labels[server], minlength=num_classes).astype(np.float64))

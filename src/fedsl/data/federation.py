@@ -1,4 +1,8 @@
-"""A federation in memory: one pool of samples, clients and server as index arrays."""
+"""A federation in memory: one pool of samples, clients and server as index arrays.
+
+The clients' index arrays are one ``ClientIndex`` (``fedsl.data.clients``: one concatenated array and N + 1
+offsets), not N Python arrays, so that N = 10^6 clients cost megabytes and no Python loop.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedsl.data.clients import ClientIndex
+
 
 @dataclass
 class Federation:
@@ -14,7 +20,8 @@ class Federation:
 
     Attributes:
         x, y: the pool of training samples (clients' and server's), as tensors.
-        clients: D_i, an index array into the pool per client (N of them).
+        clients: D_i, an index array into the pool per client (N of them), kept as one ``ClientIndex`` (a list of
+            arrays given here is converted).
         server: D0, an index array into the pool (empty when the server has no data).
         x_test, y_test: the test set the global model is evaluated on.
         num_classes: number of labels.
@@ -28,7 +35,7 @@ class Federation:
 
     x: torch.Tensor
     y: torch.Tensor
-    clients: list[np.ndarray]
+    clients: ClientIndex
     server: np.ndarray
     x_test: torch.Tensor
     y_test: torch.Tensor
@@ -36,6 +43,9 @@ class Federation:
     class_names: list[str]
     input_stats: tuple[list[float], list[float]] | None = None
     unlabelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        self.clients = ClientIndex.from_arrays(self.clients)
 
     @property
     def num_clients(self) -> int:
@@ -45,7 +55,7 @@ class Federation:
     @property
     def n(self) -> int:
         """n = Σ n_i, the clients' samples."""
-        return int(sum(len(c) for c in self.clients))
+        return self.clients.total
 
     @property
     def n0(self) -> int:

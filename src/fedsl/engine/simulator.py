@@ -132,10 +132,8 @@ class Simulator:
         self.S, self.seed, self.eval_batch_size = clients_per_round, seed, eval_batch_size
         self.eval_precision = eval_precision
         self.part = part
-        if algorithm.share_server_data:  # DS: D'_i = D_i ∪ D0, fixed for the run
-            self.client_data = [np.concatenate([c, fed.server]) for c in fed.clients]
-        else:
-            self.client_data = fed.clients
+        # DS: D'_i = D_i ∪ D0, fixed for the run (D0's indices kept once, appended to each client's when read)
+        self.client_data = fed.clients.with_shared(fed.server) if algorithm.share_server_data else fed.clients
         self.dtype = fed.x.dtype
         self.device = fed.x.device
         self.tables_device = torch.device("cpu") if tables_on_host or client_store.on_disk else self.device

@@ -256,7 +256,7 @@ def client_side(fm: FunctionalModel, x: Params, fed: Federation, hessian_samples
     mean = {k: v / N for k, v in total.items()}
     G2 = max(float(sq / N - 2 * _dot(mean, gF) + _dot(gF, gF)), 0.0)
     # F = Σ_i (n_i/n) f_i is the mean loss over the clients' samples (one weight 1/n each)
-    union = np.concatenate(fed.clients)
+    union = fed.clients.indices
     idx = torch.as_tensor(union, device=fed.x.device)
     F = mean_loss(fm, x, fed.x[idx], fed.y[idx])
     if hessian_samples and hessian_samples < len(union):
@@ -301,7 +301,7 @@ def assess_server_data(fm: FunctionalModel, x: Params, fed: Federation, server_l
     margin = 2 * dot - L * eta * n0
     pred = eta * dot - L * eta ** 2 * n0 / 2
     best = nF / (2 * L) if L > 0 else float("nan")  # the descent lemma's decrease for the step 1/L along −∇F
-    union = torch.as_tensor(np.concatenate(fed.clients), device=fed.x.device)
+    union = torch.as_tensor(fed.clients.indices, device=fed.x.device)
     stepped = {k: x[k] - eta * g0[k] for k in x}
     measured = side.F - mean_loss(fm, stepped, fed.x[union], fed.y[union])
     a = Assessment(name, list(overrides or []), fed.n0, fed.server_histogram(), xi2, side.G2, cos, dot, nF, n0, L,

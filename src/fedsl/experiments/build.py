@@ -85,7 +85,7 @@ class Built:
     def nbytes(self) -> int:
         """Memory it holds beyond the data pool that runs share: the model and the index arrays."""
         model = sum(p.numel() * p.element_size() for p in self.fm.module.parameters())
-        return model + sum(c.nbytes for c in self.fed.clients) + self.fed.server.nbytes
+        return model + self.fed.clients.nbytes + self.fed.server.nbytes
 
 
 # How much a sweep's checks keep for its runs to take over (the first runs' builds; the others

@@ -51,7 +51,7 @@ class _Strict(BaseModel):
 # or hours of silence (each is in its field's description).
 ROUNDS_MAX = 10**7          # rounds and every per-round period (eval_every, checkpoint_every, ...)
 SEED_MAX = 2**63 - 1        # seeds are non-negative int64
-CLIENTS_MAX = 100_000       # N, S, c
+CLIENTS_MAX = 1_000_000     # N, S, c
 PER_CLASS_MAX = 1_000_000   # generated or carved images per class
 SAMPLES_MAX = 10_000_000    # sample counts (n_i, n0)
 BATCH_MAX = 1_000_000       # batch sizes
@@ -104,7 +104,7 @@ class DataConfig(_Strict):
         "up_to", description="carving: a class short of train_per_class + test_per_class gives the test set what "
                              "is left after its training share ('up_to', the test size is in summary.json) or is "
                              "refused ('exact')")
-    num_clients: int = Field(20, ge=1, le=CLIENTS_MAX, description=f"N, number of clients (at most {CLIENTS_MAX})")
+    num_clients: int = Field(20, ge=1, le=CLIENTS_MAX, description=f"N, number of clients (at most {CLIENTS_MAX:,})")
     partition: Literal["classes", "iid", "dirichlet", "shards"] = Field(
         "classes", description="'classes' (paper: C classes per client), 'iid', 'dirichlet' or 'shards'")
     classes_per_client: int = Field(2, ge=1, le=10_000, description="C, label classes per client (at most 10,000)")
@@ -120,7 +120,7 @@ class DataConfig(_Strict):
                                                                     "a size budget, 0 = all they give; at most 10^7)")
     server_overlap: bool = Field(True, description="iid D0 drawn from the whole pool (paper) or disjoint from clients")
     server_clients: int = Field(10, ge=1, le=CLIENTS_MAX, description="c, clients the server takes samples from "
-                                                                        "(paper Scenario 2; at most 100,000)")
+                                                                        f"(paper Scenario 2; at most {CLIENTS_MAX:,})")
     server_samples_per_client: int = Field(50, ge=1, le=PER_CLASS_MAX, description="s, samples taken from each of "
                                                                                      "the c clients (at most 10^6)")
     server_dataset: Literal[SERVER_DATASETS] = Field(
@@ -204,7 +204,7 @@ _HP = {h.key: h for s in SPECS.values() for h in s.hyperparams}  # rules' own hy
 class AlgorithmConfig(_Strict):
     name: Literal[ALGORITHM_NAMES] = Field(description="algorithm: " + ", ".join(ALGORITHM_NAMES))
     clients_per_round: int = Field(5, ge=1, le=CLIENTS_MAX, description="S, clients sampled per round "
-                                                                          "(at most 100,000)")
+                                                                          f"(at most {CLIENTS_MAX:,})")
     local_lr: float = Field(0.01, gt=0, description="η_l, client learning rate")
     batch_size: int = Field(50, ge=1, le=BATCH_MAX, description="B, client batch size (at most 10^6)")
     local_epochs: int = Field(defaults.LOCAL_EPOCHS, ge=1, le=EPOCHS_MAX, description="E_c, client epochs per round "

@@ -51,7 +51,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         return value
 
     N, S, n, n0 = fed.num_clients, a.clients_per_round, fed.n, fed.n0
-    smallest = min(len(c) for c in fed.clients)
+    smallest = int(fed.clients.sizes.min())
     if a.batch_size > smallest:
         raise ConfigError(f"algorithm.batch_size = {a.batch_size}: expected at most the smallest client's "
                           f"n_i = {smallest}")
