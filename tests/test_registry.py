@@ -19,7 +19,7 @@ from fedsl.experiments.config import ConfigError, DataConfig, validate
 
 
 def _targets(info: DatasetInfo):
-    for fn in (info.load, info.identify, info.check_config):
+    for fn in (info.load, info.identify, info.check_config, info.federation):
         if fn is not None:
             yield fn
 

@@ -1,8 +1,9 @@
 """N up to 10^6 (``fedsl.data.clients``, ``fedsl.engine.simulator``): the clients' index arrays as one CSR
 ``ClientIndex`` that reads as the list of arrays it replaces, S of N drawn in O(S) and unchanged for every existing
-config, the cap at 10^6 in one line."""
+config, a round that touches only its S clients, the cap at 10^6 in one line."""
 
 import hashlib
+import time
 import tracemalloc
 
 import numpy as np
@@ -13,6 +14,7 @@ from conftest import random_federation
 from fedsl.algorithms.label_counts import label_counts
 from fedsl.core import rng
 from fedsl.data.clients import ClientIndex
+from fedsl.data.datasets import build_federation
 from fedsl.experiments.build import prepare
 from fedsl.experiments.config import CLIENTS_MAX, ConfigError, validate
 
@@ -95,9 +97,33 @@ def test_label_counts_in_one_pass_equal_a_count_per_client():
 def test_the_cap_is_a_million_clients_in_one_line():
     base = {"rounds": 1, "algorithm": {"name": "fedavg"}}
     assert CLIENTS_MAX == 10**6
-    assert validate({**base, "data": {"dataset": "toy", "num_clients": 10**6}}).data.num_clients == 10**6
+    assert validate({**base, "data": {"dataset": "synthetic_fedprox", "num_clients": 10**6}}).data.num_clients == 10**6
     with pytest.raises(ConfigError) as e:
         validate({**base, "data": {"dataset": "toy", "num_clients": 10**6 + 1}})
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("data.num_clients = 1000001") and "at most 1,000,000" in msg
 
+
+def test_a_million_generated_clients_build_and_sample_in_little_memory_and_time():
+    """N = 10^6 clients of Synthetic(α, β) (samples made on demand): the federation holds 8 bytes a client, a
+    round's host work (sampling, the sampled clients' samples, their plans) allocates for its S clients only."""
+    cfg = validate({"rounds": 3, "data": {"dataset": "synthetic_fedprox", "num_clients": 10**6, "server_size": 50,
+                                          "synthetic_max_samples": 50, "synthetic_test_clients": 20},
+                    "model": {"name": "logreg"}, "algorithm": {"name": "fsl", "clients_per_round": 10,
+                                                               "batch_size": 5}})
+    tracemalloc.start()
+    start = time.perf_counter()
+    fed = build_federation(cfg.data, cfg.seed)
+    built, peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert fed.num_clients == 10**6 and fed.n == 45 * 10**6 and fed.clients.nbytes == 8 * (10**6 + 1)
+    assert peak < 64 * 2**20 and built < 20  # the sizes' draw and offsets: ~24 MB at once, about a second
+    sim = prepare(cfg).sim
+    sim.sample(0)
+    tracemalloc.start()
+    start = time.perf_counter()
+    works = [sim.sample(t) for t in range(1, 4)]
+    per_round, peak = (time.perf_counter() - start) / 3, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert all(len(w.ids) == 10 and w.sizes == [45] * 10 and len(w.pool[0]) == 50 + 450 for w in works)
+    assert peak < 2**20 and per_round < 2  # a byte per client would be 1 MB; measured ~0.2 MB, ~10 ms

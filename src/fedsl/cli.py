@@ -385,13 +385,23 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
                    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
                    out: Path = typer.Option(Path("partition.png"), "--out", "-o", help="heat-map PNG")) -> None:
     """Per-client class histograms of a config's partition, and a heat map."""
+    import torch
+
     from fedsl.algorithms.label_counts import label_counts
+    from fedsl.data.clients import ClientIndex
     from fedsl.data.datasets import build_federation
     from fedsl.report.plots import partition_heatmap
     cfg = _load_config(config, preset, set_, data_dir)
     fed = build_federation(cfg.data, cfg.seed)
-    counts = label_counts(fed.y, fed.clients, fed.server, fed.num_classes).clients.astype(np.int64)
-    console.print(f"{cfg.name}: {cfg.data.partition} partition, N={fed.num_clients}, n={fed.n}, n0={fed.n0}",
+    kind = f"{cfg.data.partition} partition" if fed.on_demand is None else "a client per generated device"
+    if fed.on_demand is None:
+        counts = label_counts(fed.y, fed.clients, fed.server, fed.num_classes).clients.astype(np.int64)
+    else:  # clients made on demand: the first 50 made here, not all N
+        ids = np.arange(min(fed.num_clients, 50))
+        _, y = fed.on_demand.samples(ids)
+        own = ClientIndex.from_sizes(fed.clients.sizes_of(ids))
+        counts = label_counts(torch.from_numpy(y), own, np.zeros(0, np.int64), fed.num_classes).clients.astype(np.int64)
+    console.print(f"{cfg.name}: {kind}, N={fed.num_clients}, n={fed.n}, n0={fed.n0}",
                   markup=False, highlight=False)
     table = Table()
     table.add_column("client")
@@ -404,9 +414,9 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
         h = fed.server_histogram()
         table.add_row("server", str(fed.n0), " ".join(f"{fed.class_names[c]}:{h[c]}" for c in range(len(h)) if h[c]))
     console.print(table)
-    if len(counts) > 50:
-        console.print(f"(first 50 of {len(counts)} clients shown)")
-    partition_heatmap(counts, fed.class_names, out, title=f"{cfg.name}: {cfg.data.partition}")
+    if fed.num_clients > 50:
+        console.print(f"(first 50 of {fed.num_clients} clients shown)")
+    partition_heatmap(counts, fed.class_names, out, title=f"{cfg.name}: {kind}")
     console.print(f"heat map: {out}", markup=False)
 
 

@@ -120,6 +120,9 @@ def _read_dataset(d) -> tuple[ArrayDataset, bool]:
     """The dataset of ``d`` (its registry entry's loader), and whether its loader already warned about
     classes missing from a split."""
     info = DATASETS[d.dataset]
+    if info.load is None and info.federation is not None:
+        raise DataError(f"data.dataset = {d.dataset!r} makes each client's samples on demand: it has no arrays to "
+                        "show or cache (`fedsl data partition` shows its clients)")
     if info.load is None:  # the config's Literal makes this unreachable
         raise DataError(f"data.dataset = {d.dataset!r}: unknown dataset")
     subset = isinstance(d.classes, list) and not info.selects_classes
@@ -226,7 +229,11 @@ def input_stats(d, ds: ArrayDataset) -> tuple[list[float], list[float]] | None:
 
 
 def build_federation(d, seed: int) -> Federation:
-    """Load the dataset, partition it over N clients and pick D0, all from ``seed``."""
+    """Load the dataset, partition it over N clients and pick D0, all from ``seed`` (a dataset that makes its clients
+    on demand builds its federation itself: its registry entry's ``federation``)."""
+    make = DATASETS[d.dataset].federation
+    if make is not None:
+        return make(d, seed)
     ds = load_arrays(d)
     train = ds.train
     labels = train.y

@@ -1,17 +1,30 @@
 """A federation in memory: one pool of samples, clients and server as index arrays.
 
 The clients' index arrays are one ``ClientIndex`` (``fedsl.data.clients``: one concatenated array and N + 1
-offsets), not N Python arrays, so that N = 10^6 clients cost megabytes and no Python loop.
+offsets), not N Python arrays, so that N = 10^6 clients cost megabytes and no Python loop. A generated benchmark
+(Synthetic(α, β), ``fedsl.data.synthetic_fedprox``) holds no client sample at all: its clients' samples are made
+on demand, each round for the clients sampled (``on_demand``), and its pool holds D0 only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from fedsl.data.clients import ClientIndex
+
+
+class OnDemand(Protocol):
+    """Clients whose samples are made when they are needed, from (seed, client id) alone, never held."""
+
+    def samples(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The training samples of clients ``ids``, client after client: features [Σ n_i, ...] float64 and
+        labels [Σ n_i] int64; client i's n_i is ``Federation.clients.sizes_of([i])``."""
+        ...
 
 
 @dataclass
@@ -21,7 +34,7 @@ class Federation:
     Attributes:
         x, y: the pool of training samples (clients' and server's), as tensors.
         clients: D_i, an index array into the pool per client (N of them), kept as one ``ClientIndex`` (a list of
-            arrays given here is converted).
+            arrays given here is converted); implicit (sizes only) when ``on_demand`` makes the samples.
         server: D0, an index array into the pool (empty when the server has no data).
         x_test, y_test: the test set the global model is evaluated on.
         num_classes: number of labels.
@@ -31,6 +44,8 @@ class Federation:
         unlabelled: U, the server's unlabelled data (FedDF's distillation set), an index array into the pool
             whose labels are never read: D0's own indices, or another source's images appended to the pool
             (``data.unlabelled``); empty when the server has none.
+        on_demand: makes the clients' samples when they are sampled (a generated benchmark; its pool ``x``, ``y``
+            then holds D0 only); None: the clients' samples are in the pool.
     """
 
     x: torch.Tensor
@@ -43,6 +58,7 @@ class Federation:
     class_names: list[str]
     input_stats: tuple[list[float], list[float]] | None = None
     unlabelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    on_demand: OnDemand | None = None
 
     def __post_init__(self) -> None:
         self.clients = ClientIndex.from_arrays(self.clients)
@@ -69,7 +85,7 @@ class Federation:
     def to(self, device: torch.device, dtype: torch.dtype) -> "Federation":
         return Federation(self.x.to(device=device, dtype=dtype), self.y.to(device), self.clients, self.server,
                           self.x_test.to(device=device, dtype=dtype), self.y_test.to(device),
-                          self.num_classes, self.class_names, self.input_stats, self.unlabelled)
+                          self.num_classes, self.class_names, self.input_stats, self.unlabelled, self.on_demand)
 
     def server_histogram(self) -> list[int]:
         return np.bincount(self.y[torch.from_numpy(self.server)].cpu().numpy(), minlength=self.num_classes).tolist() \

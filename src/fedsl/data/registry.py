@@ -4,7 +4,8 @@ The one table the rest of fedsl reads: the config's ``data.dataset`` choices and
 (``fedsl.experiments.config``), ``fedsl data list`` and the loader (``fedsl.data.datasets``).
 A new dataset is one module with a loader ``load(d, root) -> ArrayDataset`` (``d``: the data
 config, ``root``: the folder located for it, the data root for a generated one) and one entry in
-``DATASETS`` below, e.g.
+``DATASETS`` below (a generated benchmark whose clients are made on demand gives ``federation(d, seed) ->
+Federation`` instead: Synthetic(α, β)), e.g.
 ``fedsl.data.toy``::
 
     DatasetInfo("toy", lazy("fedsl.data.toy", "load"), train_size=160, test_size=40, num_classes=4, ...),
@@ -59,6 +60,9 @@ class DatasetInfo:
         check_config: ``check_config(d) -> str | None``, the one-line problem of data config ``d`` for
             this dataset, or None; run at validation.
         selects_classes: its loader applies ``data.classes`` itself (EMNIST's aliases and 'paper45').
+        federation: ``federation(d, seed) -> Federation``: the dataset builds its federation itself, its clients'
+            samples made on demand (``Federation.on_demand``), not a pool that a partition deals out; such a dataset
+            has no arrays (``load`` is None), and what needs every client's samples at once is refused for it.
     """
 
     name: str
@@ -75,6 +79,7 @@ class DatasetInfo:
     identify: Callable[[Path], bool] | None = None
     check_config: Callable[[Any], str | None] | None = None
     selects_classes: bool = False
+    federation: Callable[[Any, int], Any] | None = None
 
     @property
     def generated(self) -> bool:
@@ -116,12 +121,21 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
                 note="train/<class>/ and test/<class>/ images", markers=("train", "test")),
     DatasetInfo("toy", lazy("fedsl.data.toy", "load"), 160, 40, 4, 1, (12, 12), stats=((0.5,), (0.25,)),
                 note="generated stripes, for tests and examples"),
+    DatasetInfo("synthetic_fedprox", None, num_classes=10,
+                note="generated on demand, any N: Synthetic(α, β) of FedProx (Li et al. 2020), 60 features",
+                check_config=lazy("fedsl.data.synthetic_fedprox", "check_config"),
+                federation=lazy("fedsl.data.synthetic_fedprox", "federation")),
 )}
 
 
 def names() -> tuple[str, ...]:
-    """The ``data.dataset`` choices: every dataset with a loader."""
-    return tuple(name for name, info in DATASETS.items() if info.load is not None)
+    """The ``data.dataset`` choices: every dataset with a loader or a federation of its own."""
+    return tuple(name for name, info in DATASETS.items() if info.load is not None or info.federation is not None)
+
+
+def on_demand(name: str) -> bool:
+    """Whether dataset ``name`` makes its clients' samples on demand (no pool holds them)."""
+    return DATASETS[name].federation is not None
 
 
 @dataclass(frozen=True)

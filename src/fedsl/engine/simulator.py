@@ -9,6 +9,11 @@ and schedules. Everything random is drawn from (seed, round), so ``round(state, 
 function of (state, t) alone: that is what makes resume bit-identical. (The clients' states,
 e.g. SCAFFOLD's c_i, are [N, ...] tables, or a store of the rows of the clients seen so far
 (``fedsl.engine.client_state``), whose sampled rows are updated in place.)
+
+Nothing a round does costs O(N): S of N are drawn in O(S) (``fedsl.core.rng.sample_clients``), and only the
+sampled clients' index ranges, batches and state rows are touched. A federation whose clients' samples are made on
+demand (``Federation.on_demand``: a generated benchmark) gets a round pool each round: its pool (D0) followed by
+the sampled clients' samples, made for them from (seed, client id), which their batch plans index.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ class ClientWork:
     sizes: list[int]  # n_i of the sampled clients (D_i ∪ D0 for DS)
     plan: BatchPlan
     dropped: frozenset[int] = frozenset()  # stragglers that train but whose update never arrives
+    pool: tuple[torch.Tensor, torch.Tensor] | None = None  # the round's (x, y) the plan indexes (None: the
+    # federation's pool); clients made on demand: the pool, then the sampled clients' samples
 
     @property
     def steps(self) -> tuple[int, ...]:
@@ -251,12 +258,32 @@ class Simulator:
         shortened plans and the clients whose update will not arrive (``fedsl.core.participation``)."""
         ids = participation.sample(self.seed, t, self.fed.num_clients, self.S, self.part)
         ids_t = torch.from_numpy(ids) if host else to_device(torch.from_numpy(ids), self.device)
-        plan, dropped = self.plan_clients(ids.tolist(), t, host=True), frozenset()
+        pool, data = self.round_pool(ids)
+        plan, dropped = self._plan(data, ids.tolist(), t, self.alg.local), frozenset()
         if not self.part.full:
             steps, dropped = participation.stragglers(self.seed, t, ids, plan.steps, self.part)
             plan = truncate(plan, steps)
-        return ClientWork(ids, ids_t, [len(self.client_data[i]) for i in ids],
-                          plan if host else plan.to(self.device, self.dtype), dropped)
+        return ClientWork(ids, ids_t, [len(d) for d in data], plan if host else plan.to(self.device, self.dtype),
+                          dropped, pool)
+
+    def round_pool(self, ids: np.ndarray) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, list[np.ndarray]]:
+        """The pool that clients ``ids`` train from, and each one's index array into it (D_i, or D_i ∪ D0 for DS).
+        Clients in the federation's pool: None (that pool) and their index arrays. Clients made on demand: the
+        pool (D0) followed by their samples, made now (in ``ids``' order), and their positions in it."""
+        if self.fed.on_demand is None:
+            return None, [self.client_data[i] for i in ids]
+        if not len(ids):
+            return None, []
+        x_new, y_new = self.fed.on_demand.samples(ids)
+        base, own = len(self.fed.x), self.fed.clients.sizes_of(ids)
+        starts = base + np.concatenate([[0], np.cumsum(own)[:-1]]).astype(np.int64)
+        shared = self.client_data.shared
+        data = [np.arange(a, a + k, dtype=np.int64) for a, k in zip(starts, own)]
+        if shared is not None:
+            data = [np.concatenate([d, shared]) for d in data]
+        x = torch.cat([self.fed.x, torch.from_numpy(x_new).to(device=self.device, dtype=self.dtype)])
+        y = torch.cat([self.fed.y, torch.from_numpy(y_new).to(self.device)])
+        return (x, y), data
 
     def results(self, work: ClientWork, finals: dict, x: Params, t: int) -> ClientResults | None:
         """What reaches the server of the sampled clients' models ``finals`` trained from x_t = ``x`` in round t:
@@ -287,8 +314,10 @@ class Simulator:
     def client_loss(self, x: Params, i: int) -> float:
         """F_i(x): client i's mean cross-entropy on its data (D_i, or D_i ∪ D0 for DS) at ``x``, dropout off (the
         evaluation's forward pass); a Flower ClientApp reports it for x_t as the metric ``start-loss``."""
-        idx = torch.as_tensor(self.client_data[i], dtype=torch.long, device=self.device)
-        return evaluate(self.fm, self.layout(x), self.fed.x[idx], self.fed.y[idx], self.eval_batch_size,
+        (pool_x, pool_y), data = self.round_pool(np.array([i])) if self.fed.on_demand is not None else \
+            ((self.fed.x, self.fed.y), [self.client_data[i]])
+        idx = torch.as_tensor(data[0], dtype=torch.long, device=self.device)
+        return evaluate(self.fm, self.layout(x), pool_x[idx], pool_y[idx], self.eval_batch_size,
                         self.eval_precision)[1]
 
     def _attacked(self, x: Params, finals: Params, ids: tuple[int, ...], t: int) -> Params:
@@ -303,10 +332,15 @@ class Simulator:
                      ) -> BatchPlan:
         """The batches of clients ``ids`` in round t: each from rng(seed, t, CLIENT_BATCHES, i), so a client
         can plan its own from its id alone (a Flower node) and the plan does not depend on the others."""
-        loc = local or self.alg.local
-        plan = make_plan([self.client_data[i] for i in ids], ids, loc.batch_size, loc.epochs, loc.steps, self.seed,
-                         t, rng.CLIENT_BATCHES)
+        if self.fed.on_demand is not None:
+            raise ValueError("the clients' samples are made on demand: their plans index a round's pool "
+                             "(Simulator.sample)")
+        plan = self._plan([self.client_data[i] for i in ids], ids, t, local or self.alg.local)
         return plan if host else plan.to(self.device, self.dtype)
+
+    def _plan(self, data: list[np.ndarray], ids: list[int], t: int, loc: LocalTraining) -> BatchPlan:
+        """The batches of clients ``ids`` over their index arrays ``data`` (on the host)."""
+        return make_plan(data, ids, loc.batch_size, loc.epochs, loc.steps, self.seed, t, rng.CLIENT_BATCHES)
 
     def sent(self, state: RunState) -> State:
         """What the server sends the clients besides x_t: the server state they read (SCAFFOLD's c)."""
@@ -316,8 +350,9 @@ class Simulator:
         """The algorithm's client half for the sampled clients: their final models and new states."""
         rows = self.client_rows(state.clients, work)
         s = len(work.ids)
-        return self.executor.train(self.alg.rule, [state.x] * s, work.plan, self.fed.x, self.fed.y,
-                                   self.alg.local.lr, rows, [self.sent(state)] * s)
+        x, y = work.pool if work.pool is not None else (self.fed.x, self.fed.y)
+        return self.executor.train(self.alg.rule, [state.x] * s, work.plan, x, y, self.alg.local.lr, rows,
+                                   [self.sent(state)] * s)
 
     def end_round(self, new: RunState, work: ClientWork, rows: State, metrics: ServerMetrics
                   ) -> tuple[RunState, RoundInfo]:

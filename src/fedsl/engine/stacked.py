@@ -63,6 +63,9 @@ class StackedSimulator:
         if not sims:
             raise ValueError("StackedSimulator needs at least one run, got an empty list")
         first = sims[0]
+        if any(sim.fed.on_demand is not None for sim in sims):
+            raise ValueError("a run whose clients' samples are made on demand (a generated benchmark) runs alone: "
+                             "each of its rounds trains on a pool of its own")
         shapes = {n: p.shape for n, p in first.fm.module.named_parameters()}
         for i, sim in enumerate(sims[1:], 1):
             why = self._incompatible(first, sim, shapes)

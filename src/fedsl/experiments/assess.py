@@ -45,6 +45,7 @@ from torch.func import grad, jvp
 from fedsl.core.types import Params
 from fedsl.data.errors import DataError
 from fedsl.data.federation import Federation
+from fedsl.data.registry import DATASETS
 from fedsl.engine.diagnostics import client_gradients_sum
 from fedsl.engine.functional import FunctionalModel, full_gradient
 from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, validate
@@ -361,6 +362,9 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
     names = [c.name for c in candidates]
     if len(set(names)) != len(names):
         raise ConfigError(f"candidate names {names}: expected distinct names")
+    if DATASETS[cfg.data.dataset].federation is not None:
+        raise ConfigError(f"data.dataset = {cfg.data.dataset!r} makes each client's samples on demand, and assess "
+                          "takes every client's full-batch gradient: expected a dataset of files")
     if cfg.server.pretrain:
         raise ConfigError("server.pretrain = true: x_0 would then depend on each candidate's D0; assess compares "
                           "candidates at one x_0: expected server.pretrain = false")

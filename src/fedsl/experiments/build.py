@@ -69,7 +69,8 @@ def check_representation(cfg: RunConfig, algorithm: Algorithm, fm: FunctionalMod
     if algorithm.spec is not None and algorithm.spec.needs_representation and not fm.has_representation:
         raise ConfigError(f"algorithm.name = {cfg.algorithm.name!r} reads the model's representation, but model.name = "
                           f"{cfg.model.name!r} has none: expected a model with methods features(x) -> z and "
-                          "head(z) -> logits (the built-in mlp, small_cnn, cifar_cnn, emnist_cnn; not linear)")
+                          "head(z) -> logits (the built-in mlp, small_cnn, cifar_cnn, emnist_cnn; not linear or "
+                          "logreg)")
 
 
 @dataclass

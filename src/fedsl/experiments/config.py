@@ -25,6 +25,8 @@ from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, Robust, bucket_count,
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
 from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
 from fedsl.data import registry
+from fedsl.data.synthetic_fedprox import SIZE_MAX as SYNTHETIC_SIZE_MAX
+from fedsl.data.synthetic_fedprox import TEST_CLIENTS as SYNTHETIC_TEST_CLIENTS
 from fedsl.engine.client_state import STORE_DTYPES, STORES, StoreSettings
 from fedsl.engine.executors import COMPILE_MODES
 from fedsl.engine.functional import EVAL_PRECISIONS
@@ -146,6 +148,21 @@ class DataConfig(_Strict):
                                                                             "len(chars) × (train + test) at most 10^6)")
     test_per_class: int = Field(100, ge=1, le=PER_CLASS_MAX, description="test images per class (synthetic_chars, "
                                                                         "carve; at most 10^6)")
+    # Synthetic(α, β) of FedProx (fedsl.data.synthetic_fedprox)
+    synthetic_alpha: float = Field(1.0, ge=0, le=100, description="α of synthetic_fedprox's Synthetic(α, β): how much "
+                                   "the clients' label models differ (u_k ~ N(0, α²); FedProx: 0, 0.5, 1)")
+    synthetic_beta: float = Field(1.0, ge=0, le=100, description="β of synthetic_fedprox's Synthetic(α, β): how much "
+                                  "the clients' inputs differ (B_k ~ N(0, β²))")
+    synthetic_max_samples: int = Field(SYNTHETIC_SIZE_MAX, ge=2, le=SAMPLES_MAX, description="synthetic_fedprox: cap "
+                                       "on a client's n_k = ⌊lognormal(4, 2)⌋ + 50, the first ⌊0.9·n_k⌋ its training "
+                                       "data (LEAF's cap 1,000; at most 10^7)")
+    synthetic_test_clients: int = Field(SYNTHETIC_TEST_CLIENTS, ge=1, le=CLIENTS_MAX, description="synthetic_fedprox: "
+                                        "the test set is the held-out samples of this many clients drawn once (all N "
+                                        "when N is not larger)")
+    synthetic_server_alpha: float | None = Field(None, ge=0, le=100, description="synthetic_fedprox: α0, D0 (iid) "
+                                                 "drawn through the prior (α0, β0), a shifted D0 (default α: none)")
+    synthetic_server_beta: float | None = Field(None, ge=0, le=100, description="synthetic_fedprox: β0 of the "
+                                                "shifted D0's prior (default β: none)")
 
     @model_validator(mode="after")
     def _checks(self) -> "DataConfig":
@@ -179,6 +196,7 @@ class DataConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = Field("small_cnn", description="model: the paper's emnist_cnn / cifar_cnn, small_cnn, mlp, linear, "
+                                                "logreg (FedProx's for synthetic_fedprox), "
                                                 "or 'package.module:factory' for your own torch.nn.Module (runs that "
                                                 "code: only with FEDSL_ALLOW_IMPORT=1 in the environment)")
     init: Literal["auto", "keras", "torch"] = Field(
@@ -659,7 +677,27 @@ class RunConfig(_Strict):
         if sp.distills:
             self._distill_checks()
         self._robust_checks()
+        if registry.on_demand(d.dataset):
+            self._on_demand_checks()
         return self
+
+    def _on_demand_checks(self) -> None:
+        """What a dataset whose clients' samples are made on demand cannot give (one line each): whatever needs every
+        client's samples at once, or one pool shared by stacked runs."""
+        where = f"data.dataset = {self.data.dataset!r} makes each client's samples when it is sampled"
+        if self.diag_every:
+            raise ValueError(f"diag_every = {self.diag_every} takes every client's full-batch gradient, and {where}: "
+                             "expected diag_every = 0")
+        if self.attack.kind == "label_flip":
+            raise ValueError(f"attack.kind = 'label_flip' copies the malicious clients' samples into the pool, and "
+                             f"{where}: expected an attack on the updates")
+        sp = SPECS[self.algorithm.name]
+        if sp.reads_label_counts:
+            raise ValueError(f"algorithm.name = {self.algorithm.name!r} reads every client's label counts, and "
+                             f"{where}: expected another algorithm")
+        if isinstance(self.stack, int) and self.stack > 1:
+            raise ValueError(f"stack = {self.stack}: {where}, each round on a pool of its own: expected stack = 1 or "
+                             "'auto' (runs one by one)")
 
     def _distill_checks(self) -> None:
         """What an algorithm that distils the clients' ensemble on unlabelled data (FedDF) needs (one line each)."""

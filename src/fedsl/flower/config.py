@@ -29,6 +29,7 @@ from typing import Any
 from fedsl.algorithms import Algorithm, Pretraining
 from fedsl.algorithms import spec as algorithm_spec
 from fedsl.core.privacy_accounting import Budget
+from fedsl.data import registry
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
 from fedsl.experiments import presets
@@ -325,6 +326,9 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
                           "pick one with the run config key variant = \"NAME\"")
     cfg = validate(data)
     (cfg,) = expand_variants(cfg).values()
+    if registry.on_demand(cfg.data.dataset):  # a node would make its partition's samples: not built there
+        raise ConfigError(f"data.dataset = {cfg.data.dataset!r} makes each client's samples on demand, which runs in "
+                          "`fedsl run`; a Flower node trains on data it holds: expected a dataset of files")
     if cfg.attack.kind != "none":  # robust rules run on Flower (server_round.aggregate); attacks are simulated
         raise ConfigError(f"attack.kind = {cfg.attack.kind!r}: Byzantine clients are simulated by `fedsl run`; a "
                           "Flower run's clients are real nodes: expected attack.kind = 'none'")

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from fedsl.models.cnn import Classifier, cifar_cnn, emnist_cnn, mlp, small_cnn
+from fedsl.models.cnn import Classifier, cifar_cnn, emnist_cnn, logreg, mlp, small_cnn
 from fedsl.models.dropout import KeyedDropout, replace_dropout
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -20,6 +20,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "small_cnn": small_cnn,
     "mlp": mlp,
     "linear": lambda num_classes, in_features: mlp(num_classes, in_features, hidden=0),
+    "logreg": logreg,
 }
 
 
@@ -126,7 +127,7 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed:
     c = input_shape[0]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if name in ("mlp", "linear"):
+        if name in ("mlp", "linear", "logreg"):
             model = MODELS[name](num_classes=num_classes, in_features=math.prod(input_shape))
         elif name == "small_cnn":
             model = small_cnn(num_classes=num_classes, in_channels=c, image_size=input_shape[-1])
@@ -156,5 +157,5 @@ def count_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["MODELS", "INITS", "ALLOW_IMPORT_ENV", "DENIED_MODULES", "import_problem", "build_model", "keras_init_",
-           "count_parameters", "emnist_cnn", "cifar_cnn", "small_cnn", "mlp", "KeyedDropout", "replace_dropout",
-           "Classifier", "has_representation"]
+           "count_parameters", "emnist_cnn", "cifar_cnn", "small_cnn", "mlp", "logreg", "KeyedDropout",
+           "replace_dropout", "Classifier", "has_representation"]

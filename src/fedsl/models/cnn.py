@@ -101,3 +101,10 @@ def mlp(num_classes: int, in_features: int, hidden: int = 64) -> nn.Sequential:
     if hidden == 0:
         return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
     return Classifier(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+
+def logreg(num_classes: int, in_features: int) -> nn.Sequential:
+    """Multinomial logistic regression, logits W x + b (the softmax is in the loss): the model of Synthetic(α, β)
+    in FedProx (Li et al., MLSys 2020; their 'mclr', without its L2 term). The same layers as ``mlp(hidden=0)``
+    (``model.name = 'linear'``), named for the benchmark."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
