@@ -62,6 +62,9 @@ def test_moments_of_a_client_and_of_the_prior():
     B = np.array([d.v.mean() for d in devices])
     assert abs(u.std() - np.sqrt(0.25 + 1 / 600)) < 0.06 and abs(B.std() - np.sqrt(2.25 + 1 / 60)) < 0.17
     assert abs(u.mean()) < 0.1 and abs(B.mean()) < 0.25
+    # u_k shifts every class's logit alike: α changes no label (as in the authors' generator)
+    assert all(np.array_equal(sf.client_samples(3, k, 50, 0.0, 1.0)[1], sf.client_samples(3, k, 50, 4.0, 1.0)[1])
+               for k in range(20))
 
 
 def test_sizes_follow_the_power_law_capped_and_client_k_is_the_same_for_any_n():

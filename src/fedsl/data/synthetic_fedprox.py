@@ -11,8 +11,11 @@ Client (device) k, as the authors' generator (``data/synthetic_1_1/generate_synt
     x ~ N(v_k, Σ),  Σ = diag(j^-1.2), j = 1..60
     y = argmax softmax(W_k x + b_k) = argmax (W_k x + b_k)
 
-α controls how much the clients' label models differ, β how much their inputs do; Synthetic(0, 0) still gives
-every client its own W_k, b_k (FedProx's Synthetic-IID, one shared model, is not built here).
+β controls how much the clients' inputs differ. α is meant to control how much their label models do, but u_k adds
+the same amount to every class's weights and bias, so it never changes the argmax: α changes no label (in the
+authors' generator as here). The label maps differ through W_k's and b_k's own unit noise, independent per client,
+so a global model beats chance only on clients whose samples it has seen. Synthetic(0, 0) still gives every client
+its own W_k, b_k (FedProx's Synthetic-IID, one shared model, is not built here).
 
 Choices (each stated; the authors' where they made one):
 - sizes: n_k = min(⌊lognormal(4, 2)⌋ + 50, ``data.synthetic_max_samples``) (their power law; their 30 devices
@@ -37,7 +40,7 @@ The server's D0 (``data.server_source``), drawn as the FSL paper's sources are:
   ``data.server_overlap`` says). Not class-balanced: the mixture's labels are not. **Shifted**: with
   ``data.synthetic_server_alpha`` = α0 and/or ``data.synthetic_server_beta`` = β0, the devices are seen through
   the prior (α0, β0): the same standard-normal draws, u_k = α0·z_k and B_k = β0·z'_k, so the shift grows with
-  |α0 − α| and |β0 − β|, and α0 = α, β0 = β is the unshifted D0 exactly;
+  |β0 − β| (the inputs move; α0, like α, changes no label), and α0 = α, β0 = β is the unshifted D0 exactly;
 - ``clients``: c = ``data.server_clients`` clients drawn once, s = ``data.server_samples_per_client`` of each
   one's training samples (the paper's Scenario 2: those clients keep them too), then ``data.server_size`` as a
   class-balanced size budget, as for every other dataset.

@@ -149,8 +149,9 @@ class DataConfig(_Strict):
     test_per_class: int = Field(100, ge=1, le=PER_CLASS_MAX, description="test images per class (synthetic_chars, "
                                                                         "carve; at most 10^6)")
     # Synthetic(α, β) of FedProx (fedsl.data.synthetic_fedprox)
-    synthetic_alpha: float = Field(1.0, ge=0, le=100, description="α of synthetic_fedprox's Synthetic(α, β): how much "
-                                   "the clients' label models differ (u_k ~ N(0, α²); FedProx: 0, 0.5, 1)")
+    synthetic_alpha: float = Field(1.0, ge=0, le=100, description="α of synthetic_fedprox's Synthetic(α, β): u_k ~ "
+                                   "N(0, α²), the mean of the clients' W_k, b_k (FedProx: 0, 0.5, 1; it shifts every "
+                                   "class's logit alike, so it changes no label, as in the authors' generator)")
     synthetic_beta: float = Field(1.0, ge=0, le=100, description="β of synthetic_fedprox's Synthetic(α, β): how much "
                                   "the clients' inputs differ (B_k ~ N(0, β²))")
     synthetic_max_samples: int = Field(SYNTHETIC_SIZE_MAX, ge=2, le=SAMPLES_MAX, description="synthetic_fedprox: cap "
@@ -160,7 +161,8 @@ class DataConfig(_Strict):
                                         "the test set is the held-out samples of this many clients drawn once (all N "
                                         "when N is not larger)")
     synthetic_server_alpha: float | None = Field(None, ge=0, le=100, description="synthetic_fedprox: α0, D0 (iid) "
-                                                 "drawn through the prior (α0, β0), a shifted D0 (default α: none)")
+                                                 "drawn through the prior (α0, β0), a shifted D0 (default α: none; "
+                                                 "α0 changes no label: β0 shifts)")
     synthetic_server_beta: float | None = Field(None, ge=0, le=100, description="synthetic_fedprox: β0 of the "
                                                 "shifted D0's prior (default β: none)")
 
