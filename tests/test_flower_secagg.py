@@ -11,7 +11,8 @@
   server learning;
 - what cannot run under SecAgg+ is refused in one line, and with ``secagg = true`` a client refuses a plain train
   message (it would send x_i in clear);
-- real processes on 127.0.0.1 (``test_flower_deployment.Deployment``): 3 SuperNodes, 3 rounds of FSL under SecAgg+.
+- real processes on 127.0.0.1: ``check_fsl_under_secagg``, 2 rounds of FSL under SecAgg+ on 3 SuperNodes, which
+  ``test_flower_deployment`` runs on the SuperLink and SuperNodes of its TLS test.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import copy
 import json
 import math
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -324,30 +326,21 @@ def test_a_secagg_client_refuses_a_plain_train_message(one_thread):
 FEDSL_CLIENT = "from fedsl.flower import make_client_app\n\napp = make_client_app()\n"
 
 
-@pytest.mark.slow
-def test_fsl_under_secagg_on_a_flower_deployment(tmp_path, one_thread):
-    """`flower-superlink`, 3 `flower-supernode`s (partition-id 0..2) and `flwr run` on 127.0.0.1: 2 rounds of FSL
-    under SecAgg+, S = 3, fedsl's ServerApp and ClientApp. The run completes with server learning every round; the
-    server received no array in clear; x_T is the run replayed here with the exact means, up to SecAgg+'s
-    quantisation (at most 2c/Q per round's aggregate, then carried through the next round's SGD steps)."""
-    from test_flower_deployment import BIN, Deployment, _logs
+def check_fsl_under_secagg(dep, folder: Path) -> None:
+    """On ``dep`` (``test_flower_deployment.Deployment``: `flower-superlink` and 3 `flower-supernode`s, partition-id
+    0..2, on 127.0.0.1), `flwr run`: 2 rounds of FSL under SecAgg+, S = 3, fedsl's ServerApp and ClientApp. The run
+    completes with server learning every round; the server received no array in clear; x_T is the run replayed here
+    with the exact means, up to SecAgg+'s quantisation (at most 2c/Q per round's aggregate, then carried through the
+    next round's SGD steps). ``test_flower_deployment`` runs it on the SuperNodes of its TLS deployment."""
+    from test_flower_deployment import _logs
     from test_flower_protocol import write_plain_app
 
-    if not (BIN / "flower-superlink").exists():
-        pytest.skip("flower-superlink is not installed next to python")
-    out = tmp_path / "out"
+    out = folder / "out"
     rc = {**SECAGG, "rounds": 2, "out-dir": str(out), "min-nodes": 3, "node-wait": 60.0, "round-timeout": 60.0}
     setup = load_setup(rc)  # also fills the dataset cache the nodes read
-    app = write_plain_app(tmp_path / "app", rc, FEDSL_CLIENT)
-    dep = Deployment(tmp_path / "deployment")
-    try:
-        dep.start_superlink()
-        for i in range(3):
-            dep.start_node(f"node{i}", i)
-        res = dep.flwr("run", str(app), "test", "--stream", timeout=240)
-        assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
-    finally:
-        dep.close()
+    app = write_plain_app(folder / "app", rc, FEDSL_CLIENT)
+    res = dep.flwr("run", str(app), "test", "--stream", timeout=240)
+    assert res.returncode == 0 and (out / "done.json").exists(), _logs(dep, res)
     assert "secure aggregation (Flower's SecAgg+)" in res.stdout, _logs(dep, res)
 
     rounds = json.loads((out / "rounds.json").read_text())
