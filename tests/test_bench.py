@@ -108,12 +108,13 @@ def test_script_runs_from_the_source_tree(tmp_path):
 
 @pytest.mark.slow
 def test_flower_peer_runs_fedavg_rounds(one_thread):
-    """Flower's simulation (Ray) on a tiny workload: rounds are timed, start-up is reported apart."""
+    """Flower's simulation (Ray) on a tiny workload: rounds are timed, start-up is reported apart. One Ray actor
+    (the harness's default is 2): its start-up is most of this test's cost, and one checks the same."""
     pytest.importorskip("flwr.simulation")
     pytest.importorskip("ray")  # the bench extra, flwr[simulation]
     from harness.flower_peer import FlowerPeer
     w = replace(workloads(smoke=True)["s2-cifar10+eval"], num_clients=4, clients_per_round=2)
-    peer = FlowerPeer(w, make_data(w), torch.device("cpu"))
+    peer = FlowerPeer(w, make_data(w), torch.device("cpu"), actors=1)
     assert peer.available, peer.why_not
     peer.setup()
     try:
