@@ -88,12 +88,13 @@ _reference: dict[str, Path] = {}
 
 
 def reference(kind: str, tmp_path_factory) -> Path:
-    """The uninterrupted group (computed once per kind)."""
+    """The uninterrupted group (computed once per kind), run in this process with one torch thread (the
+    ``one_thread`` fixture): the killed processes' ``OMP_NUM_THREADS=1``, so the same float sums."""
     if kind not in _reference:
+        from fedsl.cli import main
         d = tmp_path_factory.mktemp(f"ref-{kind}")
         out = d / "out"
-        res = cli("run", str(write_config(d, kind)), "--out", str(out), "--quiet")
-        assert res.returncode == 0, res.stderr
+        assert main(["run", str(write_config(d, kind)), "--out", str(out), "--quiet"]) == 0
         _reference[kind] = out
     return _reference[kind]
 
@@ -116,7 +117,9 @@ POINTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,point", [("group", "before_any_run"), ("group", "mid_run"),
                                         ("sweep", "between_runs"), ("sweep", "mid_run")])
-def test_killed_group_resumes_into_the_uninterrupted_files(tmp_path, tmp_path_factory, kind, point):
+def test_killed_group_resumes_into_the_uninterrupted_files(tmp_path, tmp_path_factory, one_thread, kind, point):
+    """The killed `fedsl run` is a real process; `fedsl resume` runs here (one thread, as the killed one)."""
+    from fedsl.cli import main
     ref = reference(kind, tmp_path_factory)
     out = tmp_path / "out"
     kill_when([sys.executable, "-m", "fedsl.cli", "run", str(write_config(tmp_path, kind)), "--out", str(out),
@@ -124,15 +127,18 @@ def test_killed_group_resumes_into_the_uninterrupted_files(tmp_path, tmp_path_fa
     statuses = [json.loads((out / r / "summary.json").read_text()).get("status") if (out / r / "summary.json").is_file()
                 else None for r in json.loads((out / "group.json").read_text())["runs"]]
     assert statuses.count("completed") < len(statuses), "killed before the end"
-    res = cli("resume", str(out), "--quiet")
-    assert res.returncode == 0, res.stderr
+    assert main(["resume", str(out), "--quiet"]) == 0
     assert_same_group(out, ref)
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_and_resumes(tmp_path):
+def test_sigterm_checkpoints_and_resumes(tmp_path, one_thread):
+    """SIGTERM once the first run is 4 rounds in (of 16: the signal lands well before its end); `fedsl resume`
+    runs here (``one_thread``: the resumed runs take the killed process's one thread, and the setting is
+    restored after the module)."""
+    from fedsl.cli import main
     out = tmp_path / "out"
-    cfg = write_config(tmp_path, "sweep", rounds=40)
+    cfg = write_config(tmp_path, "sweep", rounds=16)
     proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg), "--out", str(out), "--quiet"],
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -148,8 +154,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path):
     ckpt = torch.load(r / "checkpoint.pt", weights_only=True)
     assert ckpt["round"] == summary["rounds_done"] == len(metric_rows(r)) - 1  # checkpoint at the last round
     assert not list(r.glob(".*.tmp"))
-    res = cli("resume", str(out), "--quiet")
-    assert res.returncode == 0, res.stderr
+    assert main(["resume", str(out), "--quiet"]) == 0
     for name in json.loads((out / "group.json").read_text())["runs"]:
         assert json.loads((out / name / "summary.json").read_text())["status"] == "completed"
 
@@ -178,12 +183,12 @@ def test_interrupted_write_leaves_no_tmp(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def blow_up(override: str, *more: str) -> C.RunConfig:
+def blow_up(override: str, *more: str, rounds: int = 12) -> C.RunConfig:
     """The issue's commands on the quickstart as it was then (PyTorch init, inputs in [0, 1]),
     where they stay finite; FSL, 12 rounds."""
     from fedsl.experiments import presets
     return loading.load(None, [override, *more, "variants={}", "algorithm.name=fsl", "model.init=torch",
-                         "data.normalize=unit", "rounds=12", "threads=1"], base=presets.load("quickstart"))
+                         "data.normalize=unit", f"rounds={rounds}", "threads=1"], base=presets.load("quickstart"))
 
 
 @pytest.mark.slow
@@ -198,8 +203,9 @@ def test_blow_up_is_diverged(tmp_path, override):
     if override != "server.gamma=1e6":
         assert s["rounds_done"] == 3  # three evaluations in a row above the bound (diverge_patience)
         assert len(losses) == 4 and all(x > 100 * losses[0] for x in losses[1:])
-        # with the check off, the same run is "completed" at chance accuracy
-        off = run(blow_up(override, "diverge_loss=0"), tmp_path / "off", log=lambda s: None, progress=False)
+        # with the check off, the same run is "completed" at chance accuracy: 4 rounds, one past where it stopped
+        off = run(blow_up(override, "diverge_loss=0", rounds=4), tmp_path / "off", log=lambda s: None,
+                  progress=False)
         assert off["status"] == "completed" and off["final_accuracy"] < 0.2
 
 
@@ -218,8 +224,9 @@ def test_divergence_count_survives_resume(tmp_path):
 
 
 def test_spike_that_recovers_is_not_diverged(tmp_path):
-    """A single evaluation above the bound (γ = 100: one loss of ≈ 3e3, then ≈ 2.5) is not a divergence."""
-    s = run(blow_up("server.gamma=100", "rounds=6"), tmp_path / "r", log=lambda s: None, progress=False)
+    """A single evaluation above the bound (γ = 100: one loss of ≈ 3e3 at round 1, then ≈ 2.5) is not a
+    divergence: 4 rounds, where a loss that stayed above the bound would stop the run at round 3."""
+    s = run(blow_up("server.gamma=100", rounds=4), tmp_path / "r", log=lambda s: None, progress=False)
     assert s["status"] == "completed"
 
 
@@ -277,7 +284,16 @@ def scaffold_stack() -> C.RunConfig:
     return C.validate({**data.model_dump(), "seeds": [0, 1], "stack": 2, "checkpoint_every": 2})
 
 
-def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def scaffold_whole(tmp_path_factory) -> Path:
+    """The disk-fault tests' sweep run without a fault (once for the module)."""
+    from fedsl.experiments.compare import run_group
+    out = tmp_path_factory.mktemp("scaffold") / "whole"
+    run_group(scaffold_stack(), out, log=lambda m: None, progress=False)
+    return out
+
+
+def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch, scaffold_whole):
     """Ctrl-C while the disk is full: the stacked runs' interruption checkpoints cannot be written. The
     interrupt still ends the sweep (it did not fall back to running the stack's runs one by one), each run
     keeps its last checkpoint, and the sweep resumes into the uninterrupted sweep's files."""
@@ -287,7 +303,6 @@ def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch):
 
     cfg = scaffold_stack()
     quiet = {"log": lambda m: None, "progress": False}
-    run_group(cfg, tmp_path / "whole", **quiet)
 
     real_round, real_save = StackedSimulator.round, RunDir.save_checkpoint
 
@@ -310,17 +325,16 @@ def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch):
         assert RunDir(r).read_summary()["status"] == "interrupted" and RunDir(r).checkpoint_round() == 2
     monkeypatch.undo()
     run_group(cfg, tmp_path / "cut", resume=True, **quiet)
-    assert_same_group(tmp_path / "whole", tmp_path / "cut")
+    assert_same_group(scaffold_whole, tmp_path / "cut")
 
 
-def test_a_full_disk_at_a_periodic_checkpoint_does_not_stop_the_runs(tmp_path, monkeypatch):
+def test_a_full_disk_at_a_periodic_checkpoint_does_not_stop_the_runs(tmp_path, monkeypatch, scaffold_whole):
     """The disk is full when round 4's checkpoints are due: one log line per run, the (stacked) runs train
     on and end with the files of runs that never met a full disk; round 2's checkpoints stayed meanwhile."""
     from fedsl.experiments.compare import run_group
     from fedsl.experiments.results import RunDir
 
     cfg = scaffold_stack()
-    run_group(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
     real_save, lines, seen = RunDir.save_checkpoint, [], []
 
     def save(self, round_, state, wall):
@@ -334,7 +348,7 @@ def test_a_full_disk_at_a_periodic_checkpoint_does_not_stop_the_runs(tmp_path, m
     failed = [m for m in lines if "could not write the checkpoint of round 4" in m]
     assert len(failed) == 2 and all("an interruption resumes from round 2" in m for m in failed), lines
     assert not any("one by one" in m for m in lines), lines
-    assert_same_group(tmp_path / "whole", tmp_path / "full-disk")
+    assert_same_group(scaffold_whole, tmp_path / "full-disk")
 
 
 def _cut_in_half(path: Path) -> None:
@@ -342,9 +356,11 @@ def _cut_in_half(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])  # what a full disk or a partial copy leaves
 
 
-def test_a_checkpoint_cut_in_half_is_one_line_and_the_group_goes_on(tmp_path):
+def test_a_checkpoint_cut_in_half_is_one_line_and_the_group_goes_on(tmp_path, capsys):
     """A truncated checkpoint.pt: `fedsl resume` of the run says which file and what to do in one line (it was
-    a torch traceback); in a group the other runs go on; removing the file starts that run over."""
+    a torch traceback); in a group the other runs go on; removing the file starts that run over. The error line
+    is read from a real `fedsl` process; the other commands run in this one."""
+    from fedsl.cli import main
     cfg_file = write_config(tmp_path, "sweep", rounds=4)
     single = tmp_path / "single"
     run(loading.load(cfg_file, ["sweep={}"]), single, log=lambda s: None, progress=False, stop_after=2)
@@ -355,18 +371,19 @@ def test_a_checkpoint_cut_in_half_is_one_line_and_the_group_goes_on(tmp_path):
     assert len(line.splitlines()) == 1 and "remove it" in line
     assert "checkpoint.pt: the checkpoint cannot be read" in line
     (single / "checkpoint.pt").unlink()
-    res = cli("resume", str(single), "--quiet")
-    assert res.returncode == 0, res.stderr
+    assert main(["resume", str(single), "--quiet"]) == 0
     assert json.loads((single / "summary.json").read_text())["status"] == "completed"
 
     group = tmp_path / "group"
-    assert cli("run", str(cfg_file), "--out", str(group), "--quiet").returncode == 0
+    assert main(["run", str(cfg_file), "--out", str(group), "--quiet"]) == 0
     names = list(json.loads((group / "group.json").read_text())["runs"])
     for name in names[:2]:  # two runs left interrupted, the first with a broken checkpoint
         s = json.loads((group / name / "summary.json").read_text())
         (group / name / "summary.json").write_text(json.dumps({**s, "status": "interrupted"}))
     _cut_in_half(group / names[0] / "checkpoint.pt")
-    res = cli("resume", str(group))
-    assert "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
-    assert f"{names[0]}: failed (CorruptCheckpoint:" in res.stdout and "remove it" in res.stdout, res.stdout
+    capsys.readouterr()
+    main(["resume", str(group)])
+    res = capsys.readouterr()
+    assert "Traceback" not in res.out + res.err, res.out + res.err
+    assert f"{names[0]}: failed (CorruptCheckpoint:" in res.out and "remove it" in res.out, res.out
     assert json.loads((group / names[1] / "summary.json").read_text())["status"] == "completed"
