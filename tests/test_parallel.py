@@ -33,7 +33,11 @@ def fedsl(*args):
 
 
 @pytest.mark.slow
-def test_parallel_sweep_interrupted_and_resumed_equals_serial_and_never_imports_ray(tmp_path):
+def test_parallel_sweep_interrupted_and_resumed_equals_serial_and_never_imports_ray(tmp_path, capfd,
+                                                                                   monkeypatch):
+    """A real `fedsl run --parallel 2` process, SIGTERMed with two runs in progress; `fedsl resume --parallel 2`
+    then runs in this process (its workers are processes of their own), with Ray made unimportable."""
+    from fedsl.cli import main
     cfg_file = sweep_config(tmp_path, rounds=20)
     out = tmp_path / "par"
     # the driver is SIGTERMed mid-sweep: its workers checkpoint their runs, `fedsl resume --parallel` finishes them
@@ -57,15 +61,19 @@ def test_parallel_sweep_interrupted_and_resumed_equals_serial_and_never_imports_
     assert sorted(m.parent for m in out.glob("*/metrics.csv")) == sorted(busy), stdout[-3000:]
     done = 0
 
-    r = subprocess.run([sys.executable, "-c", code, "resume", str(out), "--parallel", "2"], env=ENV,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert f"running {3 - done} runs in 2 worker processes (1 torch thread each)" in r.stdout
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises: the resume must not import it
+    capfd.readouterr()
+    rc = main(["resume", str(out), "--parallel", "2"])
+    r = capfd.readouterr()
+    assert rc == 0, r.out[-3000:] + r.err[-3000:]
+    assert sys.modules["ray"] is None
+    assert f"running {3 - done} runs in 2 worker processes (1 torch thread each)" in r.out
     serial = tmp_path / "serial"
     run_group(loading.load(cfg_file), serial, log=lambda s: None, progress=False)
     assert_same_group(out, serial)
-    status = fedsl("sweep", "status", str(out))
-    assert status.returncode == 0 and "3 completed" in status.stdout, status.stdout + status.stderr
+    assert main(["sweep", "status", str(out)]) == 0
+    status = capfd.readouterr().out
+    assert "3 completed" in status, status
 
 
 @pytest.mark.slow
@@ -97,13 +105,20 @@ def test_a_sweep_whose_last_run_is_alone_exits_on_sigterm(tmp_path):
     assert '"status": "interrupted"' in (last / "summary.json").read_text(), stdout[-3000:]
 
 
-def test_bad_parallel_options_are_one_line(tmp_path):
+def test_bad_parallel_options_are_one_line(tmp_path, capsys):
+    """The first case through a real `fedsl` process, the others (the same error path) in this one."""
+    from fedsl.cli import main
     cfg_file = sweep_config(tmp_path, rounds=1)
-    for args, expected in ((["--parallel", "-1"], "--parallel -1: expected a number of processes"),
-                           (["--parallel", "2", "--ray", "auto"], "expected one of them"),
-                           (["--ray-resources", "cpus=1"], "expected together with --ray")):
-        r = fedsl("run", str(cfg_file), "--out", str(tmp_path / "x"), *args)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and expected in r.stderr, (args, r.stderr)
+    for i, (args, expected) in enumerate(((["--parallel", "-1"], "--parallel -1: expected a number of processes"),
+                                          (["--parallel", "2", "--ray", "auto"], "expected one of them"),
+                                          (["--ray-resources", "cpus=1"], "expected together with --ray"))):
+        argv = ["run", str(cfg_file), "--out", str(tmp_path / "x"), *args]
+        if i == 0:
+            r = fedsl(*argv)
+            rc, err = r.returncode, r.stderr
+        else:
+            rc, err = main(argv), capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and expected in err, (args, err)
 
 
 def test_automatic_threads_rule():

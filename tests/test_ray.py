@@ -145,7 +145,15 @@ def fedsl(*args, env=None, **kw):
                           env=env or {**os.environ, "OMP_NUM_THREADS": "1"}, **kw)
 
 
-def test_sweep_spreads_over_both_nodes_into_the_serial_runs_files(cluster, tmp_path):
+def test_one_cluster_sweep_spreads_over_both_nodes_and_a_lost_node_loses_nothing(cluster, tmp_path, capsys):
+    """Both checks on one cluster, one after the other (a test per check would start a cluster per
+    pytest-xdist worker that runs one)."""
+    sweep_spreads_over_both_nodes_into_the_serial_runs_files(cluster, tmp_path / "spread", capsys)
+    a_lost_node_loses_nothing(cluster, tmp_path / "lost")
+
+
+def sweep_spreads_over_both_nodes_into_the_serial_runs_files(cluster, tmp_path, capsys):
+    tmp_path.mkdir()
     cfg_file = sweep_config(tmp_path, rounds=6)
     out = tmp_path / "ray"
     r = fedsl("run", str(cfg_file), "--out", str(out), "--ray", cluster.address)
@@ -155,12 +163,17 @@ def test_sweep_spreads_over_both_nodes_into_the_serial_runs_files(cluster, tmp_p
     assert len(nodes) == 2, r.stdout  # 4 runs of 1 CPU on two 1-CPU nodes
     assert_same_group(out, serial(cfg_file, tmp_path / "serial"))
     assert not list(out.glob(".fedsl-ray-*"))  # the driver's visibility token is removed
-    status = fedsl("sweep", "status", str(out))
-    assert status.returncode == 0 and "4 completed" in status.stdout, status.stdout + status.stderr
+    from fedsl.cli import main
+    capsys.readouterr()
+    assert main(["sweep", "status", str(out)]) == 0
+    status = capsys.readouterr().out
+    assert "4 completed" in status, status
 
 
-def test_a_lost_node_loses_nothing(cluster, tmp_path):
-    cfg_file = sweep_config(tmp_path, rounds=30)
+def a_lost_node_loses_nothing(cluster, tmp_path):
+    """The second node killed while two runs are 5 rounds in (of 20): its run resumes on the head from a checkpoint."""
+    tmp_path.mkdir()
+    cfg_file = sweep_config(tmp_path, rounds=20)
     out = tmp_path / "ray"
     proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg_file), "--out", str(out), "--ray",
                              cluster.address], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -183,14 +196,22 @@ def test_a_lost_node_loses_nothing(cluster, tmp_path):
     assert_same_group(out, serial(cfg_file, tmp_path / "serial"))  # and nothing was lost: identical files
 
 
-def test_a_bad_address_is_one_line(tmp_path):
+def test_a_bad_address_is_one_line(tmp_path, capsys):
+    """The first case through a real `fedsl` process, the others (the same error path) in this one."""
+    from fedsl.cli import main
     cfg_file = sweep_config(tmp_path, rounds=2)
     port = free_port()  # nothing listens there
     for address, expected in ((f"127.0.0.1:{port}", "no Ray head answers there"), ("nohost", "expected HOST:PORT")):
-        r = fedsl("run", str(cfg_file), "--out", str(tmp_path / "x"), "--ray", address)
-        assert r.returncode == 2, r.stderr
-        lines = r.stderr.strip().splitlines()
+        argv = ["run", str(cfg_file), "--out", str(tmp_path / "x"), "--ray", address]
+        if address == "nohost":
+            rc, err = main(argv), capsys.readouterr().err
+        else:
+            r = fedsl(*argv)
+            rc, err = r.returncode, r.stderr
+        assert rc == 2, err
+        lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: --ray {address!r}: ") and expected in lines[0], lines
         assert not (tmp_path / "x").exists()  # refused before any work
-    r = fedsl("run", str(cfg_file), "--out", str(tmp_path / "x"), "--ray", "127.0.0.1:1", "--ray-resources", "cpus=0")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cpus=0" in r.stderr, r.stderr
+    rc = main(["run", str(cfg_file), "--out", str(tmp_path / "x"), "--ray", "127.0.0.1:1", "--ray-resources", "cpus=0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "cpus=0" in err, err
