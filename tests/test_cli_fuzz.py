@@ -184,6 +184,21 @@ class RunStarted(AssertionError):
     pass
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _command_built_once():
+    """``main`` has typer build the click command from the app at every call, three quarters of an example's
+    time; here it is built once and each example runs it (``main`` is still the entry point, and the command
+    is the one typer builds)."""
+    import typer.main
+
+    from fedsl.cli import app
+    real = typer.main.get_command
+    built = real(app)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(typer.main, "get_command", lambda typer_app: built if typer_app is app else real(typer_app))
+        yield
+
+
 def run_cli(config_text: str | bytes, extra: list[str] = (), suffix: str = ".toml"):
     """``fedsl run FILE --out DIR --quiet [extra]`` in-process.
 

@@ -77,7 +77,8 @@ def test_rounds_bit_identical_to_sequential(pool, alg, hp):
 
 def test_train_bit_identical_float32_channels_last_with_per_client_lr(pool):
     """Channels-last conv weights and pool (the simulator's CPU layout) keep their strides in the
-    workers; per-client η_l (a tensor) is split with the clients; client states and `sent` too."""
+    workers; per-client η_l (a tensor) is split with the clients; client states and `sent` too.
+    Then ``close`` stops the three workers (and may be called again)."""
     fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=5))
     seq, par = SequentialExecutor(fm), ProcessPoolExecutor(fm, workers=3)
     try:
@@ -98,6 +99,10 @@ def test_train_bit_identical_float32_channels_last_with_per_client_lr(pool):
         assert _equal(a[0], b[0]) and _equal(a[1], b[1])
         assert any(v.dim() == 5 and v[0].is_contiguous(memory_format=torch.channels_last) for v in b[0].values())
         assert len(par.pids) == 3
+        procs = [w.process for w in par._procs]
+        par.close()
+        assert par.pids == [] and all(not p.is_alive() for p in procs)
+        par.close()  # idempotent
     finally:
         par.close()
 
@@ -209,16 +214,12 @@ def test_worker_killed_mid_round_is_a_one_line_error_then_a_fresh_pool(one_threa
         ex.close()
 
 
-def test_close_stops_the_workers_and_collection_too(one_thread):
+def test_collection_stops_the_workers(one_thread):
+    """An executor dropped without ``close``: its finaliser stops the workers (``close`` itself is checked at
+    the end of the float32 test, on that test's three workers)."""
     fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).double())
     fed = random_federation(SIZES)
     plan = _two_clients(fed)
-    ex = ProcessPoolExecutor(fm, workers=2)
-    ex.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
-    procs = [w.process for w in ex._procs]
-    ex.close()
-    assert ex.pids == [] and all(not p.is_alive() for p in procs)
-    ex.close()  # idempotent
     ex2 = ProcessPoolExecutor(fm, workers=2)
     ex2.local_sgd(fm.params(), plan, fed.x, fed.y, 0.1)
     procs = [w.process for w in ex2._procs]
