@@ -28,8 +28,9 @@ def test_paper_presets_name_their_figure_and_have_quick_forms():
     assert table1.paper["FSL-500"] == {"final_accuracy": 0.6144, "T_0.5": 203}
 
 
-# Every quick form runs in CI: the CIFAR-10 ones evaluate a 1,000-image test subset (data.test_size), which
-# took them from 35-55 s each to 4-16 s on 2 cores (evaluating 10,000 images was 3/4 of their time).
+# Every quick form runs in CI, at the smallest size that still runs each of its variants and the report: a
+# class-balanced test subset (data.test_size: 500 CIFAR-10 images, 5 per EMNIST class) evaluated at x_0 and after
+# the last round only, few clients per round with two local steps each, and small server sets (FSLsyn's too).
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PAPER + BEYOND)
 def test_quick_form_runs_and_reports(name, shared_data, tmp_path, capsys):
