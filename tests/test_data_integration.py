@@ -90,9 +90,9 @@ def test_test_size_evaluates_one_balanced_subset_for_every_seed(tmp_path, capsys
     rows = [int(np.flatnonzero((fed.x_test == x).flatten(1).all(1))[0]) for x in sub[0].x_test]
     assert len(set(rows)) == 50 and torch.equal(fed.y_test[rows], sub[0].y_test)
     assert torch.equal(fed.x, sub[0].x) and fed.server.tolist() == sub[0].server.tolist()
-    cfg = tmp_path / "c.toml"
-    cfg.write_text('rounds = 1\n[data]\ndataset = "synthetic_chars"\ntest_per_class = 30\ntest_size = 301\n'
-                   'partition = "iid"\n[algorithm]\nname = "fedavg"\n')
+    cfg = tmp_path / "c.toml"  # the dataset above (already made): its 300 test samples, one too few
+    cfg.write_text('rounds = 1\n[data]\ndataset = "synthetic_chars"\ntrain_per_class = 20\ntest_per_class = 30\n'
+                   'test_size = 301\npartition = "iid"\n[algorithm]\nname = "fedavg"\n')
     assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: data.test_size = 301: the test split has only 300 samples"]
