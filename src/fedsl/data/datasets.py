@@ -82,6 +82,8 @@ def _subset(ds: ArrayDataset, names: list[str], setting: str = "data.classes") -
 _LOADED: dict[tuple, ArrayDataset] = {}
 _TENSORS: dict[tuple, tuple[np.ndarray, torch.Tensor]] = {}
 _STATS: dict[int, tuple[np.ndarray, tuple[list[float], list[float]]]] = {}
+# Pixels per piece when counting or converting a pool: pieces that fit in a core's cache
+_CHUNK_PIXELS = 1 << 16
 
 
 def load_arrays(d) -> ArrayDataset:
@@ -179,10 +181,17 @@ def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     Exact (from a 256-bin histogram per channel, so no float copy of a 50k-image pool).
     """
     images = np.asarray(images)
-    planes = [images] if images.ndim == 3 else [images[..., c] for c in range(images.shape[-1])]
+    pixels = images.reshape(-1, 1 if images.ndim == 3 else images.shape[-1])  # one row per pixel, a column per channel
+    hist = [np.zeros(256, dtype=np.int64) for _ in range(pixels.shape[1])]
+    for i in range(0, len(pixels), _CHUNK_PIXELS):  # counted piece by piece: no copy of a whole channel
+        block = pixels[i:i + _CHUNK_PIXELS]
+        for c in range(len(hist)):
+            part = np.bincount(block[:, c], minlength=256)
+            if len(part) > len(hist[c]):
+                hist[c] = np.concatenate([hist[c], np.zeros(len(part) - len(hist[c]), dtype=np.int64)])
+            hist[c][:len(part)] += part
     mean, std = [], []
-    for plane in planes:
-        counts = np.bincount(np.ascontiguousarray(plane).ravel(), minlength=256).astype(np.float64)
+    for counts in (h.astype(np.float64) for h in hist):
         v = np.arange(len(counts), dtype=np.float64) / 255.0
         m = float((counts * v).sum() / counts.sum())
         var = float((counts * (v - m) ** 2).sum() / counts.sum())
@@ -198,11 +207,20 @@ def to_tensor(images: np.ndarray, stats: tuple[list[float], list[float]] | None 
     hit = _TENSORS.get(key)
     if hit is not None and hit[0] is images:
         return hit[1]
-    t = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
-    t = t.unsqueeze(1) if t.dim() == 3 else t.permute(0, 3, 1, 2).contiguous()
+    src = torch.from_numpy(np.ascontiguousarray(images))
+    src = src.unsqueeze(1) if src.dim() == 3 else src.permute(0, 3, 1, 2)  # a view: [n, C, H, W]
+    t = torch.empty(src.shape, dtype=torch.float32)
     if stats is not None:
         shape = (1, len(stats[0]), 1, 1)
-        t.sub_(torch.tensor(stats[0]).view(shape)).div_(torch.tensor(stats[1]).view(shape))
+        mean, std = torch.tensor(stats[0]).view(shape), torch.tensor(stats[1]).view(shape)
+    # converted piece by piece, each piece's every step while it is in cache: the same operations on the same
+    # values as on the whole pool at once (each is element by element), so the same numbers
+    rows = max(1, _CHUNK_PIXELS // max(1, math.prod(src.shape[2:])))
+    for i in range(0, len(t), rows):
+        part = t[i:i + rows]
+        part.copy_(src[i:i + rows]).div_(255.0)
+        if stats is not None:
+            part.sub_(mean).div_(std)
     if any(images is ds.train.x or images is ds.test.x for ds in _LOADED.values()):
         _TENSORS[key] = (images, t)  # the array is held, so its id is not reused
     return t
@@ -238,7 +256,7 @@ def build_federation(d, seed: int) -> Federation:
     train = ds.train
     labels = train.y
     n_train = len(labels)
-    x, y = train.x, labels
+    images, y = [train.x], labels  # the pool's images: the training split, then any source appended to it
 
     server = np.zeros(0, dtype=np.int64)
     pool = np.arange(n_train)
@@ -257,7 +275,7 @@ def build_federation(d, seed: int) -> Federation:
     elif d.server_source == "dataset":
         ext = external_server_set(d, train, seed)
         server = n_train + np.arange(len(ext))  # appended to the pool; no client draws from it
-        x, y = np.concatenate([x, ext.x]), np.concatenate([y, ext.y])
+        images, y = [*images, ext.x], np.concatenate([y, ext.y])
     if d.server_source != "iid" and d.server_size:
         server = server[server_data.balanced_subset(y[server], d.server_size, seed)]
     if d.unlabelled == "server":  # U: D0's images, labels ignored
@@ -265,7 +283,7 @@ def build_federation(d, seed: int) -> Federation:
     else:  # U: another source's images, appended to the pool; no client or D0 draws from them
         ext = external_unlabelled_set(d, train, seed)
         unlabelled = len(y) + np.arange(len(ext))
-        x, y = np.concatenate([x, ext.x]), np.concatenate([y, ext.y])
+        images, y = [*images, ext.x], np.concatenate([y, ext.y])
     unlabelled = unlabelled[unlabelled_subset(len(unlabelled), d.unlabelled_size, seed)]
 
     stats = input_stats(d, ds)
@@ -273,7 +291,9 @@ def build_federation(d, seed: int) -> Federation:
     if d.test_size is not None:
         keep = torch.from_numpy(test_subset(ds.test.y, d.test_size))
         x_test, y_test = x_test[keep], y_test[keep]
-    return Federation(to_tensor(x, stats), torch.from_numpy(y).long(), clients, server, x_test, y_test,
+    # each part converted on its own (the training split's tensor is shared between runs), then joined
+    x = torch.cat([to_tensor(part, stats) for part in images]) if len(images) > 1 else to_tensor(images[0], stats)
+    return Federation(x, torch.from_numpy(y).long(), clients, server, x_test, y_test,
                       num_classes=len(ds.class_names), class_names=list(ds.class_names), input_stats=stats,
                       unlabelled=unlabelled)
 
