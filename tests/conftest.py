@@ -4,7 +4,12 @@ import os
 import tomllib
 from pathlib import Path
 
-import numpy as np
+# Before numpy loads OpenBLAS (the test processes' subprocesses inherit it): the fonts' small blur products gain
+# nothing from a second BLAS thread, and on a busy machine two threads waiting on each other cost several times the
+# work (the same bytes either way)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 import pytest
 import torch
 
