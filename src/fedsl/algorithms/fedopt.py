@@ -71,11 +71,7 @@ class FedAdam(LocalSGD):
 
     def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
                       ctx: RoundContext) -> tuple[Params, State]:
-        d = weighted_mean(deltas(x, finals), weights)
-        m = {n: self.beta1 * state["m"][n] + (1 - self.beta1) * d[n] for n in x}
-        v = {n: self.second_moment(state["v"][n], d[n]) for n in x}
-        new = {n: p + self.global_lr * m[n] / (v[n].sqrt() + self.tau) for n, p in x.items()}
-        return new, {"m": m, "v": v}
+        return adaptive_step(self, x, state, weighted_mean(deltas(x, finals), weights))
 
     def second_moment(self, v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """v_t from v_{t-1} and Δ_t: Adam's β2 v + (1-β2) Δ_t²."""
@@ -117,11 +113,20 @@ class FedAdagrad(LocalSGD):
 
     def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
                       ctx: RoundContext) -> tuple[Params, State]:
-        d = weighted_mean(deltas(x, finals), weights)
-        m = {n: self.beta1 * state["m"][n] + (1 - self.beta1) * d[n] for n in x}
-        v = {n: state["v"][n] + d[n] ** 2 for n in x}
-        new = {n: p + self.global_lr * m[n] / (v[n].sqrt() + self.tau) for n, p in x.items()}
-        return new, {"m": m, "v": v}
+        return adaptive_step(self, x, state, weighted_mean(deltas(x, finals), weights))
+
+    def second_moment(self, v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """v_t from v_{t-1} and Δ_t: Adagrad's v + Δ_t²."""
+        return v + d ** 2
+
+
+def adaptive_step(rule, x: Params, state: State, d: Params) -> tuple[Params, State]:
+    """The FedOpt family's server step from the mean update Δ_t: m ← β1 m + (1-β1) Δ_t, v ← the rule's
+    ``second_moment(v, Δ_t)``, x ← x + η_g m / (√v + τ)."""
+    m = {n: rule.beta1 * state["m"][n] + (1 - rule.beta1) * d[n] for n in x}
+    v = {n: rule.second_moment(state["v"][n], d[n]) for n in x}
+    new = {n: p + rule.global_lr * m[n] / (v[n].sqrt() + rule.tau) for n, p in x.items()}
+    return new, {"m": m, "v": v}
 
 
 # The moment decays and τ of the three adaptive rules: one config key each, one default (FedAdam's, which Flower's
