@@ -538,8 +538,8 @@ class RunConfig(_Strict):
     eval_batch_size: int = Field(100, ge=1, le=BATCH_MAX, description="evaluation batch size (at most 10^6)")
     eval_precision: Literal[EVAL_PRECISIONS] = Field(
         "float32", description="evaluation's forward passes: 'float32' (as trained), or 'bfloat16' autocast "
-                               "(opt-in; moved CIFAR-10 accuracy by <= 0.09 points and saved 4% on an H200 for the "
-                               "paper's CNN: benchmarks/RESULTS-gpu.md)")
+                               "(opt-in; what it changes in accuracy and time for the paper's CNN: "
+                               "benchmarks/RESULTS-gpu.md)")
     rolling_window: int = Field(20, ge=1, le=ROUNDS_MAX, description="rounds in the rolling accuracy window "
                                                                      "(paper: 20)")
     checkpoint_every: int = Field(10, ge=0, le=ROUNDS_MAX, description="write a resumable checkpoint (with the "
