@@ -27,7 +27,7 @@ _UNIT = r"(?:ms|µs|us|s|sec|seconds?|min|minutes?|hours?)"
 _NUMBER_WITH_UNIT = re.compile(rf"(?<![\w.])~?\d(?:[\d.,]*\d)?(?:-\d(?:[\d.,]*\d)?)?\s*{_UNIT}\b")
 _TIMING_CONTEXT = re.compile(r"measured|took|\btake\b|faster|slower|\bcores?\b|\bGPU\b|\bH[12]00\b|\bCPU\b|against"
                              r"|worker|per run|per z\b|per evaluated|loaded machine|starts in|spends", re.I)
-_SPEEDUP = re.compile(r"\d+(?:\.\d+)?\s*[x×]\s+(?:faster|slower)|\d+%\s+(?:faster|slower)|GFLOP/s", re.I)
+_SPEEDUP = re.compile(r"\d+(?:\.\d+)?\s*[x×]\s+(?:faster|slower)|\d+%\s+(?:faster|slower)|saved \d+%|GFLOP/s", re.I)
 _AGES = re.compile(r"\bissues?\s+#?\d+|\bPR\s+#?\d+|design sketch|(?-i:ARCHITECTURE\.md)", re.I)
 
 
