@@ -50,8 +50,25 @@ class FedAvgM(LocalSGD):
         return {n: p + self.global_lr * v[n] for n, p in x.items()}, {"v": v}
 
 
+class AdaptiveServer:
+    """The FedOpt family's server step (Reddi et al. 2021, Algorithm 2) from the mean update Δ_t:
+    m ← β1 m + (1-β1) Δ_t, v ← the rule's ``second_moment(v, Δ_t)``, x ← x + η_g m / (√v + τ).
+    The rule supplies ``global_lr``, ``beta1``, ``tau`` and ``second_moment``."""
+
+    def init_server_state(self, x: Params) -> State:
+        return {"m": zeros_like(x), "v": zeros_like(x)}
+
+    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
+                      ctx: RoundContext) -> tuple[Params, State]:
+        d = weighted_mean(deltas(x, finals), weights)
+        m = {n: self.beta1 * state["m"][n] + (1 - self.beta1) * d[n] for n in x}
+        v = {n: self.second_moment(state["v"][n], d[n]) for n in x}
+        new = {n: p + self.global_lr * m[n] / (v[n].sqrt() + self.tau) for n, p in x.items()}
+        return new, {"m": m, "v": v}
+
+
 @dataclass(frozen=True)
-class FedAdam(LocalSGD):
+class FedAdam(AdaptiveServer, LocalSGD):
     """m ← β1 m + (1-β1) Δ_t; v ← β2 v + (1-β2) Δ_t²; x ← x + η_g m / (√v + τ) (Reddi et al., no bias correction).
 
     Attributes (defaults: ``SPECS`` below):
@@ -65,13 +82,6 @@ class FedAdam(LocalSGD):
     beta2: float
     tau: float
     name: str = field(default="fedadam", init=False)
-
-    def init_server_state(self, x: Params) -> State:
-        return {"m": zeros_like(x), "v": zeros_like(x)}
-
-    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
-                      ctx: RoundContext) -> tuple[Params, State]:
-        return adaptive_step(self, x, state, weighted_mean(deltas(x, finals), weights))
 
     def second_moment(self, v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """v_t from v_{t-1} and Δ_t: Adam's β2 v + (1-β2) Δ_t²."""
@@ -94,7 +104,7 @@ class FedYogi(FedAdam):
 
 
 @dataclass(frozen=True)
-class FedAdagrad(LocalSGD):
+class FedAdagrad(AdaptiveServer, LocalSGD):
     """m ← β1 m + (1-β1) Δ_t; v ← v + Δ_t²; x ← x + η_g m / (√v + τ) (Reddi et al. 2021, Algorithm 2).
 
     Attributes (defaults: ``SPECS`` below):
@@ -108,25 +118,9 @@ class FedAdagrad(LocalSGD):
     tau: float
     name: str = field(default="fedadagrad", init=False)
 
-    def init_server_state(self, x: Params) -> State:
-        return {"m": zeros_like(x), "v": zeros_like(x)}
-
-    def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
-                      ctx: RoundContext) -> tuple[Params, State]:
-        return adaptive_step(self, x, state, weighted_mean(deltas(x, finals), weights))
-
     def second_moment(self, v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """v_t from v_{t-1} and Δ_t: Adagrad's v + Δ_t²."""
         return v + d ** 2
-
-
-def adaptive_step(rule, x: Params, state: State, d: Params) -> tuple[Params, State]:
-    """The FedOpt family's server step from the mean update Δ_t: m ← β1 m + (1-β1) Δ_t, v ← the rule's
-    ``second_moment(v, Δ_t)``, x ← x + η_g m / (√v + τ)."""
-    m = {n: rule.beta1 * state["m"][n] + (1 - rule.beta1) * d[n] for n in x}
-    v = {n: rule.second_moment(state["v"][n], d[n]) for n in x}
-    new = {n: p + rule.global_lr * m[n] / (v[n].sqrt() + rule.tau) for n, p in x.items()}
-    return new, {"m": m, "v": v}
 
 
 # The moment decays and τ of the three adaptive rules: one config key each, one default (FedAdam's, which Flower's
