@@ -20,11 +20,17 @@ import numpy as np
 
 @dataclass
 class ImageSet:
-    """One split: images [n, H, W(, C)] uint8, labels [n] int64, class names (label -> name)."""
+    """One split: images [n, H, W(, C)] uint8, labels [n] int64, class names (label -> name).
+
+    ``owners`` [n] int64 (files with a natural id per sample: writer, user, device): each sample's client
+    0..U-1, -1 for a sample whose id has no training sample (test split); ``owner_names`` the ids by client.
+    None for a dataset without ids."""
 
     x: np.ndarray
     y: np.ndarray
     class_names: list[str]
+    owners: np.ndarray | None = None
+    owner_names: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.y)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fedsl.core.rng import TEST_SUBSET, UNLABELLED, rng
-from fedsl.data import partition, server_data
+from fedsl.data import natural, partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet
 from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
 from fedsl.data.federation import Federation
@@ -67,11 +67,20 @@ def _subset(ds: ArrayDataset, names: list[str], setting: str = "data.classes") -
         raise DataError(f"{setting}: {missing} are not classes of this dataset; expected names from {ds.class_names}")
     old = np.array([ds.class_names.index(c) for c in names])
 
+    ids = None  # natural ids: those left with a training sample keep their order, renumbered 0..U'-1
+    if ds.train.owners is not None:
+        present = np.unique(ds.train.owners[np.isin(ds.train.y, old)])
+        ids = np.full(int(ds.train.owners.max(initial=-1)) + 2, -1, dtype=np.int64)  # [-1] stays -1
+        ids[present] = np.arange(len(present))
+
     def pick(s: ImageSet) -> ImageSet:
         keep = np.isin(s.y, old)
         remap = np.full(len(ds.class_names), -1, dtype=np.int64)
         remap[old] = np.arange(len(old))
-        return ImageSet(s.x[keep], remap[s.y[keep]], list(names))
+        if ids is None or s.owners is None:
+            return ImageSet(s.x[keep], remap[s.y[keep]], list(names))
+        owner_names = None if s.owner_names is None else [s.owner_names[i] for i in present]
+        return ImageSet(s.x[keep], remap[s.y[keep]], list(names), ids[s.owners[keep]], owner_names)
 
     return ArrayDataset(pick(ds.train), pick(ds.test))
 
@@ -89,7 +98,8 @@ _CHUNK_PIXELS = 1 << 16
 def load_arrays(d) -> ArrayDataset:
     """The dataset of data config ``d`` (train and test splits); memoised per process."""
     key = (d.dataset, d.chars, d.train_per_class, d.test_per_class, d.data_dir, d.download, d.carve, d.carve_test,
-           d.emnist_split, tuple(d.classes) if isinstance(d.classes, list) else d.classes)
+           d.emnist_split, tuple(d.classes) if isinstance(d.classes, list) else d.classes, d.id_column,
+           d.label_column, d.test_fraction)
     if key not in _LOADED:
         if len(_LOADED) >= 2:
             _LOADED.pop(next(iter(_LOADED)))
@@ -260,15 +270,18 @@ def build_federation(d, seed: int) -> Federation:
 
     server = np.zeros(0, dtype=np.int64)
     pool = np.arange(n_train)
+    if d.partition == "natural":  # the first N ids' samples: D0 and the clients draw from them only
+        pool = natural.pool(train, d.num_clients, d.dataset)
     if d.server_source == "iid" and d.server_size:
-        if d.server_size > n_train:
+        if d.server_size > len(pool):
             raise partition.PartitionError(f"data.server_size = {d.server_size}: expected at most the "
-                                           f"{n_train} training samples")
-        server = server_data.iid_per_class(labels, d.server_size, seed, class_names=train.class_names)
+                                           f"{len(pool)} training samples")
+        server = server_data.iid_per_class(labels, d.server_size, seed, class_names=train.class_names,
+                                           pool=pool if d.partition == "natural" else None)
         if not d.server_overlap:
             pool = np.setdiff1d(pool, server)
 
-    clients = _partition(d, labels, pool, seed, train.class_names)
+    clients = _partition(d, labels, pool, seed, train.class_names, train)
 
     if d.server_source == "clients":
         server = server_data.from_clients(clients, d.server_clients, d.server_samples_per_client, seed)
@@ -287,9 +300,12 @@ def build_federation(d, seed: int) -> Federation:
     unlabelled = unlabelled[unlabelled_subset(len(unlabelled), d.unlabelled_size, seed)]
 
     stats = input_stats(d, ds)
-    x_test, y_test = to_tensor(ds.test.x, stats), torch.from_numpy(ds.test.y).long()
+    test = ds.test
+    if d.partition == "natural" and (keep := natural.evaluated(test, d.num_clients, d.dataset)) is not None:
+        test = ImageSet(test.x[keep], test.y[keep], test.class_names)  # the federation's ids' test samples
+    x_test, y_test = to_tensor(test.x, stats), torch.from_numpy(test.y).long()
     if d.test_size is not None:
-        keep = torch.from_numpy(test_subset(ds.test.y, d.test_size))
+        keep = torch.from_numpy(test_subset(test.y, d.test_size))
         x_test, y_test = x_test[keep], y_test[keep]
     # each part converted on its own (the training split's tensor is shared between runs), then joined
     x = torch.cat([to_tensor(part, stats) for part in images]) if len(images) > 1 else to_tensor(images[0], stats)
@@ -306,7 +322,9 @@ def test_subset(labels: np.ndarray, size: int) -> np.ndarray:
 
 
 def _partition(d, labels: np.ndarray, pool: np.ndarray, seed: int,
-               class_names: list[str] | None = None) -> list[np.ndarray]:
+               class_names: list[str] | None = None, train: ImageSet | None = None) -> list[np.ndarray]:
+    if d.partition == "natural":
+        return natural.clients(train, pool, d.num_clients, d.dataset)
     n_i = d.samples_per_client or len(pool) // d.num_clients
     if n_i < 1:
         raise partition.PartitionError(

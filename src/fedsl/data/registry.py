@@ -63,6 +63,8 @@ class DatasetInfo:
         federation: ``federation(d, seed) -> Federation``: the dataset builds its federation itself, its clients'
             samples made on demand (``Federation.on_demand``), not a pool that a partition deals out; such a dataset
             has no arrays (``load`` is None), and what needs every client's samples at once is refused for it.
+        natural: its loader tags every sample with a natural id (writer, user, device: ``ImageSet.owners``), so
+            ``data.partition = 'natural'`` can give one client per id (``fedsl.data.natural``).
     """
 
     name: str
@@ -80,6 +82,7 @@ class DatasetInfo:
     check_config: Callable[[Any], str | None] | None = None
     selects_classes: bool = False
     federation: Callable[[Any, int], Any] | None = None
+    natural: bool = False
 
     @property
     def generated(self) -> bool:
@@ -119,6 +122,14 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
                 markers=("stl10_binary", "stl10_binary.tar.gz", "train_X.bin", "airplane")),
     DatasetInfo("image_folder", lazy("fedsl.data.image_folder", "load"),
                 note="train/<class>/ and test/<class>/ images", markers=("train", "test")),
+    DatasetInfo("leaf", lazy("fedsl.data.leaf", "load"), channels=1,
+                note="LEAF's JSON layout (FEMNIST): train/*.json and test/*.json, one client per user",
+                subdirs=("leaf", "femnist/data", "femnist", "."), markers=("train/*.json",), natural=True),
+    DatasetInfo("hf_files", lazy("fedsl.data.hf_files", "load"),
+                note="local parquet/CSV/JSON files or an image folder read with Hugging Face datasets "
+                     "(pip install 'fedsl[natural]')",
+                markers=("*.parquet", "*.csv", "*.json", "*.jsonl", "train", "data"), natural=True,
+                check_config=lazy("fedsl.data.hf_files", "check_config")),
     DatasetInfo("toy", lazy("fedsl.data.toy", "load"), 160, 40, 4, 1, (12, 12), stats=((0.5,), (0.25,)),
                 note="generated stripes, for tests and examples"),
     DatasetInfo("synthetic_fedprox", None, num_classes=10,

@@ -107,8 +107,10 @@ class DataConfig(_Strict):
                              "is left after its training share ('up_to', the test size is in summary.json) or is "
                              "refused ('exact')")
     num_clients: int = Field(20, ge=1, le=CLIENTS_MAX, description=f"N, number of clients (at most {CLIENTS_MAX:,})")
-    partition: Literal["classes", "iid", "dirichlet", "shards"] = Field(
-        "classes", description="'classes' (paper: C classes per client), 'iid', 'dirichlet' or 'shards'")
+    partition: Literal["classes", "iid", "dirichlet", "shards", "natural"] = Field(
+        "classes", description="'classes' (paper: C classes per client), 'iid', 'dirichlet', 'shards' or 'natural' "
+                               "(one client per id of the files: LEAF's users, data.id_column of hf_files; "
+                               "data.num_clients = N keeps the first N ids, sorted)")
     classes_per_client: int = Field(2, ge=1, le=10_000, description="C, label classes per client (at most 10,000)")
     samples_per_client: int | None = Field(None, ge=1, le=SAMPLES_MAX, description="n_i; default: the pool split "
                                                                                     "evenly over N (at most 10^7)")
@@ -141,6 +143,12 @@ class DataConfig(_Strict):
     test_size: int | None = Field(None, ge=1, le=SAMPLES_MAX, description="evaluate on this many test samples: a "
                                   "class-balanced subset drawn once, the same for every run and seed (quick looks, "
                                   "quick forms); default: the whole test split, as the paper")
+    # local files read with Hugging Face datasets (fedsl.data.hf_files)
+    id_column: str | None = Field(None, min_length=1, description="hf_files: the column of each sample's natural id "
+                                  "(writer, user, device) that data.partition = 'natural' makes one client each")
+    label_column: str = Field("label", min_length=1, description="hf_files: the column of the class labels")
+    test_fraction: float = Field(0.1, gt=0, lt=1, description="hf_files without a test split: the fraction of each "
+                                 "id's samples held out as its test samples (⌊f·n_u⌋, drawn once, seed-free)")
     # font-rendered characters (fedsl.data.synthetic)
     chars: str = Field("0123456789", min_length=2, description="characters (classes) of synthetic_chars")
     train_per_class: int = Field(200, ge=1, le=PER_CLASS_MAX, description="training images per class (synthetic_chars, "
@@ -174,6 +182,13 @@ class DataConfig(_Strict):
             raise ValueError(f"data.classes = {self.classes!r}: expected distinct class names")
         if self.classes == "paper45" and self.dataset != "emnist":
             raise ValueError(f"data.classes = 'paper45' is for dataset 'emnist', not {self.dataset!r}")
+        if self.partition == "natural" and not registry.DATASETS[self.dataset].natural:
+            raise ValueError(f"data.partition = 'natural' needs an id per sample: expected data.dataset "
+                             f"{' or '.join(repr(n) for n, i in registry.DATASETS.items() if i.natural)}, "
+                             f"not {self.dataset!r}")
+        if self.partition == "natural" and self.samples_per_client is not None:
+            raise ValueError(f"data.samples_per_client = {self.samples_per_client}: with data.partition = 'natural' "
+                             "each client holds its id's samples; expected it unset")
         if self.quantity_skew is not None and self.partition != "iid":
             raise ValueError(f"data.quantity_skew = {self.quantity_skew}: only with data.partition = 'iid'")
         if self.server_source == "dataset" and not registry.SERVER_SOURCES[self.server_dataset].labelled:
