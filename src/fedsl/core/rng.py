@@ -41,6 +41,8 @@ SYNTHETIC_SIZES = 25  # n_k of every client of Synthetic(α, β), drawn once (cl
 SYNTHETIC_CLIENT = 26  # client k's model (u_k, B_k, v_k, W_k, b_k), then its samples: rng(seed, SYNTHETIC_CLIENT, k)
 SYNTHETIC_TEST = 27  # which clients' held-out samples make the test set (more clients than data.synthetic_test_clients)
 SYNTHETIC_SERVER = 28  # D0's fresh samples of device k (data.server_source = 'iid'): rng(seed, SYNTHETIC_SERVER, k)
+# LEAF's synthetic data (fedsl.data.synthetic_leaf) reads 25-28 as Synthetic(α, β) does, and one stream more:
+SYNTHETIC_SHARED = 29  # the model every client's is built from (Q, the clusters' centres), drawn once
 
 # Seed offsets, for generators that take one integer seed rather than a stream tuple
 # (``data.synthetic.make_font_chars``): ``offset_seed(seed, FONT_TEST)``. Fixed numbers too:

@@ -136,6 +136,11 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
                 note="generated on demand, any N: Synthetic(α, β) of FedProx (Li et al. 2020), 60 features",
                 check_config=lazy("fedsl.data.synthetic_fedprox", "check_config"),
                 federation=lazy("fedsl.data.synthetic_fedprox", "federation")),
+    DatasetInfo("synthetic_leaf", None, num_classes=5,
+                note="generated on demand, any N: LEAF's synthetic data (Caldas et al. 2018), models sharing one "
+                     "structure, 60 features",
+                check_config=lazy("fedsl.data.synthetic_leaf", "check_config"),
+                federation=lazy("fedsl.data.synthetic_leaf", "federation")),
 )}
 
 

@@ -54,24 +54,21 @@ All of it is deterministic from the run's seed, offline.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from fedsl.core.rng import SERVER_DATA, SYNTHETIC_CLIENT, SYNTHETIC_SERVER, SYNTHETIC_SIZES, SYNTHETIC_TEST, rng
+from fedsl.core.rng import SYNTHETIC_CLIENT, SYNTHETIC_SIZES, rng
+from fedsl.data import generated
 from fedsl.data.clients import ClientIndex
-from fedsl.data.datasets import test_subset
 from fedsl.data.federation import Federation
-from fedsl.data.partition import PartitionError
-from fedsl.data.server_data import balanced_subset
+from fedsl.data.generated import train_sizes  # noqa: F401 (⌊0.9·n_k⌋, their split: part of this module's API)
 
 FEATURES = 60  # dimension of x
 CLASSES = 10  # labels
 SIZE_MU, SIZE_SIGMA, SIZE_MIN = 4.0, 2.0, 50  # n_k = ⌊lognormal(μ = 4, σ = 2)⌋ + 50 (their power law)
 SIZE_MAX = 1000  # the default cap on n_k (LEAF's synthetic generator caps at 1,000)
-TRAIN_FRACTION = 0.9  # the first ⌊0.9·n_k⌋ samples train, the rest test (their split)
 TEST_CLIENTS = 1000  # clients whose test parts make the test set (default of data.synthetic_test_clients)
 SIGMA_DIAG = np.arange(1, FEATURES + 1, dtype=np.float64) ** -1.2  # Σ_jj = j^-1.2
 _SIGMA_SQRT = np.sqrt(SIGMA_DIAG)
@@ -112,8 +109,7 @@ def client_samples(seed: int, k: int, n: int, alpha: float, beta: float, held_ou
     """n of client k's samples: its training data (n = ⌊0.9·n_k⌋: its stream after its model), or with ``held_out``
     its test data (n = n_k − ⌊0.9·n_k⌋: rng(seed, SYNTHETIC_TEST, k)). The first samples of a longer draw are the
     same: a stream is read in order."""
-    dev, gen = device(seed, k, alpha, beta)
-    return dev.draw(rng(seed, SYNTHETIC_TEST, k) if held_out else gen, n)
+    return generated.samples(prior(seed, alpha, beta), seed, k, n, held_out)
 
 
 def client_sizes(seed: int, num_clients: int, cap: int = SIZE_MAX) -> np.ndarray:
@@ -122,77 +118,16 @@ def client_sizes(seed: int, num_clients: int, cap: int = SIZE_MAX) -> np.ndarray
     return np.minimum(np.minimum(draws, 2.0**62).astype(np.int64) + SIZE_MIN, cap)
 
 
-def train_sizes(sizes: np.ndarray) -> np.ndarray:
-    """⌊0.9·n_k⌋: each client's training samples (the float product, as their ``int(0.9 * num_samples)``)."""
-    return (TRAIN_FRACTION * np.asarray(sizes, dtype=np.float64)).astype(np.int64)
-
-
-class SyntheticClients:
-    """The clients' training samples, made on demand (``Federation.on_demand``): client k's are the first ⌊0.9·n_k⌋
-    of its stream, rebuilt from (seed, k) each time it is sampled; nothing per client is held but its offset."""
+class SyntheticClients(generated.OnDemandClients):
+    """Synthetic(α, β)'s clients, their samples made on demand (``generated.OnDemandClients``)."""
 
     def __init__(self, seed: int, alpha: float, beta: float, clients: ClientIndex) -> None:
-        self.seed, self.alpha, self.beta, self.clients = seed, alpha, beta, clients
-
-    def samples(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        sizes = self.clients.sizes_of(ids)
-        parts = [client_samples(self.seed, int(k), int(n), self.alpha, self.beta) for k, n in zip(ids, sizes)]
-        if not parts:
-            return np.zeros((0, FEATURES)), np.zeros(0, dtype=np.int64)
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        super().__init__(seed, prior(seed, alpha, beta), clients, FEATURES)
 
 
-def held_out_set(seed: int, sizes: np.ndarray, alpha: float, beta: float, max_clients: int
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The held-out samples (n_k − ⌊0.9·n_k⌋ each) of min(N, ``max_clients``) clients: all N, or a uniform draw
-    from (seed, ``SYNTHETIC_TEST``); returns (x, y, the clients' ids)."""
-    n = len(sizes)
-    ids = np.arange(n) if n <= max_clients else np.sort(rng(seed, SYNTHETIC_TEST).choice(n, max_clients,
-                                                                                        replace=False))
-    held = sizes[ids] - train_sizes(sizes[ids])
-    parts = [client_samples(seed, int(k), int(m), alpha, beta, held_out=True) for k, m in zip(ids, held)]
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), ids
-
-
-def server_iid(seed: int, clients: ClientIndex, size: int, alpha: float, beta: float
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """n0 = ``size`` fresh samples of the clients' mixture under the prior (α, β) (the clients' own, or a shifted
-    one): a position of the n training samples drawn uniformly (rng(seed, SERVER_DATA)), one sample of its client's
-    distribution (rng(seed, SYNTHETIC_SERVER, k)); ordered by client."""
-    if size == 0:
-        return np.zeros((0, FEATURES)), np.zeros(0, dtype=np.int64)
-    pos = rng(seed, SERVER_DATA).integers(0, clients.total, size)
-    owners = np.searchsorted(clients.offsets, pos, side="right") - 1
-    xs, ys = [], []
-    for k, count in zip(*np.unique(owners, return_counts=True)):
-        dev, _ = device(seed, int(k), alpha, beta)
-        x, y = dev.draw(rng(seed, SYNTHETIC_SERVER, int(k)), int(count))
-        xs.append(x)
-        ys.append(y)
-    return np.concatenate(xs), np.concatenate(ys)
-
-
-def server_from_clients(seed: int, clients: ClientIndex, num_clients: int, per_client: int, alpha: float,
-                        beta: float) -> tuple[np.ndarray, np.ndarray]:
-    """D0 from c clients × s of their training samples (Scenario 2), drawn as ``server_data.from_clients`` draws
-    from a pool: c clients without replacement from rng(seed, SERVER_DATA, 1), s of each one's samples."""
-    n = len(clients)
-    if not 1 <= num_clients <= n:
-        raise PartitionError(f"data.server_clients = {num_clients}: expected 1..{n} (data.num_clients)")
-    gen = rng(seed, SERVER_DATA, 1)
-    chosen = gen.choice(n, size=num_clients, replace=False)
-    chosen = np.sort(chosen)
-    sizes = dict(zip(chosen.tolist(), clients.sizes_of(chosen).tolist()))
-    xs, ys = [], []
-    for k in chosen.tolist():
-        if per_client > sizes[k]:
-            raise PartitionError(f"data.server_samples_per_client = {per_client}: client {k} holds only "
-                                 f"{sizes[k]} training samples")
-        x, y = client_samples(seed, k, int(sizes[k]), alpha, beta)
-        pick = np.sort(gen.permutation(int(sizes[k]))[:per_client])
-        xs.append(x[pick])
-        ys.append(y[pick])
-    return np.concatenate(xs), np.concatenate(ys)
+def prior(seed: int, alpha: float, beta: float) -> generated.DeviceOf:
+    """k → client k's ``Device`` under the prior (α, β), and its generator (``generated.DeviceOf``)."""
+    return functools.partial(device, seed, alpha=alpha, beta=beta)
 
 
 def federation(d, seed: int) -> Federation:
@@ -200,46 +135,18 @@ def federation(d, seed: int) -> Federation:
     ``data.num_clients`` clients of Synthetic(``synthetic_alpha``, ``synthetic_beta``), their samples made on demand;
     D0 and the test set made now (see the module docstring)."""
     alpha, beta = d.synthetic_alpha, d.synthetic_beta
-    sizes = client_sizes(seed, d.num_clients, d.synthetic_max_samples)
-    clients = ClientIndex.from_sizes(train_sizes(sizes))
-    x_test, y_test, _ = held_out_set(seed, sizes, alpha, beta, d.synthetic_test_clients)
-    del sizes  # the test set was its last reader: the federation keeps only the offsets
-    if d.server_source == "clients":
-        x0, y0 = server_from_clients(seed, clients, d.server_clients, d.server_samples_per_client, alpha, beta)
-        if d.server_size:
-            keep = balanced_subset(y0, d.server_size, seed)
-            x0, y0 = x0[keep], y0[keep]
-    else:
-        a0 = alpha if d.synthetic_server_alpha is None else d.synthetic_server_alpha
-        b0 = beta if d.synthetic_server_beta is None else d.synthetic_server_beta
-        x0, y0 = server_iid(seed, clients, d.server_size, a0, b0)
-    server = np.arange(len(y0), dtype=np.int64)
-    if d.test_size is not None:  # as for every dataset: a class-balanced subset drawn from a fixed stream
-        keep = test_subset(y_test, d.test_size)
-        x_test, y_test = x_test[keep], y_test[keep]
-    return Federation(torch.from_numpy(x0.astype(np.float32)).reshape(-1, FEATURES), torch.from_numpy(y0).long(),
-                      clients, server, torch.from_numpy(x_test.astype(np.float32)), torch.from_numpy(y_test).long(),
-                      num_classes=CLASSES, class_names=[str(c) for c in range(CLASSES)], input_stats=None,
-                      unlabelled=server, on_demand=SyntheticClients(seed, alpha, beta, clients))
+    a0 = alpha if d.synthetic_server_alpha is None else d.synthetic_server_alpha
+    b0 = beta if d.synthetic_server_beta is None else d.synthetic_server_beta
+    return generated.federation(d, seed, client_sizes(seed, d.num_clients, d.synthetic_max_samples),
+                                prior(seed, alpha, beta), prior(seed, a0, b0), FEATURES, CLASSES)
 
 
 def check_config(d) -> str | None:
     """The registry's config check of ``data.dataset = 'synthetic_fedprox'``: what data config ``d`` asks that this
     generated benchmark cannot give (one line), or None."""
-    if d.server_source == "dataset":
-        return ("data.server_source = 'dataset' reads images: expected 'iid' (the clients' mixture, shifted with "
-                "data.synthetic_server_alpha / synthetic_server_beta) or 'clients' with data.dataset = "
-                "'synthetic_fedprox'")
+    if d.synthetic_clusters is not None:
+        return "data.synthetic_clusters is LEAF's (data.dataset = 'synthetic_leaf'): expected it unset"
     if d.server_source != "iid" and (d.synthetic_server_alpha is not None or d.synthetic_server_beta is not None):
         return ("data.synthetic_server_alpha / synthetic_server_beta shift D0's prior: expected data.server_source = "
                 f"'iid', not {d.server_source!r}")
-    if d.unlabelled != "server":
-        return (f"data.unlabelled = {d.unlabelled!r} appends images: expected 'server' (D0's samples) with "
-                "data.dataset = 'synthetic_fedprox'")
-    if d.samples_per_client is not None:
-        return (f"data.samples_per_client = {d.samples_per_client}: the clients' sizes of 'synthetic_fedprox' follow "
-                "its power law (data.synthetic_max_samples caps them): expected it unset")
-    if d.classes is not None:
-        return "data.classes: 'synthetic_fedprox' has its 10 classes only: expected it unset"
-    return None
-
+    return generated.check_config(d, "synthetic_fedprox")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
@@ -27,6 +27,7 @@ from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
 from fedsl.data import registry
 from fedsl.data.synthetic_fedprox import SIZE_MAX as SYNTHETIC_SIZE_MAX
 from fedsl.data.synthetic_fedprox import TEST_CLIENTS as SYNTHETIC_TEST_CLIENTS
+from fedsl.data.synthetic_leaf import MODEL_SEED as SYNTHETIC_MODEL_SEED
 from fedsl.engine.client_state import STORE_DTYPES, STORES, StoreSettings
 from fedsl.engine.executors import COMPILE_MODES
 from fedsl.engine.functional import EVAL_PRECISIONS
@@ -162,17 +163,26 @@ class DataConfig(_Strict):
                                    "class's logit alike, so it changes no label, as in the authors' generator)")
     synthetic_beta: float = Field(1.0, ge=0, le=100, description="β of synthetic_fedprox's Synthetic(α, β): how much "
                                   "the clients' inputs differ (B_k ~ N(0, β²))")
-    synthetic_max_samples: int = Field(SYNTHETIC_SIZE_MAX, ge=2, le=SAMPLES_MAX, description="synthetic_fedprox: cap "
-                                       "on a client's n_k = ⌊lognormal(4, 2)⌋ + 50, the first ⌊0.9·n_k⌋ its training "
+    synthetic_max_samples: int = Field(SYNTHETIC_SIZE_MAX, ge=2, le=SAMPLES_MAX, description="synthetic_fedprox and "
+                                       "synthetic_leaf: cap on a client's n_k (⌊lognormal(4, 2)⌋ + 50, LEAF's "
+                                       "⌊lognormal(3, 2)⌋ + 5), the first ⌊0.9·n_k⌋ its training "
                                        "data (LEAF's cap 1,000; at most 10^7)")
-    synthetic_test_clients: int = Field(SYNTHETIC_TEST_CLIENTS, ge=1, le=CLIENTS_MAX, description="synthetic_fedprox: "
-                                        "the test set is the held-out samples of this many clients drawn once (all N "
-                                        "when N is not larger)")
+    synthetic_test_clients: int = Field(SYNTHETIC_TEST_CLIENTS, ge=1, le=CLIENTS_MAX, description="synthetic_fedprox "
+                                        "and synthetic_leaf: the test set is the held-out samples of this many "
+                                        "clients drawn once (all N when N is not larger)")
     synthetic_server_alpha: float | None = Field(None, ge=0, le=100, description="synthetic_fedprox: α0, D0 (iid) "
                                                  "drawn through the prior (α0, β0), a shifted D0 (default α: none; "
                                                  "α0 changes no label: β0 shifts)")
     synthetic_server_beta: float | None = Field(None, ge=0, le=100, description="synthetic_fedprox: β0 of the "
                                                 "shifted D0's prior (default β: none)")
+    # LEAF's synthetic data (fedsl.data.synthetic_leaf); synthetic_alpha and synthetic_beta are not read there
+    synthetic_clusters: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(
+        None, min_length=1, max_length=100, description="synthetic_leaf: the probabilities of its clusters of client "
+        "models, summing to 1 (LEAF's prob_clusters; default [1.0], one cluster, as LEAF)")
+    synthetic_model_seed: int = Field(SYNTHETIC_MODEL_SEED, ge=0, le=2**63 - 1, description="synthetic_leaf: the seed "
+                                      "of the structure the clients' models share (Q, the clusters' centres): one "
+                                      "benchmark instance for every run seed, as LEAF's generated files are one "
+                                      "(default 931,231, LEAF's default seed); the run's seed draws the clients")
 
     @model_validator(mode="after")
     def _checks(self) -> "DataConfig":
@@ -195,6 +205,9 @@ class DataConfig(_Strict):
             raise ValueError(f"data.server_dataset = {self.server_dataset!r} has no labels, and D0 needs them: "
                              f"expected a labelled source, or data.unlabelled = {self.server_dataset!r} (FedDF's "
                              "unlabelled data)")
+        if self.synthetic_clusters is not None and abs(sum(self.synthetic_clusters) - 1) > 1e-6:
+            raise ValueError(f"data.synthetic_clusters = {self.synthetic_clusters}: expected probabilities summing "
+                             "to 1")
         check = registry.DATASETS[self.dataset].check_config  # the dataset's own rules (synthetic_chars: its size)
         problem = check(self) if check is not None else None
         if problem:
