@@ -127,7 +127,7 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
                 subdirs=("leaf", "femnist/data", "femnist", "."), markers=("train/*.json",), natural=True),
     DatasetInfo("hf_files", lazy("fedsl.data.hf_files", "load"),
                 note="local parquet/CSV/JSON files or an image folder read with Hugging Face datasets "
-                     "(pip install 'fedsl[natural]')",
+                     "(the 'natural' extra)",
                 markers=("*.parquet", "*.csv", "*.json", "*.jsonl", "train", "data"), natural=True,
                 check_config=lazy("fedsl.data.hf_files", "check_config")),
     DatasetInfo("toy", lazy("fedsl.data.toy", "load"), 160, 40, 4, 1, (12, 12), stats=((0.5,), (0.25,)),
