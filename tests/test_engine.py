@@ -201,3 +201,37 @@ def test_bfloat16_evaluation_is_close_to_float32_and_opt_in():
     stacked = {n: torch.stack([p, p]) for n, p in params.items()}
     many = evaluate_many(fm, stacked, fed.x_test, fed.y_test, 100, "bfloat16")
     assert all(abs(acc - acc32) <= 0.01 and loss == pytest.approx(loss32, rel=1e-2) for acc, loss in many)
+
+
+@pytest.mark.parametrize("alg", ["fsl", "scaffold", "moon"])
+def test_the_sequential_executors_autograd_gives_torch_func_grads_numbers(alg, monkeypatch):
+    """The sequential executor differentiates by plain autograd (``eager_grad``): the same numbers, bit for bit,
+    as ``torch.func.grad`` of the same loss, with dropout, a client-state rule and a rule with a loss term."""
+    eager, _ = _run(SequentialExecutor, alg, torch.float32, rounds=2, model="small_cnn")
+    monkeypatch.setattr("fedsl.engine.sequential.eager_grad", torch.func.grad)
+    func, _ = _run(SequentialExecutor, alg, torch.float32, rounds=2, model="small_cnn")
+    assert all(torch.equal(eager[n], func[n]) for n in eager)
+
+
+def test_training_one_client_does_not_import_torch_dynamo():
+    """A Flower ClientApp is a process per message: torch.func.grad's first call would import torch._dynamo
+    (about a second of CPU) in each one. The sequential executor's gradient does not."""
+    code = ("import sys, torch\n"
+            "from conftest import random_federation\n"
+            "from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm\n"
+            "from fedsl.engine.executors import SequentialExecutor\n"
+            "from fedsl.engine.functional import FunctionalModel\n"
+            "from fedsl.engine.simulator import Simulator\n"
+            "from fedsl.models import build_model\n"
+            "fm = FunctionalModel(build_model('small_cnn', 4, (1, 8, 8), seed=3))\n"
+            "alg = make_algorithm('fsl', LocalTraining(0.1, 8, 1, None), 1.0, ServerLearning(1.0, 0.05, 6, 1))\n"
+            "fed = random_federation([9, 31, 17], n0=14, dtype=torch.float32)\n"
+            "sim = Simulator(fm, fed, alg, SequentialExecutor(fm), 2, seed=1)\n"
+            "sim.round(sim.initial_state(), 0)\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    import subprocess
+    import sys
+    from pathlib import Path
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parent, check=False)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]

@@ -3,7 +3,8 @@
 Parameters travel as ``dict[name, Tensor]``; a stacked (vmapped) set has a leading
 client dimension on every tensor. The executors take ``torch.func.grad`` of the client's loss
 (``client_gradient``: ``loss`` below, plus the rule's ``local_loss`` term when it has one) and
-hand it to the algorithm's client step (``algorithms.base``).
+hand it to the algorithm's client step (``algorithms.base``); the sequential executor, which takes the
+gradient of one model at a time, takes it by plain autograd instead (``eager_grad``: the same numbers).
 """
 
 from __future__ import annotations
@@ -99,16 +100,34 @@ class FunctionalModel:
 
 
 ClientLoss = Callable[..., Params]  # grad(y, aux, inputs, labels, weights, key) -> the gradient at y
+Transform = Callable[[Callable[..., torch.Tensor]], Callable[..., Params]]
 
 
-def client_gradient(fm: FunctionalModel, client: LocalSGD) -> ClientLoss:
+def eager_grad(f: Callable[..., torch.Tensor]) -> Callable[..., Params]:
+    """``torch.func.grad(f)`` for one model, by plain autograd: the gradient of the scalar ``f(params, *args)``
+    with respect to the dict ``params``, by the same backward kernels, so the same numbers.
+
+    For the sequential executor, which never vmaps or compiles the gradient: functorch's transform sends every
+    operation through a wrapper, and its first call imports torch._dynamo, which a short-lived process (a Flower
+    ClientApp, one per message) would pay for on each message.
+    """
+    def gradient(params: Params, *args) -> Params:
+        with torch.enable_grad():
+            leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
+            grads = torch.autograd.grad(f(leaves, *args), list(leaves.values()), allow_unused=True)
+        return {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(leaves.items(), grads)}
+    return gradient
+
+
+def client_gradient(fm: FunctionalModel, client: LocalSGD, transform: Transform = grad) -> ClientLoss:
     """The gradient the client steps on, ``g(y, aux, inputs, labels, weights, key)``: of ``fm.loss`` for rules
     without a ``local_loss``; for one with it, of the weighted cross-entropy plus the rule's term, where the
     logits come from ``forward_parts`` (the same operations as ``forward``) when the model has a representation.
-    A pure function of its arguments: the executors vmap it over clients and capture it in CUDA graphs."""
+    A pure function of its arguments: the executors vmap it over clients and capture it in CUDA graphs.
+    ``transform``: ``torch.func.grad`` (vmappable), or ``eager_grad`` for one model at a time."""
     term = client.local_loss
     if term is None:
-        plain = grad(fm.loss)
+        plain = transform(fm.loss)
         return lambda y, aux, *batch: plain(y, *batch)
     fm.freeze()
 
@@ -122,7 +141,7 @@ def client_gradient(fm: FunctionalModel, client: LocalSGD) -> ClientLoss:
         ce = (F.cross_entropy(logits, labels, reduction="none") * w).sum()
         return ce + term(params, aux, LocalBatch(x, labels, w, logits, z, represent))
 
-    return grad(loss)
+    return transform(loss)
 
 
 EVAL_PRECISIONS = ("float32", "bfloat16")

@@ -16,7 +16,7 @@ import torch
 
 from fedsl.algorithms.base import LOCAL_SGD, LocalSGD, client_update
 from fedsl.core.types import Params, State
-from fedsl.engine.functional import FunctionalModel, client_gradient
+from fedsl.engine.functional import FunctionalModel, client_gradient, eager_grad
 from fedsl.engine.plan import BatchPlan, Lr, client_row, stack_clients
 
 
@@ -32,7 +32,7 @@ class SequentialExecutor:
         # one entry for every rule without a term: a process-pool worker unpickles a new rule object each call
         key = client if client.local_loss is not None else None
         if key not in self._grads:
-            g = client_gradient(self.fm, client)
+            g = client_gradient(self.fm, client, eager_grad)
             self._grads[key] = lambda params, batch, aux: g(params, aux, *batch)
         return self._grads[key]
 
