@@ -71,11 +71,11 @@ def test_leaf_files_as_arrays_each_sample_with_its_user(leaf_dir):
     # the test split pooled over every user; a user with no training sample tagged -1
     assert len(ds.test.y) == sum(TEST.values())
     assert np.bincount(ds.test.owners + 1).tolist() == [TEST["f0099_00"]] + [TEST[u] for u in names]
-    # pixels: LEAF's floats × 255, exactly; labels as written
+    # pixels: LEAF's floats × 255, exactly, inverted (bright strokes on black, as EMNIST's); labels as written
     doc = json.loads(next((leaf_dir / "train").glob("*_0_*.json")).read_text())
     user = doc["users"][0]
     first = np.flatnonzero(ds.train.owners == names.index(user))[0]
-    assert ds.train.x[first].reshape(-1).tolist() == [round(v * 255) for v in doc["user_data"][user]["x"][0]]
+    assert ds.train.x[first].reshape(-1).tolist() == [255 - round(v * 255) for v in doc["user_data"][user]["x"][0]]
     assert ds.train.y[first] == doc["user_data"][user]["y"][0]
     assert ds.class_names == ["0", "1", "2", "3"]
 
@@ -124,6 +124,26 @@ def test_a_client_emptied_by_a_disjoint_d0_is_refused(tmp_path):
     cfg = _cfg(root, {"num_clients": 2, "server_overlap": False, "server_size": 4})
     with pytest.raises(PartitionError, match="^data.partition = 'natural': client 0 .id 'a'. has no training sample"):
         build_federation(cfg.data, 0)
+
+
+def test_femnist_classes_are_its_characters_and_fslsyn_can_be_its_server_data(tmp_path):
+    """28×28 images with LEAF's labels 0..61: FEMNIST's classes named by their characters (digits, A-Z, a-z), so
+    the paper's font-rendered D0 (FSLsyn) draws the same classes, on the same (bright-on-black) polarity."""
+    root = tmp_path / "femnist"
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True)
+        users = {"w1": [0, 10, 36], "w2": [61, 35]}
+        white = [1.0] * 784  # LEAF's blank page
+        doc = {"users": list(users), "num_samples": [len(v) for v in users.values()],
+               "user_data": {u: {"x": [white] * len(v), "y": v} for u, v in users.items()}}
+        (root / split / "data.json").write_text(json.dumps(doc))
+    cfg = _cfg(root, {"num_clients": 2, "server_source": "dataset", "server_dataset": "fslsyn", "server_size": 0})
+    ds = load_arrays(cfg.data)
+    assert len(ds.class_names) == 62 and ds.class_names[:11] == list("0123456789A")
+    assert ds.class_names[35:37] == ["Z", "a"] and ds.class_names[61] == "z"
+    assert ds.train.x.max() == 0  # a white page is black once inverted
+    fed = build_federation(cfg.data, 0)
+    assert fed.n0 == 62 * 15 and fed.x.shape[1:] == (1, 28, 28)  # FSLsyn's 15 images of each character
 
 
 def write_labels(root: Path, users: dict[str, list[int]]) -> Path:

@@ -2,12 +2,17 @@
 
 A LEAF folder holds ``train/*.json`` and ``test/*.json``; each file is ``{"users": [...], "num_samples": [...],
 "user_data": {user: {"x": [...], "y": [...]}}}``: FEMNIST's x is a flat list of 784 floats in [0, 1] (a 28×28 grey
-image, white background 1.0, as LEAF writes it), y its class 0..61 (digits, upper-case, lower-case letters).
+image, dark strokes on a white background 1.0, as LEAF writes it), y its class 0..61 (LEAF's relabelling of NIST's
+classes: digits 0-9, then upper-case A-Z, then lower-case a-z).
 
 What the loader returns, for ``data.partition = 'natural'`` (``fedsl.data.natural``):
 
-- the images as uint8 [n, s, s] (x·255 rounded: LEAF's floats are 8-bit pixels / 255, so nothing is lost), labels
-  int64, classes named by their number (0..L-1, L = the largest label + 1 over both splits);
+- the images as uint8 [n, s, s], inverted to bright strokes on black, as EMNIST's and the font-rendered server
+  sources' (FSLsyn) are: 255 - x·255 rounded (LEAF's floats are 8-bit pixels / 255, so nothing is lost; with
+  standardised inputs a model sees the same images negated);
+- labels int64; 28×28 images with labels in 0..61 are FEMNIST's 62 classes, named by their characters (so the
+  character-drawing D0 sources, ``fslsyn`` and ``synthetic_chars``, can serve them); other data's classes are named
+  by their number (0..L-1, L = the largest label + 1 over both splits);
 - each training sample's user as ``ImageSet.owners``: client i is the i-th user name in sorted (string) order among
   the users with at least one training sample (``ImageSet.owner_names``); a user without training samples is
   dropped (a client with n_i = 0 has nothing to train on), its test samples too;
@@ -30,7 +35,8 @@ import numpy as np
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
 from fedsl.data.errors import DataError
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
+FEMNIST_CLASSES = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # LEAF's labels 0..61
 LAYOUT = "LEAF's layout train/*.json and test/*.json, each {users, num_samples, user_data: {user: {x, y}}}"
 
 
@@ -66,7 +72,7 @@ def _user_arrays(path: Path, user: str, data: object) -> tuple[np.ndarray, np.nd
         raise DataError(f"{path}: user {user!r} has pixel values outside [0, 1]; expected LEAF's floats in [0, 1]")
     if not np.all((y >= 0) & (y == np.floor(y))):
         raise DataError(f"{path}: user {user!r} has labels that are not integers >= 0; expected class numbers")
-    return np.rint(x * 255).astype(np.uint8), y.astype(np.int64)
+    return (255 - np.rint(x * 255)).astype(np.uint8), y.astype(np.int64)  # bright strokes on black, as EMNIST's
 
 
 def _read_split(files: list[Path]) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
@@ -137,7 +143,8 @@ def load(d, root: Path) -> ArrayDataset:
               "files": folder_fingerprint(root, (".json",))}
     a = cached_arrays("leaf", recipe, lambda: _decode(root))
     num_classes = int(max(a["train_y"].max(initial=0), a["test_y"].max(initial=0))) + 1
-    classes = [str(c) for c in range(num_classes)]
+    femnist = a["train_x"].shape[1:] == (28, 28) and num_classes <= len(FEMNIST_CLASSES)
+    classes = list(FEMNIST_CLASSES) if femnist else [str(c) for c in range(num_classes)]
     names = [str(u) for u in a["owner_names"]]
     return ArrayDataset(ImageSet(a["train_x"], a["train_y"], classes, a["train_owners"], names),
                         ImageSet(a["test_x"], a["test_y"], classes, a["test_owners"], names))
