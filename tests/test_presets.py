@@ -10,7 +10,7 @@ from fedsl.experiments import loading, presets
 PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
 # beyond the paper, on its data, and at cross-device scale (generated: its quick form about 4 CPU-s)
 BEYOND = [n for n in presets.names() if n.startswith(("rivals", "availability", "robustness", "privacy",
-                                                       "cross-device"))]
+                                                       "cross-device", "serverdata"))]
 
 
 def test_paper_presets_name_their_figure_and_have_quick_forms():
