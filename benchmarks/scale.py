@@ -2,7 +2,7 @@
 cross-device benchmark (LEAF's synthetic data, ``data.dataset = 'synthetic_leaf'``, logistic regression, the
 ``cross-device`` preset's settings), N ∈ {10^3, 10^4, 10^5, 10^6}, S ∈ {10, 100}.
 
-    python benchmarks/scale.py                      # the table, markdown, on stdout (~10 min on 2 loaded cores)
+    python benchmarks/scale.py                      # the table, markdown, on stdout
     python benchmarks/scale.py --rounds 3 --n 1000 10000 --methods fedavg --s 10   # a smaller one
 
 Each point runs in a fresh subprocess (``--child``), so that its peak resident memory is its own: the parent reads
