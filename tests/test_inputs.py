@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from fedsl.data.datasets import build_federation, channel_stats, load_arrays
+from fedsl.core.threads import one_thread
+from fedsl.data.datasets import build_federation, channel_stats, load_arrays, to_tensor
 from fedsl.experiments import config, runner
 
 
@@ -29,6 +30,27 @@ def test_channel_stats_are_exact():
     m, s = channel_stats(gray)
     assert len(m) == 1 and m[0] == pytest.approx(gray.mean() / 255, rel=1e-12)
     assert channel_stats(np.full((3, 2, 2), 7, dtype=np.uint8))[1] == [1.0]  # constant: centred only
+
+
+def test_to_tensor_converts_in_pieces_on_one_thread_to_the_whole_pools_numbers():
+    """The pieces (of 2^16 pixels) give the numbers of one conversion of the whole pool, and the caller's torch
+    threads are as they were after it, also when the conversion fails."""
+    rgb = np.random.default_rng(1).integers(0, 256, size=(3000, 8, 8, 3), dtype=np.uint8)  # 3 rows of pieces
+    stats = channel_stats(rgb)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = to_tensor(rgb, stats)
+        assert torch.get_num_threads() == 2
+        whole = torch.from_numpy(rgb).permute(0, 3, 1, 2).float().div(255.0)
+        whole = whole.sub(torch.tensor(stats[0]).view(1, 3, 1, 1)).div(torch.tensor(stats[1]).view(1, 3, 1, 1))
+        assert torch.equal(got, whole)
+        with pytest.raises(RuntimeError), one_thread():
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("inside")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_standardize_uses_the_training_split_for_pool_server_and_test():

@@ -19,7 +19,9 @@ across machines and loads). It is at least 1.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 CONCURRENT_ENV = "FEDSL_CONCURRENT_RUNS"
 
@@ -78,3 +80,24 @@ def apply(threads: int) -> int:
     if n != torch.get_num_threads():
         torch.set_num_threads(n)
     return n
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads set to 1 inside, the caller's setting restored after.
+
+    For many small element-wise operations in a row (a pool converted piece by piece): each would open a
+    parallel region whose threads wait on each other, which on a busy machine cost 30 times the work
+    itself; one thread gives the same numbers (element-wise results do not depend on the threads).
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fedsl.core.rng import TEST_SUBSET, UNLABELLED, rng
+from fedsl.core.threads import one_thread
 from fedsl.data import natural, partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet
 from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
@@ -224,13 +225,15 @@ def to_tensor(images: np.ndarray, stats: tuple[list[float], list[float]] | None 
         shape = (1, len(stats[0]), 1, 1)
         mean, std = torch.tensor(stats[0]).view(shape), torch.tensor(stats[1]).view(shape)
     # converted piece by piece, each piece's every step while it is in cache: the same operations on the same
-    # values as on the whole pool at once (each is element by element), so the same numbers
+    # values as on the whole pool at once (each is element by element), so the same numbers; on one thread, since
+    # thousands of small parallel regions in a row spent most of their time waiting on each other
     rows = max(1, _CHUNK_PIXELS // max(1, math.prod(src.shape[2:])))
-    for i in range(0, len(t), rows):
-        part = t[i:i + rows]
-        part.copy_(src[i:i + rows]).div_(255.0)
-        if stats is not None:
-            part.sub_(mean).div_(std)
+    with one_thread():
+        for i in range(0, len(t), rows):
+            part = t[i:i + rows]
+            part.copy_(src[i:i + rows]).div_(255.0)
+            if stats is not None:
+                part.sub_(mean).div_(std)
     if any(images is ds.train.x or images is ds.test.x for ds in _LOADED.values()):
         _TENSORS[key] = (images, t)  # the array is held, so its id is not reused
     return t
