@@ -150,8 +150,11 @@ def test_resume_without_checkpoints_starts_over_with_one_round_zero(tmp_path):
 def test_sigkilled_run_resumes_bit_identically(tmp_path, one_thread):
     """A `fedsl run` process killed mid-run (rounds 0-7 of 20 in metrics.csv, checkpoints at 3 and 6), resumed:
     the files of the uninterrupted run. The uninterrupted run and the resume run in this process, with one torch
-    thread as the killed process (OMP_NUM_THREADS=1): the same float sums."""
-    cfg_file = tiny(tmp_path, rounds=20)
+    thread as the killed process (OMP_NUM_THREADS=1): the same float sums. The run is SCAFFOLD with server learning
+    and its control variates c_i in the sparse store on disk (a memory-mapped file the killed process went on
+    writing after its last checkpoint): the resumed run must take the rows of the checkpoint."""
+    sparse = '\n[server]\nlearning = "incremental"\n\n[client_state]\nstore = "sparse"\non_disk = true\n'
+    cfg_file = tiny(tmp_path, rounds=20, alg="scaffold", extra=sparse)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     assert main(["run", str(cfg_file), "--out", str(tmp_path / "full"), "--quiet"]) == 0
 
