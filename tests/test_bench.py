@@ -1,7 +1,9 @@
 """The benchmark harness (benchmarks/harness, not in the library): correctness of what it measures, not speed."""
 
+import os
 import subprocess
 import sys
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from harness import run_benchmarks  # noqa: E402
-from harness.peers import EnginePeer, LoopPeer  # noqa: E402
-from harness.table import COLUMNS, Row, add_ratios, markdown  # noqa: E402
+from harness.peers import ChannelsLastLoopPeer, EnginePeer, LoopPeer  # noqa: E402
+from harness.table import COLUMNS, RATIO_PEERS, Row, add_ratios, floors, markdown  # noqa: E402
 from harness.workloads import DEFAULT_WORKLOADS, make_data, timed_rounds, workloads  # noqa: E402
 
 
@@ -53,6 +55,84 @@ def test_engine_and_plain_loop_give_the_same_fedavg_model(one_thread):
     assert max((mine[n] - init[n]).abs().max().item() for n in mine) > 1e-3
 
 
+@pytest.fixture
+def conv_workload(monkeypatch):
+    """A tiny dropout-free CNN (torch layers only, so worker processes unpickle it without importing this
+    module) on 3-channel images, where channels-last changes the convolutions' layout; the smoke sizes."""
+    from torch import nn
+
+    def make(num_classes, input_shape):
+        c, h, w = input_shape
+        return nn.Sequential(nn.Conv2d(c, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(8 * (h // 2) * (w // 2), num_classes))
+    monkeypatch.setenv("FEDSL_ALLOW_IMPORT", "1")  # an imported factory: opted in
+    monkeypatch.setitem(sys.modules, "bench_test_conv", types.SimpleNamespace(make=make))
+    monkeypatch.setitem(sys.modules["harness.workloads"].MODEL_SHAPES, "bench_test_conv:make", ((3, 8, 8), 4))
+    return replace(workloads(smoke=True)["s2-cifar10+eval"], model="bench_test_conv:make", num_clients=8,
+                   clients_per_round=3, samples_per_client=10, batch_size=4, epochs=2, lr=0.1, test_size=16)
+
+
+# Channels-last convolutions sum in another order than the engine's (which is channels-last too, with its own
+# ops): measured differences ~3e-8 after 3 rounds (one float32 ulp at the weights' size); a wrong client,
+# batch or mean moves the weights by > 1e-3
+CL_TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+
+
+def _assert_engines_model(engine, state, w):
+    from harness.peers import plain_model
+    mine = engine.params()
+    assert set(mine) == set(state)
+    for n in mine:
+        torch.testing.assert_close(state[n], mine[n], **CL_TOLERANCE)
+    init = plain_model(w, 0, torch.device("cpu")).state_dict()
+    assert max((mine[n] - init[n]).abs().max().item() for n in mine) > 1e-3  # the model moved
+
+
+def test_loop_channels_last_gives_the_engines_fedavg_model(one_thread, conv_workload):
+    """The channels-last plain loop (model, data and batches channels-last) on the engine's clients and batch
+    order gives the engine's FedAvg model to float tolerance, evaluating each round."""
+    w = conv_workload
+    data = make_data(w)
+    cpu = torch.device("cpu")
+    engine, loop = EnginePeer(w, data, cpu), ChannelsLastLoopPeer(w, data, cpu, share_plan=True)
+    for p in (engine, loop):
+        p.setup()  # one round
+        assert len(p.run(2)) == 2
+    conv = loop.models[0][0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    x, _ = loop.client_data[0]
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    assert loop.x_test.is_contiguous(memory_format=torch.channels_last)
+    assert loop.settings.startswith("channels-last") and loop.name != LoopPeer.name
+    _assert_engines_model(engine, loop.models[0].state_dict(), w)
+
+
+def test_loop_per_core_gives_the_engines_fedavg_model_and_stops_its_workers(one_thread, conv_workload):
+    """The channels-last loop with the round's clients split over 2 worker processes (started in set-up):
+    the engine's FedAvg model to float tolerance, and no worker left once it is closed."""
+    from harness.percore import PerCoreLoopPeer
+    w = conv_workload
+    data = make_data(w)
+    cpu = torch.device("cpu")
+    engine, loop = EnginePeer(w, data, cpu), PerCoreLoopPeer(w, data, cpu, share_plan=True, workers=2)
+    assert loop.pids == []
+    try:
+        for p in (engine, loop):
+            p.setup()  # one round
+            assert len(p.run(2)) == 2
+        procs = loop.processes
+        assert len(procs) == 2 and all(p.is_alive() for p in procs)
+        assert "2 worker processes x 1 thread" in loop.settings and loop.extra["startup_once_s"] > 0
+        assert loop.extra["actors"] == 2 and loop.extra["actor_peak_mb"] > 0
+        assert loop.models[0][0].weight.is_contiguous(memory_format=torch.channels_last)
+        _assert_engines_model(engine, loop.models[0].state_dict(), w)
+    finally:
+        loop.close()
+    assert loop.pids == [] and all(not p.is_alive() and p.exitcode is not None for p in procs)
+    assert not any(os.path.exists(f"/proc/{p.pid}") for p in procs)
+    loop.close()  # idempotent
+
+
 def test_ratios():
     rows = [Row("a", "fedsl", seconds=1.0), Row("a", "plain loop", seconds=3.0), Row("a", "flower", seconds=5.0),
             Row("b", "fedsl", seconds=2.0), Row("b", "flower", note="skipped")]
@@ -63,15 +143,42 @@ def test_ratios():
     text = markdown(rows)
     assert text.splitlines()[0] == "| " + " | ".join(COLUMNS) + " |"
     assert "3.00x" in text and "5.00x" in text and "skipped" in text
+    # the floor: a Scenario-2 CIFAR-10 round's 17.5 GFLOP of training at 74 GFLOP/s
+    floor = floors([Row("s2", "fedsl", flops=17.5e9, best_seconds=17.5 / 74), Row("s2", "plain loop", flops=17.5e9,
+                                                                                 best_seconds=17.5 / 74)])
+    assert floor[-1] == "- s2: 17.5 GFLOP at 74 GFLOP/s = 0.236 s" and len(floor) == 3
+    assert floors([Row("a", "fedsl")]) == []
+
+
+def test_new_loop_peers_are_listed_and_x_plain_loop_stays_todays_loop():
+    """loop-cl and loop-percore are peers of the command; the `x plain loop` column is still the plain loop's;
+    the per-core peer is CPU-only and not run on an evaluation-only workload (nothing is started here)."""
+    from harness import PEERS, _make_peers
+    from harness.command import parser
+    from harness.percore import PerCoreLoopPeer
+    assert {"loop", "loop-cl", "loop-percore"} <= set(PEERS)
+    helptext = " ".join(parser().format_help().split())
+    assert "loop-cl" in helptext and "loop-percore" in helptext
+    assert RATIO_PEERS["x plain loop"] == LoopPeer.name == "plain loop"
+    w = workloads(smoke=True)
+    cpu = torch.device("cpu")
+    data = make_data(w["s2-cifar10"])
+    loop, cl, per_core = _make_peers(w["s2-cifar10"], data, cpu, ["loop", "loop-cl", "loop-percore"], "auto", 2, 1)
+    assert [type(p) for p in (loop, cl, per_core)] == [LoopPeer, ChannelsLastLoopPeer, PerCoreLoopPeer]
+    assert len({p.name for p in (loop, cl, per_core)}) == 3 and per_core.available and per_core.pids == []
+    assert per_core.workers == min(len(os.sched_getaffinity(0)), w["s2-cifar10"].clients_per_round)
+    assert not PerCoreLoopPeer(w["eval-cifar10"], data, cpu).available
+    for p in _make_peers(w["s2-cifar10"], data, torch.device("meta"), ["loop-cl", "loop-percore"], "auto", 2, 1):
+        assert not p.available and p.why_not == "CPU only"
 
 
 def test_smoke_run_reports_every_peer_and_column(one_thread):
     names = ["s2-cifar10+eval", "eval-emnist", "s2-cifar10-8seeds+eval"]
-    rep = run_benchmarks(names, rounds=1, reps=2, smoke=True, peers=("fedsl", "loop"),
+    rep = run_benchmarks(names, rounds=1, reps=2, smoke=True, peers=("fedsl", "loop", "loop-cl"),
                          footprint_clients=20, threads=1, log=lambda s: None)
     got = {(r.workload, r.peer): r for r in rep.rows}
     for name in names:
-        for peer in ("fedsl", "plain loop"):
+        for peer in ("fedsl", "plain loop", "loop channels-last"):
             r = got[(name, peer)]
             assert r.seconds is not None and r.seconds > 0 and len(r.times) == 2 * timed_rounds(
                 workloads(True)[name], 1)
@@ -79,12 +186,17 @@ def test_smoke_run_reports_every_peer_and_column(one_thread):
         f, lp = got[(name, "fedsl")], got[(name, "plain loop")]
         assert f.ratios["plain loop"] == pytest.approx(lp.seconds / f.seconds)
         assert lp.ratios["fedsl"] == pytest.approx(f.seconds / lp.seconds)
+        cl = got[(name, "loop channels-last")]
+        assert cl.ratios["plain loop"] == pytest.approx(lp.seconds / cl.seconds) and "channels-last" in cl.settings
     stacked = got[("s2-cifar10-8seeds+eval", "fedsl stacked")]
     assert stacked.seconds is not None or "not available" in stacked.note
     assert rep.rows[0].samples == 3 * 12 + 40  # S·n_i training + the test set
     text = rep.markdown()
     for col in COLUMNS:
         assert col in text
+    r = got[("s2-cifar10+eval", "fedsl")]
+    assert f"- s2-cifar10+eval: {r.flops / 1e9:.3g} GFLOP at " in text and text.index("Floor per round") > text.index(
+        "| s2-cifar10-8seeds+eval |")  # under the table
     assert "small_cnn" in text and "scaffold" in text and "feddyn" in text
     fp = {f["rule"]: f for f in rep.footprint}
     params = fp["scaffold"]["params"]

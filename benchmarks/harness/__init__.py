@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from harness import machine
-from harness.peers import EnginePeer, LoopPeer, Peer, ProcessesPeer, StackedPeer, median
-from harness.table import Row, add_ratios, markdown
+from harness.peers import ChannelsLastLoopPeer, EnginePeer, LoopPeer, Peer, ProcessesPeer, StackedPeer, median
+from harness.table import Row, add_ratios, floors, markdown
 from harness.workloads import (
     DEFAULT_WORKLOADS,
     Workload,
@@ -42,7 +42,9 @@ from harness.workloads import (
     workloads,
 )
 
-PEERS = ("fedsl", "loop", "flower", "pfl", "processes")  # processes: fedsl with the process-pool executor
+# processes: fedsl with the process-pool executor; loop-cl: the plain loop in channels-last format;
+# loop-percore: that loop with the round's clients in one process per core
+PEERS = ("fedsl", "loop", "flower", "pfl", "processes", "loop-cl", "loop-percore")
 
 
 @dataclass
@@ -63,7 +65,9 @@ class Report:
         out = [f"Measured {self.started} in {self.seconds / 60:.1f} min" + (f" with `{self.command}`" if self.command
                                                                              else "") + ".", ""]
         out += [f"- {k}: {v}" for k, v in self.machine.items()]
-        out += ["", markdown(self.rows), "",
+        out += ["", markdown(self.rows), ""]
+        out += floors(self.rows) + [""]
+        out += [
                 "Ratios `x PEER` = PEER's seconds per round / this row's (above 1: this row is faster). "
                 "`% of best` = the time the row's samples would take at the model's best measured training "
                 "(fwd+bwd) and inference (fwd) rates / the row's time. samples/s counts training and "
@@ -149,6 +153,14 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
             peers.append(peer)
         elif name == "loop":
             peers.append(LoopPeer(w, data, device))
+        elif name == "loop-cl":
+            peer = ChannelsLastLoopPeer(w, data, device)
+            if device.type != "cpu":
+                peer.available, peer.why_not = False, "CPU only"
+            peers.append(peer)
+        elif name == "loop-percore":
+            from harness.percore import PerCoreLoopPeer
+            peers.append(PerCoreLoopPeer(w, data, device))
         elif name == "flower":
             from harness.flower_peer import FlowerPeer
             peer = FlowerPeer(w, data, device, flower_actors, flower_cpus)

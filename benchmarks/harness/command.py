@@ -21,7 +21,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--heavy-reps", type=int, default=None,
                     help="repetitions of heavy workloads (Scenario 1, seed sweeps); default --reps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, from: {', '.join(PEERS)}")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"comma-separated, from: {', '.join(PEERS)} (loop: the plain PyTorch loop; loop-cl: it in "
+                         "channels-last format on this process's threads; loop-percore: loop-cl with the round's "
+                         "clients over one worker process per core, 1 thread each; processes: fedsl's "
+                         "process-pool executor)")
     ap.add_argument("--executor", default="auto", help="the engine's executor: auto, sequential, vectorised")
     ap.add_argument("--threads", default="auto",
                     help="torch intra-op threads: a number, 'auto' (chosen by measurement) or 'torch' "

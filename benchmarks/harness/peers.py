@@ -174,14 +174,25 @@ def plain_model(w: Workload, seed: int, device: torch.device) -> nn.Module:
     return build_model(w.model, w.num_classes, w.input_shape, seed=seed).to(device)
 
 
+def to_channels_last(t: torch.Tensor) -> torch.Tensor:
+    """A 4-D tensor in ``torch.channels_last`` memory format (no copy when it is already); others as they are."""
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+
 def plain_evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-                   batch_size: int = 500) -> tuple:
-    """The common research loop's test: a DataLoader at batch 500, ``torch.no_grad``, eval mode."""
+                   batch_size: int = 500, channels_last: bool = False) -> tuple:
+    """The common research loop's test: a DataLoader at batch 500, ``torch.no_grad``, eval mode.
+
+    ``channels_last``: each batch is put in channels-last format, as PyTorch's channels-last
+    tutorial does (the DataLoader's collation stacks samples into a contiguous batch).
+    """
     model.eval()
     correct, loss = 0, 0.0
     with torch.no_grad():
         for xb, yb in DataLoader(TensorDataset(x, y), batch_size=batch_size):
             xb, yb = xb.to(device), yb.to(device)
+            if channels_last:
+                xb = to_channels_last(xb)
             out = model(xb)
             loss += F.cross_entropy(out, yb, reduction="sum").item()
             correct += (out.argmax(1) == yb).sum().item()
@@ -189,13 +200,15 @@ def plain_evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: t
 
 
 def plain_local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: Workload, device: torch.device,
-                      generator: torch.Generator | None = None, batches: list[list[int]] | None = None
-                      ) -> nn.Module:
+                      generator: torch.Generator | None = None, batches: list[list[int]] | None = None,
+                      channels_last: bool = False) -> nn.Module:
     """One client's local training as most research code writes it: a deep copy of the global
     model, a shuffling DataLoader over the client's TensorDataset, ``torch.optim.SGD``.
 
     ``batches`` (lists of indices into the client's data) replaces the shuffling sampler,
     to replay a given batch order (tests compare with the engine on the same batches).
+    ``channels_last``: each batch is put in channels-last format (the model is expected to be
+    channels-last already; its deep copy stays so).
     """
     local = copy.deepcopy(model)
     local.train()
@@ -209,17 +222,23 @@ def plain_local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: Wor
     for loader in loaders:
         for xb, yb in loader:
             xb, yb = xb.to(device), yb.to(device)
+            if channels_last:
+                xb = to_channels_last(xb)
             opt.zero_grad()
             F.cross_entropy(local(xb), yb).backward()
             opt.step()
     return local
 
 
+def mean_state(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of state dicts, in the order given."""
+    return {k: torch.stack([s[k] for s in states]).mean(0) for k in states[0]}
+
+
 def fedavg_mean(global_model: nn.Module, locals_: list[nn.Module]) -> None:
     """FedAvg with equal weights (the clients hold equally many samples): the mean of the
     clients' state dicts, loaded into ``global_model``."""
-    states = [m.state_dict() for m in locals_]
-    global_model.load_state_dict({k: torch.stack([s[k] for s in states]).mean(0) for k in states[0]})
+    global_model.load_state_dict(mean_state([m.state_dict() for m in locals_]))
 
 
 class LoopPeer(Peer):
@@ -232,6 +251,7 @@ class LoopPeer(Peer):
     """
 
     name = "plain loop"
+    channels_last = False
 
     def __init__(self, w: Workload, data: Data, device: torch.device, share_plan: bool = False) -> None:
         super().__init__()
@@ -242,17 +262,14 @@ class LoopPeer(Peer):
         w = self.w
         # the clients' datasets, held on the CPU as research code usually does; batches move to the device
         self.client_data = [(self.data.x[idx], self.data.y[idx]) if len(idx) else None for idx in self.data.clients]
+        self.x_test = self.data.x_test
         self.models = [plain_model(w, s, self.device) for s in range(w.seeds)]
         self.gen = torch.Generator().manual_seed(0)
         self.settings = f"deepcopy + DataLoader + SGD per client, eval batch 500, {torch.get_num_threads()} threads"
         self.run(1)
 
     def _batches(self, seed: int, cid: int) -> list[list[int]]:
-        from fedsl.engine.plan import make_plan
-        w = self.w
-        plan = make_plan([np.arange(w.samples_per_client)], [cid], w.batch_size, w.epochs, None, seed, self.t,
-                         rng.CLIENT_BATCHES)
-        return [plan.idx[0, k, :int((plan.weight[0, k] > 0).sum())].tolist() for k in range(plan.steps[0])]
+        return engine_batches(self.w, seed, self.t, cid)
 
     def round(self, seed: int) -> None:
         w = self.w
@@ -262,10 +279,12 @@ class LoopPeer(Peer):
             for cid in ids.tolist():
                 x, y = self.client_data[cid]
                 batches = self._batches(seed, cid) if self.share_plan else None
-                locals_.append(plain_local_train(self.models[seed], x, y, w, self.device, self.gen, batches))
+                locals_.append(plain_local_train(self.models[seed], x, y, w, self.device, self.gen, batches,
+                                                 self.channels_last))
             fedavg_mean(self.models[seed], locals_)
         if w.evaluate:
-            plain_evaluate(self.models[seed], self.data.x_test, self.data.y_test, self.device)
+            plain_evaluate(self.models[seed], self.x_test, self.data.y_test, self.device,
+                           channels_last=self.channels_last)
 
     def run(self, rounds: int) -> list[float]:
         times = []
@@ -277,6 +296,37 @@ class LoopPeer(Peer):
             times.append(time.perf_counter() - t0)
             self.t += 1
         return times
+
+
+class ChannelsLastLoopPeer(LoopPeer):
+    """The plain loop (``LoopPeer``) in channels-last memory format on the CPU: the models, the
+    clients' images, the test images and every batch (PyTorch's channels-last recipe), on the
+    process's torch threads. Its convolutions take oneDNN's channels-last kernels, which sum in
+    another order than the default layout's: the same model as the plain loop to float rounding,
+    not bit for bit."""
+
+    name = "loop channels-last"
+    channels_last = True
+
+    def setup(self) -> None:
+        w = self.w
+        self.client_data = [(to_channels_last(self.data.x[idx]), self.data.y[idx]) if len(idx) else None
+                            for idx in self.data.clients]
+        self.x_test = to_channels_last(self.data.x_test)
+        self.models = [plain_model(w, s, self.device).to(memory_format=torch.channels_last) for s in range(w.seeds)]
+        self.gen = torch.Generator().manual_seed(0)
+        self.settings = (f"channels-last, deepcopy + DataLoader + SGD per client, eval batch 500, "
+                         f"{torch.get_num_threads()} threads")
+        self.run(1)
+
+
+def engine_batches(w: Workload, seed: int, t: int, cid: int) -> list[list[int]]:
+    """Client ``cid``'s batches in round ``t`` of run ``seed`` as the engine plans them (indices into
+    the client's data; a last short batch without its padding)."""
+    from fedsl.engine.plan import make_plan
+    plan = make_plan([np.arange(w.samples_per_client)], [cid], w.batch_size, w.epochs, None, seed, t,
+                     rng.CLIENT_BATCHES)
+    return [plan.idx[0, k, :int((plan.weight[0, k] > 0).sum())].tolist() for k in range(plan.steps[0])]
 
 
 def median(xs: list[float]) -> float:

@@ -64,6 +64,22 @@ def add_ratios(rows: list[Row]) -> None:
                     r.ratios[name] = other.seconds / r.seconds
 
 
+def floors(rows: list[Row]) -> list[str]:
+    """One line per workload: its FLOPs per round and the floor, the seconds they take at the best measured
+    rates (training FLOPs / the best fwd+bwd rate + evaluation FLOPs / the best inference rate)."""
+    seen: dict[str, Row] = {}
+    for r in rows:
+        if r.best_seconds > 0:
+            seen.setdefault(r.workload, r)
+    if not seen:
+        return []
+    out = ["Floor per round (the round's FLOPs at the best measured rates below; `% of best` = floor / s/round):", ""]
+    for name, r in seen.items():
+        out.append(f"- {name}: {r.flops / 1e9:.3g} GFLOP at {r.flops / r.best_seconds / 1e9:.3g} GFLOP/s "
+                   f"= {_fmt(r.best_seconds, 3)} s")
+    return out
+
+
 def _fmt(v: float | None, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
