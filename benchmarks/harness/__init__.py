@@ -4,14 +4,15 @@
     report = run_benchmarks(["s2-cifar10+eval"], rounds=3, reps=3)
     print(report.markdown())
 
-For each workload (``harness.workloads``, random data) every available peer
-(``harness.peers``, ``harness.flower_peer``, ``harness.pfl_peer``) is set up and warmed up (one untimed
-round), then run ``reps`` times in turn — fedsl, plain loop, Flower, fedsl, ... — each time
+For each workload (``harness.workloads``, random data) every available peer (``harness.peers``,
+``harness.percore``, ``harness.flower_peer``, ``harness.pfl_peer``) is set up and warmed up (one
+untimed round), then run ``reps`` times in turn — fedsl, plain loop, Flower, fedsl, ... — each time
 for a few timed rounds, so that noise from other work on the machine hits all alike. A
 row reports the median seconds per round, samples/s, its speed ratio to each other peer,
 achieved GFLOP/s (FLOPs counted by ``FlopCounterMode``) and their fraction of the
 machine's best rate measured in the same process (``harness.machine.best_rates``), and
-peak memory. Also measured: the per-client state of SCAFFOLD and FedDyn for N = 1,000 CIFAR
+peak memory; under the table, each workload's floor: its FLOPs per round at those best rates.
+Also measured: the per-client state of SCAFFOLD and FedDyn for N = 1,000 CIFAR
 clients (``state_footprint``).
 
 Not part of the library: it lives beside ``benchmarks/bench.py``, which puts ``benchmarks/``
@@ -72,7 +73,8 @@ class Report:
                 "`% of best` = the time the row's samples would take at the model's best measured training "
                 "(fwd+bwd) and inference (fwd) rates / the row's time. samples/s counts training and "
                 "evaluation samples. peak MB: the process's peak RSS during the row (Flower: its driver "
-                "+ actors x the largest actor peak), or CUDA memory allocated on a GPU.", ""]
+                "+ actors x the largest actor peak; loop 1 proc/core: the process + workers x the largest "
+                "worker peak, shared pages counted in each), or CUDA memory allocated on a GPU.", ""]
         out += ["Best rates measured in this run (FLOPs per sample from `torch.utils.flop_counter`):", "",
                 "| model | train MFLOP/sample | eval MFLOP/sample | best train samples/s (GFLOP/s) | setting "
                 "| best eval samples/s (GFLOP/s) | setting | matmul GFLOP/s |",

@@ -48,9 +48,20 @@ def _peak_rss_mb() -> float:
     return peak_rss_mb()
 
 
+def _arrays(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """A state dict as numpy arrays, for a pipe: pickled as one copy each (torch's own tensor pickling
+    serialises every storage through ``torch.save``, ~10x slower on a CIFAR CNN's state)."""
+    return {k: v.detach().numpy() for k, v in state.items()}
+
+
+def _tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v) for k, v in arrays.items()}
+
+
 def _worker_main(conn: Connection, index: int) -> None:
-    """A worker: ("setup", model, x, y) once, then ("train", w, state, [(cid, idx, batches)]) answered with
-    ("ok", [state dicts], peak RSS MB) or ("error", text), until ("stop",) or the parent is gone."""
+    """A worker: ("setup", model, x, y) once, answered ("ready",); then ("train", w, state, [(idx, batches)
+    per client]) answered ("ok", [state dicts], peak RSS MB); ("error", text) for either; until ("stop",) or
+    the parent is gone. State dicts travel as numpy arrays (``_arrays``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops the workers
     torch.set_num_threads(1)  # one core per worker: the parallelism is across workers
     model = x = y = None
@@ -70,13 +81,13 @@ def _worker_main(conn: Connection, index: int) -> None:
                 reply: tuple = ("ready",)
             else:
                 _, w, state, share = msg
-                model.load_state_dict(state)
+                model.load_state_dict(_tensors(state))
                 states = []
                 for idx, batches in share:
                     i = torch.from_numpy(idx)
                     local = plain_local_train(model, to_channels_last(x[i]), y[i], w, cpu, gen, batches,
                                               channels_last=True)
-                    states.append(local.state_dict())
+                    states.append(_arrays(local.state_dict()))
                 reply = ("ok", states, _peak_rss_mb())
         except Exception as e:  # reported to the parent, which raises it
             reply = ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
@@ -178,15 +189,14 @@ class PerCoreLoopPeer(LoopPeer):
                 self._procs.append((p, parent))
                 # pickled per worker: each shared-memory handle is handed over once
                 parent.send_bytes(bytes(ForkingPickler.dumps(("setup", model_bytes, self.x, self.y))))
-            for _ in self._receive(list(range(self.workers))):
-                pass
-        except BaseException:
+            self._receive(list(range(self.workers)))
+            self.settings = (f"channels-last, deepcopy + DataLoader + SGD per client in {self.workers} worker "
+                             f"processes x 1 thread ({ctx.get_start_method()}, started in set-up, not counted), "
+                             f"FedAvg mean and eval batch 500 in the parent ({torch.get_num_threads()} threads)")
+            self.run(1)  # warm-up
+        except BaseException:  # the benchmark closes only the peers that set up: stop the workers here
             self.close()
             raise
-        self.settings = (f"channels-last, deepcopy + DataLoader + SGD per client in {self.workers} worker processes "
-                         f"x 1 thread ({ctx.get_start_method()}, started in set-up, not counted), FedAvg mean and "
-                         f"eval batch 500 in the parent ({torch.get_num_threads()} threads)")
-        self.run(1)
         self.extra["startup_once_s"] = time.perf_counter() - t0
 
     def _receive(self, which: list[int]) -> list[tuple]:
@@ -218,7 +228,7 @@ class PerCoreLoopPeer(LoopPeer):
         w = self.w
         ids = rng.sample_clients(seed, self.t, w.num_clients, w.clients_per_round).tolist()
         model = self.models[seed]
-        state = {k: v.detach() for k, v in model.state_dict().items()}
+        state = _arrays(model.state_dict())
         shares = [s for s in np.array_split(np.arange(len(ids)), self.workers) if len(s)]
         used = list(range(len(shares)))
         for i, share in zip(used, shares):
@@ -232,7 +242,7 @@ class PerCoreLoopPeer(LoopPeer):
                 raise RuntimeError(f"worker process {pid}: cannot send its share ({e})") from None
         states = []
         for reply in self._receive(used):
-            states += reply[1]
+            states += [_tensors(a) for a in reply[1]]
             self.peak_worker_mb = max(self.peak_worker_mb, reply[2])
         model.load_state_dict(mean_state(states))
         self.extra["actors"] = float(self.workers)
