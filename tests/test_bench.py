@@ -160,6 +160,7 @@ def test_new_loop_peers_are_listed_and_x_plain_loop_stays_todays_loop():
     helptext = " ".join(parser().format_help().split())
     assert "loop-cl" in helptext and "loop-percore" in helptext
     assert RATIO_PEERS["x plain loop"] == LoopPeer.name == "plain loop"
+    assert RATIO_PEERS["x loop cl"] == ChannelsLastLoopPeer.name and RATIO_PEERS["x loop/core"] == PerCoreLoopPeer.name
     w = workloads(smoke=True)
     cpu = torch.device("cpu")
     data = make_data(w["s2-cifar10"])
@@ -177,6 +178,7 @@ def test_smoke_run_reports_every_peer_and_column(one_thread):
     rep = run_benchmarks(names, rounds=1, reps=2, smoke=True, peers=("fedsl", "loop", "loop-cl"),
                          footprint_clients=20, threads=1, log=lambda s: None)
     got = {(r.workload, r.peer): r for r in rep.rows}
+    text = rep.markdown()
     for name in names:
         for peer in ("fedsl", "plain loop", "loop channels-last"):
             r = got[(name, peer)]
@@ -188,10 +190,13 @@ def test_smoke_run_reports_every_peer_and_column(one_thread):
         assert lp.ratios["fedsl"] == pytest.approx(f.seconds / lp.seconds)
         cl = got[(name, "loop channels-last")]
         assert cl.ratios["plain loop"] == pytest.approx(lp.seconds / cl.seconds) and "channels-last" in cl.settings
+        line, = (ln for ln in text.splitlines() if ln.startswith(f"| {name} | fedsl | "))
+        row = dict(zip(COLUMNS, (c.strip() for c in line.strip("|").split("|"))))
+        assert row["x loop cl"] == f"{cl.seconds / f.seconds:.2f}x"
+        assert row["x plain loop"] == f"{lp.seconds / f.seconds:.2f}x" and row["x loop/core"] == ""
     stacked = got[("s2-cifar10-8seeds+eval", "fedsl stacked")]
     assert stacked.seconds is not None or "not available" in stacked.note
     assert rep.rows[0].samples == 3 * 12 + 40  # S·n_i training + the test set
-    text = rep.markdown()
     for col in COLUMNS:
         assert col in text
     r = got[("s2-cifar10+eval", "fedsl")]

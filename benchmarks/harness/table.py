@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-COLUMNS = ["workload", "peer", "s/round", "samples/s", "x fedsl", "x plain loop", "x flower", "x pfl", "GFLOP/s",
-           "% of best", "peak MB", "note"]
-RATIO_PEERS = {"x fedsl": "fedsl", "x plain loop": "plain loop", "x flower": "flower", "x pfl": "pfl"}
+COLUMNS = ["workload", "peer", "s/round", "samples/s", "x fedsl", "x plain loop", "x loop cl", "x loop/core",
+           "x flower", "x pfl", "GFLOP/s", "% of best", "peak MB", "note"]
+# column -> the peer (row name) it compares with; "x plain loop" is the plain loop in its default layout
+RATIO_PEERS = {"x fedsl": "fedsl", "x plain loop": "plain loop", "x loop cl": "loop channels-last",
+               "x loop/core": "loop 1 proc/core", "x flower": "flower", "x pfl": "pfl"}
 
 
 @dataclass
