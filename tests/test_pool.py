@@ -289,7 +289,7 @@ def test_a_run_with_executor_processes_equals_sequential_and_stops_its_workers(t
 
 def test_a_pool_too_big_for_shared_memory_is_a_one_line_error(one_thread, monkeypatch):
     import fedsl.engine.pool as pool_module
-    monkeypatch.setattr(pool_module, "_shm_free", lambda: 1000)
+    monkeypatch.setattr(pool_module, "shm_free", lambda: 1000)
     fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).double())
     fed = random_federation(SIZES)
     plan = _two_clients(fed)

@@ -140,6 +140,13 @@ def state_footprint(num_clients: int = 1000, model: str = "cifar_cnn", device: s
     return out
 
 
+def _cpu_only(peer: Peer, device: torch.device, why: str) -> Peer:
+    """``peer``, marked not available (``why``) on a device other than the CPU."""
+    if device.type != "cpu":
+        peer.available, peer.why_not = False, why
+    return peer
+
+
 def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], executor: str,
                 flower_actors: int, flower_cpus: int) -> list[Peer]:
     peers: list[Peer] = []
@@ -149,17 +156,11 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
             if w.seeds > 1:
                 peers.append(StackedPeer(w, data, device, executor))
         elif name == "processes":
-            peer = ProcessesPeer(w, data, device)
-            if device.type != "cpu":
-                peer.available, peer.why_not = False, "CPU only"
-            peers.append(peer)
+            peers.append(_cpu_only(ProcessesPeer(w, data, device), device, "CPU only"))
         elif name == "loop":
             peers.append(LoopPeer(w, data, device))
         elif name == "loop-cl":
-            peer = ChannelsLastLoopPeer(w, data, device)
-            if device.type != "cpu":
-                peer.available, peer.why_not = False, "CPU only"
-            peers.append(peer)
+            peers.append(_cpu_only(ChannelsLastLoopPeer(w, data, device), device, "CPU only"))
         elif name == "loop-percore":
             from harness.percore import PerCoreLoopPeer
             peers.append(PerCoreLoopPeer(w, data, device))

@@ -17,7 +17,6 @@ and the clients' ids (and, with ``share_plan``, the engine's batch order).
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import time
@@ -32,6 +31,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers ForkingPickler's reducers that share tensors
 
 from fedsl.core import rng
+from fedsl.engine.pool import shm_free
 from harness.peers import (
     LoopPeer,
     engine_batches,
@@ -122,14 +122,6 @@ def _context():
     return mp.get_context("spawn")
 
 
-def _shm_free() -> int | None:
-    try:
-        st = os.statvfs("/dev/shm")
-    except (OSError, AttributeError):
-        return None
-    return st.f_bavail * st.f_frsize
-
-
 class PerCoreLoopPeer(LoopPeer):
     """The channels-last plain loop with the round's clients split over one process per core (see the
     module doc). ``workers``: W (default: the usable cores); ``share_plan`` as ``LoopPeer``'s."""
@@ -168,7 +160,7 @@ class PerCoreLoopPeer(LoopPeer):
         w = self.w
         x = self.data.x
         need = x.numel() * x.element_size() + self.data.y.numel() * self.data.y.element_size()
-        free = _shm_free()
+        free = shm_free()
         if free is not None and need > free:
             raise ValueError(f"the training images ({need / 2**20:,.0f} MiB) do not fit in shared memory "
                              f"(/dev/shm has {free / 2**20:,.0f} MiB free)")

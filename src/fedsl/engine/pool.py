@@ -213,7 +213,7 @@ def _slice_state(states: State | None, a: int, b: int) -> State | None:
     return None if states is None else {k: {n: v[a:b] for n, v in g.items()} for k, g in states.items()}
 
 
-def _shm_free() -> int | None:
+def shm_free() -> int | None:
     """Bytes free in /dev/shm, where torch puts shared tensors on Linux (None: cannot tell)."""
     try:
         st = os.statvfs("/dev/shm")
@@ -307,7 +307,7 @@ class ProcessPoolExecutor:
         if x.device.type != "cpu" or y.device.type != "cpu":
             raise ValueError(f"executor {NAME!r} runs on CPU: the data pool is on {x.device}")
         need = sum(t.untyped_storage().nbytes() for t in (x, y) if not t.is_shared())
-        free = _shm_free()
+        free = shm_free()
         if free is not None and need > free:
             # a full /dev/shm is a SIGBUS when the pages are touched, not an error: refuse first
             raise ValueError(f"executor {NAME!r}: the data pool ({need / 2**20:,.0f} MiB) does not fit in shared "
