@@ -1,3 +1,7 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -229,9 +233,6 @@ def test_training_one_client_does_not_import_torch_dynamo():
             "sim = Simulator(fm, fed, alg, SequentialExecutor(fm), 2, seed=1)\n"
             "sim.round(sim.initial_state(), 0)\n"
             "print('torch._dynamo' in sys.modules)\n")
-    import subprocess
-    import sys
-    from pathlib import Path
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).parent, check=False)
     assert out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]

@@ -93,9 +93,6 @@ def one_thread() -> Iterator[None]:
     import torch
 
     before = torch.get_num_threads()
-    if before == 1:
-        yield
-        return
     torch.set_num_threads(1)
     try:
         yield
