@@ -61,8 +61,10 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
 def _finish(strategy: FedslStrategy) -> FedslStrategy:
     """The run's end: it failed when no round aggregated a client update, else ``final.pt`` and ``done.json``."""
     if not any(h["trained"] for h in strategy.history):
-        failure = NoClientUpdate(f"fedsl: no client update was aggregated in any of the {len(strategy.history)} "
-                                 f"rounds (every sampled client was missing, failed or sent an unusable reply; see "
+        n = len(strategy.history)
+        rounds = "in the run's only round" if n == 1 else f"in any of the {n} rounds"
+        failure = NoClientUpdate(f"fedsl: no client update was aggregated {rounds} "
+                                 f"(every sampled client was missing, failed or sent an unusable reply; see "
                                  f"rounds.json and the log): the model is server learning alone, so the run failed")
         strategy.fail(str(failure))  # out-dir/failed.json: `flwr run` itself exits 0 whatever the ServerApp did
         raise failure
