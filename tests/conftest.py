@@ -13,6 +13,12 @@ import numpy as np  # noqa: E402
 import pytest
 import torch
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The workers share the machine's cores (more workers than cores, beside the processes the service tests
+    # start): an op's second thread only waits, spinning, for a core another worker holds. One intra-op thread per
+    # worker; a test that needs more sets them itself (and restores them).
+    torch.set_num_threads(1)
+
 from fedsl.data.federation import Federation
 from fedsl.data.idx import IDX_DTYPES
 
