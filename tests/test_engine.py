@@ -219,7 +219,8 @@ def test_the_sequential_executors_autograd_gives_torch_func_grads_numbers(alg, m
 
 def test_training_one_client_does_not_import_torch_dynamo():
     """A Flower ClientApp is a process per message: torch.func.grad's first call would import torch._dynamo
-    (about a second of CPU) in each one. The sequential executor's gradient does not."""
+    (about a second of CPU) in each one. The sequential executor's gradient does not, nor does counting the model's
+    FLOPs (executor = 'auto' on a CPU; torch's FLOP counter would)."""
     code = ("import sys, torch\n"
             "from conftest import random_federation\n"
             "from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm\n"
@@ -232,6 +233,8 @@ def test_training_one_client_does_not_import_torch_dynamo():
             "fed = random_federation([9, 31, 17], n0=14, dtype=torch.float32)\n"
             "sim = Simulator(fm, fed, alg, SequentialExecutor(fm), 2, seed=1)\n"
             "sim.round(sim.initial_state(), 0)\n"
+            "from fedsl.models.flops import train_flops\n"
+            "assert train_flops(fm.module, (1, 8, 8)) > 0\n"
             "print('torch._dynamo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).parent, check=False)

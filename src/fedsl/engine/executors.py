@@ -187,9 +187,12 @@ class VectorisedExecutor:
 EXECUTORS = {"sequential": SequentialExecutor, "vectorised": VectorisedExecutor, "processes": ProcessPoolExecutor}
 
 
-def make_executor(name: str, fm: FunctionalModel, device: torch.device, compile: str = "off") -> Executor:
-    """``auto`` picks by device, from measurement: sequential on CPU, vectorised on CUDA.
-    ``processes`` (CPU only) spreads a round's clients over worker processes (``fedsl.engine.pool``).
+def make_executor(name: str, fm: FunctionalModel, device: torch.device, compile: str = "off",
+                  workers: int | None = None) -> Executor:
+    """``auto`` picks by device, from measurement: sequential on CPU, vectorised on CUDA (a run's config
+    resolves 'auto' on a CPU first, by the size of the run: ``experiments.placement.resolve_executor``).
+    ``processes`` (CPU only) spreads a round's clients over ``workers`` processes (default: one per usable core;
+    ``fedsl.engine.pool``).
     ``compile`` (``VectorisedExecutor``) captures the vectorised step with ``torch.compile``; it needs the
     vectorised executor, and "cuda-graphs" a CUDA device: config validation checks both (``RunConfig``, and
     ``placement.resolve_device`` for device = 'auto'), this function assumes them."""
@@ -203,4 +206,4 @@ def make_executor(name: str, fm: FunctionalModel, device: torch.device, compile:
     if compile != "off":
         assert name == "vectorised", (compile, name)
         return VectorisedExecutor(fm, compile)
-    return EXECUTORS[name](fm)
+    return ProcessPoolExecutor(fm, workers) if name == "processes" else EXECUTORS[name](fm)

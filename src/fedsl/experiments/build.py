@@ -25,9 +25,10 @@ from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import same_tensor
 from fedsl.experiments import tracking
 from fedsl.experiments.config import ConfigError, RunConfig
-from fedsl.experiments.placement import resolve_device, tables_on_host
+from fedsl.experiments.placement import resolve_device, resolve_executor, tables_on_host
 from fedsl.experiments.resolve import Setting, finetune_lr, privacy_budget, resolve
 from fedsl.models import build_model
+from fedsl.models.flops import train_flops
 
 
 @dataclass
@@ -162,7 +163,11 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
         fed, algorithm, pretrain, hp, fm = built.fed, built.algorithm, built.pretrain, built.hparams, built.fm
     check_representation(cfg, algorithm, fm)
     fm.module.to(device=device, dtype=dtype)
-    executor = make_executor(cfg.executor, fm, device, cfg.compile)
+    name = resolve_executor(cfg, device, fed.num_clients, fed.n, lambda: train_flops(fm.module, fed.input_shape),
+                            threads.auto_threads)
+    # 'auto' chose the pool: one worker per core the run's automatic threads would use (the load leaves them free)
+    workers = threads.auto_threads() if cfg.executor == "auto" and name == "processes" else None
+    executor = make_executor(name, fm, device, cfg.compile, workers)
     on_device = fed.to(device, dtype)
     if pools is not None:
         on_device = _share_tensors(on_device, pools)

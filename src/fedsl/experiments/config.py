@@ -60,6 +60,8 @@ SAMPLES_MAX = 10_000_000    # sample counts (n_i, n0)
 BATCH_MAX = 1_000_000       # batch sizes
 EPOCHS_MAX = 10_000         # epochs per round
 STEPS_MAX = 1_000_000       # steps per round
+# executor = 'auto' on a CPU: the run's client training (GFLOP) from which a process pool pays (experiments.placement)
+POOL_MIN_GFLOP = 2000.0
 RUNS_MAX = 100_000          # runs of one config (variants × sweep points × seeds)
 
 # Names of runs and variants become folder names under --out: a safe character set only.
@@ -585,10 +587,13 @@ class RunConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="device")
     dtype: Literal["float32", "float64"] = Field("float32", description="floating point precision")
     executor: Literal["auto", "sequential", "vectorised", "processes"] = Field(
-        "auto", description="client executor: 'sequential' (a loop over the round's clients; auto on CPU), "
-                            "'vectorised' (vmap over clients; auto on CUDA), 'processes' (CPU: the clients split "
-                            "over one worker process per usable core, one torch thread each; bit-identical to "
-                            "'sequential' at threads = 1; pays when clients train for seconds, as in Scenario 1)")
+        "auto", description="client executor: 'sequential' (a loop over the round's clients), 'vectorised' (vmap "
+                            "over clients; auto on CUDA), 'processes' (CPU: the clients split over one worker "
+                            "process per usable core, one torch thread each; the clients' models bit-identical to "
+                            "'sequential' at threads = 1). auto on a CPU: 'processes' when threads = 0 leaves the "
+                            "run 2 or more free cores, S >= 2 and the run's client training (T·S·K·B samples at the "
+                            f"model's FLOPs) reaches {POOL_MIN_GFLOP:,.0f} GFLOP, which wins back the workers' start; "
+                            "else 'sequential'")
     compile: Literal[COMPILE_MODES] = Field(
         "off", description="executor = 'vectorised' (auto on CUDA): 'cuda-graphs' captures a round's K local steps "
                            "(and the server's K0) as one CUDA graph per shape and replays it: the same kernels, one "

@@ -1,11 +1,15 @@
-"""Where a run's numbers live: its device, and whether its clients' state tables stay on it or in host memory."""
+"""Where a run's numbers live and what computes them: its device, whether its clients' state tables stay on it or in
+host memory, and which executor trains its clients on a CPU."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 import torch
 
 from fedsl.algorithms import Algorithm, Spec
-from fedsl.experiments.config import ConfigError, RunConfig
+from fedsl.experiments.config import POOL_MIN_GFLOP, ConfigError, RunConfig
 
 
 def resolve_device(name: str, compile: str = "off") -> torch.device:
@@ -56,3 +60,39 @@ def tables_on_host(cfg: RunConfig, device: torch.device, algorithm: Algorithm, n
         return False
     free = torch.cuda.mem_get_info(device)[0] if cfg.client_tables == "auto" else 0
     return tables_go_to_host(cfg.client_tables, client_state_bytes(cfg, algorithm.spec, num_clients, d), free)
+
+
+def pool_pays(threads: int, free_cores: int, clients_per_round: int, train_gflop: float) -> bool:
+    """``executor = 'auto'`` on a CPU takes the process pool (one worker of one torch thread per free core) over the
+    sequential executor when all hold:
+
+    - ``threads = 0``: the run leaves its threads to fedsl (a set number asks for the sequential executor's);
+    - ``free_cores`` ≥ 2: the cores ``threads = 0`` would use (affinity, load, runs side by side), so a loaded
+      machine or a ``--parallel`` sweep of one core per run keeps the sequential executor;
+    - S ≥ 2 clients per round to spread;
+    - the run's client training, ``train_gflop`` (T · S · K · B samples at the model's training FLOPs), reaches
+      ``POOL_MIN_GFLOP``: the workers take seconds to start (two processes importing torch, the data put in shared
+      memory), which a Scenario-2 CIFAR-10 run wins back after about 100 of its 17.5-GFLOP rounds (the pool's
+      round is 1.3x the sequential one on 2 free cores, benchmarks/RESULTS.md). The threshold is about twice that.
+    """
+    return threads == 0 and free_cores >= 2 and clients_per_round >= 2 and train_gflop >= POOL_MIN_GFLOP
+
+
+def run_train_gflop(cfg: RunConfig, num_clients: int, n: int, sample_flops: float) -> float:
+    """The run's client training in GFLOP: T rounds × S clients × K steps × B samples × FLOPs per sample, with K
+    the mean client's (``local_steps``, or E_c · ⌈n_i/B⌉ from the n samples of N clients)."""
+    a = cfg.algorithm
+    k = a.local_steps or a.local_epochs * math.ceil((n / max(1, num_clients)) / a.batch_size)
+    return cfg.rounds * a.clients_per_round * k * a.batch_size * sample_flops / 1e9
+
+
+def resolve_executor(cfg: RunConfig, device: torch.device, num_clients: int, n: int,
+                     sample_flops: Callable[[], float], free_cores: Callable[[], int]) -> str:
+    """``cfg.executor`` for ``make_executor``: on a CPU, without ``compile``, 'auto' becomes 'processes' where
+    ``pool_pays`` and 'sequential' otherwise; anything else is passed on as it is ('auto' on CUDA is the vectorised
+    executor, ``make_executor``'s choice). ``sample_flops``: the model's training FLOPs per sample
+    (``models.flops.train_flops``); ``free_cores``: ``threads.auto_threads``; both asked only for that choice."""
+    if cfg.executor != "auto" or device.type != "cpu" or cfg.compile != "off":
+        return cfg.executor
+    gflop = run_train_gflop(cfg, num_clients, n, sample_flops())
+    return "processes" if pool_pays(cfg.threads, free_cores(), cfg.algorithm.clients_per_round, gflop) else "sequential"
