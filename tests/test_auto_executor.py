@@ -80,3 +80,70 @@ def test_a_long_run_on_free_cores_gets_a_pool_of_one_worker_per_free_core(monkey
     assert ex.name == "processes" and ex.workers == 2 and ex.pids == []  # its workers start at the first round
     short = build.prepare(_cfg(rounds=3))
     assert short.sim.executor.name == "sequential"
+
+
+# ----------------------------------------------------------------------------- a group's runs side by side
+
+
+@pytest.mark.parametrize("runs, threads, free, gflop, run_bytes, avail, n", [
+    (3, [0, 0, 0], 2, POOL_MIN_GFLOP, 1e9, 64e9, 2),
+    (3, [0, 0, 0], 8, POOL_MIN_GFLOP, 1e9, 64e9, 3),     # no more than the runs
+    (8, [0] * 8, 8, POOL_MIN_GFLOP, 1e9, 4e9, 2),        # no more than half the available memory holds
+    (8, [0] * 8, 8, POOL_MIN_GFLOP, 1e9, None, 8),       # memory not known: not limited
+    (3, [0, 1, 0], 8, POOL_MIN_GFLOP, 1e9, 64e9, 1),     # a run that sets its threads
+    (3, [0, 0, 0], 1, POOL_MIN_GFLOP, 1e9, 64e9, 1),     # one free core
+    (1, [0], 8, POOL_MIN_GFLOP, 1e9, 64e9, 1),           # one run
+    (3, [0, 0, 0], 8, 0.5 * POOL_MIN_GFLOP, 1e9, 64e9, 1),  # short runs
+    (3, [0, 0, 0], 8, POOL_MIN_GFLOP, 40e9, 64e9, 1),    # too big for two at once
+])
+def test_the_side_by_side_rule(runs, threads, free, gflop, run_bytes, avail, n):
+    assert placement.side_by_side(runs, threads, free, gflop, run_bytes, avail) == n
+
+
+def test_a_groups_runs_are_weighed_by_what_their_checks_built(monkeypatch):
+    from fedsl.experiments.sweep import expand_variants
+    monkeypatch.setattr(build.threads, "auto_threads", lambda: 2)
+    seen = []
+    real = placement.side_by_side
+    monkeypatch.setattr(build, "side_by_side", lambda *a: seen.append(a) or real(*a))
+    for rounds, expected in ((10**6, 2), (3, 1)):
+        runs = expand_variants(RunConfig.model_validate(tiny_config(rounds=rounds, seeds=[0, 1, 2])))
+        assert build.default_side_by_side(runs, build.check_all(runs)) == expected
+    n_runs, threads_, free, gflop, run_bytes, _ = seen[0]
+    one = build.check(_cfg(rounds=10**6), set(), keep=True)
+    assert (n_runs, threads_, free) == (3, [0, 0, 0], 2) and run_bytes > one.fed.x.numel() * 4  # the pool at least
+    per_run = placement.run_train_gflop(_cfg(rounds=10**6), one.fed.num_clients, one.fed.n,
+                                        train_flops(one.fm.module, one.fed.input_shape))
+    assert gflop == pytest.approx(3 * per_run) and per_run > placement.POOL_MIN_GFLOP
+
+
+def test_fedsl_run_runs_them_side_by_side_unless_told(monkeypatch, tmp_path, capsys):
+    """The command line's wiring: the rule's number becomes the pool's workers (the pool itself: test_parallel.py);
+    --parallel 1 runs them one after another without asking the rule."""
+    import json
+
+    from conftest import TINY
+
+    import fedsl.experiments.parallel as parallel
+    from fedsl.cli import main
+
+    class Started(Exception):
+        pass
+
+    def pool(workers, quiet):
+        raise Started(workers)
+
+    asked = []
+    monkeypatch.setattr(build, "default_side_by_side", lambda runs, built: asked.append(len(runs)) or 2)
+    monkeypatch.setattr(parallel, "LocalPool", pool)
+    config = tmp_path / "c.toml"
+    config.write_text("seeds = [0, 1]\n" + TINY.format(rounds=1, alg="fedavg", dtype="float32", executor="auto"))
+    with pytest.raises(Started) as started:
+        main(["run", str(config), "--out", str(tmp_path / "auto")])
+    assert started.value.args == (2,) and asked == [2]
+    assert "running the 2 runs 2 side by side, one core each" in capsys.readouterr().out
+    assert main(["run", str(config), "--out", str(tmp_path / "one"), "--parallel", "1", "--quiet"]) == 0
+    assert asked == [2]  # not asked again
+    runs = json.loads((tmp_path / "one" / "group.json").read_text())["runs"]
+    assert len(runs) == 2 and all(json.loads((tmp_path / "one" / r / "summary.json").read_text())["status"]
+                                  == "completed" for r in runs)

@@ -63,7 +63,8 @@ def _clean_errors(fn):
 
 
 PARALLEL_HELP = ("run the sweep's runs side by side in N processes on this machine, one torch thread each "
-                 "(0 = one per core; default: one after another)")
+                 "(0 = one per core; 1 = one after another; default: side by side on a CPU's free cores when "
+                 "the runs are long and threads = 0, else one after another)")
 RAY_HELP = ("run the sweep's runs as tasks on a Ray cluster: HOST:PORT of its head (`ray start --head`), 'auto', or "
             "'local' (Ray on this machine); the --out folder must be on a filesystem all nodes share; "
             "needs the \\[ray] extra")  # help texts are rich markup: "\\[" keeps the '['
@@ -189,6 +190,13 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
             say(f"checked {i}/{len(runs)} runs...")
             shown = time.monotonic()
     built = check_all(runs, checked)  # every run, data checks included, before any work; kept for the runs
+    if backend is None and parallel is None:  # neither --parallel nor --ray: side by side where that pays
+        from fedsl.experiments.build import default_side_by_side
+        side = default_side_by_side(runs, built)
+        if side > 1:
+            from fedsl.experiments.parallel import LocalPool
+            say(f"running the {len(runs)} runs {side} side by side, one core each (--parallel 1: one after another)")
+            backend = LocalPool(side, quiet=quiet)
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and any(out.iterdir()):

@@ -25,7 +25,15 @@ from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import same_tensor
 from fedsl.experiments import tracking
 from fedsl.experiments.config import ConfigError, RunConfig
-from fedsl.experiments.placement import resolve_device, resolve_executor, tables_on_host
+from fedsl.experiments.placement import (
+    host_memory_available,
+    number_bytes,
+    resolve_device,
+    resolve_executor,
+    run_train_gflop,
+    side_by_side,
+    tables_on_host,
+)
 from fedsl.experiments.resolve import Setting, finetune_lr, privacy_budget, resolve
 from fedsl.models import build_model
 from fedsl.models.flops import train_flops
@@ -136,6 +144,22 @@ def check_all(runs: dict[str, RunConfig], progress: Callable[[int], None] | None
         if progress is not None:
             progress(i)
     return built
+
+
+def default_side_by_side(runs: dict[str, RunConfig], built: dict[str, Built]) -> int:
+    """How many of a group's ``runs`` to run side by side when the command line does not say
+    (``placement.side_by_side``), weighed by what their checks built (``check_all``: the first runs; the group's
+    client training is their mean times the runs); 1 on a GPU or when nothing was built."""
+    if len(runs) < 2 or not built or any(resolve_device(c.device).type != "cpu" for c in runs.values()):
+        return 1
+    gflop, run_bytes = 0.0, 0.0
+    for name, b in built.items():
+        cfg = runs[name]
+        gflop += run_train_gflop(cfg, b.fed.num_clients, b.fed.n, train_flops(b.fm.module, b.fed.input_shape))
+        data = (b.fed.x.numel() + b.fed.x_test.numel()) * number_bytes(cfg.dtype)  # the pool and test set, as run
+        run_bytes = max(run_bytes, data + b.nbytes())
+    return side_by_side(len(runs), [c.threads for c in runs.values()], threads.auto_threads(),
+                        gflop * len(runs) / len(built), run_bytes, host_memory_available())
 
 
 def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built | None = None) -> Prepared:

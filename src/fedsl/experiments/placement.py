@@ -96,3 +96,35 @@ def resolve_executor(cfg: RunConfig, device: torch.device, num_clients: int, n: 
         return cfg.executor
     gflop = run_train_gflop(cfg, num_clients, n, sample_flops())
     return "processes" if pool_pays(cfg.threads, free_cores(), cfg.algorithm.clients_per_round, gflop) else "sequential"
+
+
+HOST_MEMORY_SHARE = 0.5  # runs side by side by default: their data at most this share of the available host memory
+
+
+def side_by_side(runs: int, threads: list[int], free_cores: int, group_gflop: float, run_bytes: float,
+                 available_bytes: float | None) -> int:
+    """How many of a group's ``runs`` `fedsl run` runs side by side on a CPU when neither ``--parallel`` nor ``--ray``
+    is given (1: one after another). The rule of ``pool_pays``, for whole runs: every run's ``threads`` is 0, the
+    cores automatic threads would use (``free_cores``) are 2 or more, and the group's client training
+    (``group_gflop``) reaches ``POOL_MIN_GFLOP``; then one run per free core, and no more than the runs' data
+    (``run_bytes`` each) fits in ``HOST_MEMORY_SHARE`` of ``available_bytes`` (None: not known, not limited).
+    Measured on 2 cores (benchmarks/RESULTS.md): 3 seeds side by side in 2 processes take 0.8× the time of one
+    after another, and stacking them in one process gains nothing on a CPU."""
+    if runs < 2 or any(t != 0 for t in threads) or free_cores < 2 or group_gflop < POOL_MIN_GFLOP:
+        return 1
+    n = min(runs, free_cores)
+    if available_bytes is not None and run_bytes > 0:
+        n = min(n, int(HOST_MEMORY_SHARE * available_bytes // run_bytes))
+    return max(1, n)
+
+
+def host_memory_available() -> float | None:
+    """Bytes of host memory the kernel says are available (Linux ``MemAvailable``); None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
