@@ -55,6 +55,29 @@ def test_engine_and_plain_loop_give_the_same_fedavg_model(one_thread):
     assert max((mine[n] - init[n]).abs().max().item() for n in mine) > 1e-3
 
 
+def test_the_fsl_workload_and_its_loop_are_the_engines_fsl(one_thread):
+    """s2-cifar10-fsl is the preset's FSL on Scenario 2 (n0 = 500, K0 = 50 server steps of B = 10 after the mean).
+    On the same clients and batch orders (dropout-free model), the plain loop's FSL round (mean, then SGD on D0) and
+    the engine's (η_g = 1, γ = 1, η0 = η_l) agree to float32 rounding, and differ from FedAvg's."""
+    fsl = workloads()["s2-cifar10-fsl"]
+    assert (fsl.server_samples, fsl.server_steps, fsl.train_samples_per_round) == (500, 50, 1000)
+    w = replace(workloads(smoke=True)["s2-cifar10-fsl"], model="mlp", num_clients=8, clients_per_round=3,
+                samples_per_client=10, batch_size=4, epochs=2, lr=0.1, test_size=16)
+    assert w.server_samples == 8 and w.server_steps == 2 and "FSL: n0=8, K0=2" in w.describe()
+    data = make_data(w)
+    cpu = torch.device("cpu")
+    engine, loop = EnginePeer(w, data, cpu), LoopPeer(w, data, cpu, share_plan=True)
+    fedavg = LoopPeer(replace(w, server_samples=0), data, cpu, share_plan=True)
+    for p in (engine, loop, fedavg):
+        p.setup()  # one round
+        p.run(1)
+    assert engine.sims[0].alg.name == "fsl"
+    mine, theirs, avg = engine.params(), loop.models[0].state_dict(), fedavg.models[0].state_dict()
+    for n in mine:
+        torch.testing.assert_close(mine[n], theirs[n], rtol=1e-5, atol=1e-6)
+    assert max((theirs[n] - avg[n]).abs().max().item() for n in avg) > 1e-3  # the server's steps moved it
+
+
 @pytest.fixture
 def conv_workload(monkeypatch):
     """A tiny dropout-free CNN (torch layers only, so worker processes unpickle it without importing this

@@ -98,6 +98,9 @@ class FlowerPeer(Peer):
         if not w.train:
             self.available = False
             self.why_not = "Flower's centralised evaluation is the plain loop's evaluate"
+        if w.server_samples:
+            self.available = False
+            self.why_not = "FedAvg only here (FSL's server steps would be the plain loop's, in its ServerApp)"
 
     def setup(self) -> None:
         # quiet while timed; ``close`` gives the loggers back their levels (a test run goes on after)

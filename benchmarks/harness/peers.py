@@ -1,9 +1,9 @@
 """The peers that run a workload: fedsl's engine, a plain PyTorch loop, Flower's simulation.
 
 Every peer has ``setup()`` (build, warm up: one untimed round), ``run(rounds)`` returning
-the seconds of each timed round (training of S clients + FedAvg + evaluation on the test
-set when the workload evaluates), ``settings`` (what it ran with) and ``close()``. The
-benchmark calls them interleaved (engine, loop, Flower, engine, ...), so that noise from
+the seconds of each timed round (training of S clients + FedAvg, + FSL's server steps on D0 in an FSL
+workload, + evaluation on the test set when the workload evaluates), ``settings`` (what it ran with)
+and ``close()``. The benchmark calls them interleaved (engine, loop, Flower, engine, ...), so that noise from
 other work on the machine hits all alike.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -45,7 +46,11 @@ class Peer:
 
 def _federation(w: Workload, data: Data, device: torch.device):
     from fedsl.data.federation import Federation
-    fed = Federation(data.x, data.y, data.clients, np.zeros(0, dtype=np.int64), data.x_test, data.y_test,
+    x, y, server = data.x, data.y, np.zeros(0, dtype=np.int64)
+    if data.x_server is not None:  # D0 as rows of the pool after the clients'
+        x, y = torch.cat([x, data.x_server]), torch.cat([y, data.y_server])
+        server = np.arange(len(data.x), len(x))
+    fed = Federation(x, y, data.clients, server, data.x_test, data.y_test,
                      w.num_classes, [str(c) for c in range(w.num_classes)]).to(device, torch.float32)
     if device.type == "cpu" and fed.x.dim() == 4:
         # The simulator makes its own channels-last copy on CPU; handing it channels-last
@@ -58,15 +63,19 @@ def _federation(w: Workload, data: Data, device: torch.device):
 
 def _simulators(w: Workload, data: Data, device: torch.device, executor: str, eval_batch_size: int):
     """One ``fedsl.engine.Simulator`` per seed: FedAvg with η_g = 1 (the plain mean of the
-    other peers), the workload's S, B, E and η_l, no server data, on one shared federation."""
-    from fedsl.algorithms import LocalTraining, make_algorithm
+    other peers), the workload's S, B, E and η_l, on one shared federation; with server data (FSL workloads)
+    FSL with η_g = 1, γ = 1, η0 = η_l, E_s and B0 = B (the loops' server steps; speed does not depend on the
+    step sizes)."""
+    from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
     from fedsl.engine.executors import make_executor
     from fedsl.engine.functional import FunctionalModel
     from fedsl.engine.simulator import Simulator
     from fedsl.models import build_model
 
     fed = _federation(w, data, device)
-    alg = make_algorithm("fedavg", LocalTraining(w.lr, w.batch_size, w.epochs), 1.0, None)
+    local = LocalTraining(w.lr, w.batch_size, w.epochs)
+    alg = (make_algorithm("fsl", local, 1.0, ServerLearning(1.0, w.lr, w.batch_size, w.server_epochs))
+           if w.server_samples else make_algorithm("fedavg", local, 1.0, None))
     sims = []
     for seed in range(w.seeds):
         fm = FunctionalModel(build_model(w.model, w.num_classes, w.input_shape, seed=seed))
@@ -230,6 +239,17 @@ def plain_local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: Wor
     return local
 
 
+def plain_server_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: Workload, device: torch.device,
+                       generator: torch.Generator | None = None, batches: list[list[int]] | None = None,
+                       channels_last: bool = False) -> None:
+    """FSL's server learning as research code would write it: the global model (after the clients' mean)
+    trained in place for E_s epochs of SGD at batch B and step η_l on the server's samples (``plain_local_train``
+    on a copy, loaded back; ``batches`` as there)."""
+    trained = plain_local_train(model, x, y, replace(w, epochs=w.server_epochs), device, generator, batches,
+                                channels_last)
+    model.load_state_dict(trained.state_dict())
+
+
 def mean_state(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The element-wise mean of state dicts, in the order given."""
     return {k: torch.stack([s[k] for s in states]).mean(0) for k in states[0]}
@@ -262,7 +282,7 @@ class LoopPeer(Peer):
         w = self.w
         # the clients' datasets, held on the CPU as research code usually does; batches move to the device
         self.client_data = [(self.data.x[idx], self.data.y[idx]) if len(idx) else None for idx in self.data.clients]
-        self.x_test = self.data.x_test
+        self.x_test, self.x_server = self.data.x_test, self.data.x_server
         self.models = [plain_model(w, s, self.device) for s in range(w.seeds)]
         self.gen = torch.Generator().manual_seed(0)
         self.settings = f"deepcopy + DataLoader + SGD per client, eval batch 500, {torch.get_num_threads()} threads"
@@ -282,6 +302,10 @@ class LoopPeer(Peer):
                 locals_.append(plain_local_train(self.models[seed], x, y, w, self.device, self.gen, batches,
                                                  self.channels_last))
             fedavg_mean(self.models[seed], locals_)
+            if w.server_samples:
+                batches = engine_server_batches(w, seed, self.t) if self.share_plan else None
+                plain_server_train(self.models[seed], self.x_server, self.data.y_server, w, self.device, self.gen,
+                                   batches, self.channels_last)
         if w.evaluate:
             plain_evaluate(self.models[seed], self.x_test, self.data.y_test, self.device,
                            channels_last=self.channels_last)
@@ -313,6 +337,7 @@ class ChannelsLastLoopPeer(LoopPeer):
         self.client_data = [(to_channels_last(self.data.x[idx]), self.data.y[idx]) if len(idx) else None
                             for idx in self.data.clients]
         self.x_test = to_channels_last(self.data.x_test)
+        self.x_server = None if self.data.x_server is None else to_channels_last(self.data.x_server)
         self.models = [plain_model(w, s, self.device).to(memory_format=torch.channels_last) for s in range(w.seeds)]
         self.gen = torch.Generator().manual_seed(0)
         self.settings = (f"channels-last, deepcopy + DataLoader + SGD per client, eval batch 500, "
@@ -326,6 +351,15 @@ def engine_batches(w: Workload, seed: int, t: int, cid: int) -> list[list[int]]:
     from fedsl.engine.plan import make_plan
     plan = make_plan([np.arange(w.samples_per_client)], [cid], w.batch_size, w.epochs, None, seed, t,
                      rng.CLIENT_BATCHES)
+    return [plan.idx[0, k, :int((plan.weight[0, k] > 0).sum())].tolist() for k in range(plan.steps[0])]
+
+
+def engine_server_batches(w: Workload, seed: int, t: int) -> list[list[int]]:
+    """The server's K0 batches in round ``t`` of run ``seed`` as the engine plans them (indices into D0)."""
+    from fedsl.engine.plan import make_plan
+    from fedsl.engine.simulator import SERVER_ID
+    plan = make_plan([np.arange(w.server_samples)], [SERVER_ID], w.batch_size, w.server_epochs, None, seed, t,
+                     rng.SERVER_BATCHES)
     return [plan.idx[0, k, :int((plan.weight[0, k] > 0).sum())].tolist() for k in range(plan.steps[0])]
 
 

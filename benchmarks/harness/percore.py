@@ -169,6 +169,8 @@ class PerCoreLoopPeer(LoopPeer):
         self.x.share_memory_().copy_(x)
         self.y = self.data.y.clone().share_memory_()
         self.x_test = to_channels_last(self.data.x_test)
+        self.x_server = None if self.data.x_server is None else to_channels_last(self.data.x_server)
+        self.gen = torch.Generator().manual_seed(0)
         self.models = [plain_model(w, s, self.device).to(memory_format=torch.channels_last) for s in range(w.seeds)]
         ctx = _context()
         model_bytes = pickle.dumps(plain_model(w, 0, self.device).to(memory_format=torch.channels_last), protocol=5)
@@ -184,7 +186,8 @@ class PerCoreLoopPeer(LoopPeer):
             self._receive(list(range(self.workers)))
             self.settings = (f"channels-last, deepcopy + DataLoader + SGD per client in {self.workers} worker "
                              f"processes x 1 thread ({ctx.get_start_method()}, started in set-up, not counted), "
-                             f"FedAvg mean and eval batch 500 in the parent ({torch.get_num_threads()} threads)")
+                             f"FedAvg mean, FSL's server steps and eval batch 500 in the parent "
+                             f"({torch.get_num_threads()} threads)")
             self.run(1)  # warm-up
         except BaseException:  # the benchmark closes only the peers that set up: stop the workers here
             self.close()
@@ -237,6 +240,10 @@ class PerCoreLoopPeer(LoopPeer):
             states += [_tensors(a) for a in reply[1]]
             self.peak_worker_mb = max(self.peak_worker_mb, reply[2])
         model.load_state_dict(mean_state(states))
+        if w.server_samples:  # x̄ first: the server's steps cannot overlap the clients'
+            from harness.peers import engine_server_batches, plain_server_train
+            batches = engine_server_batches(w, seed, self.t) if self.share_plan else None
+            plain_server_train(model, self.x_server, self.data.y_server, w, self.device, self.gen, batches, True)
         self.extra["actors"] = float(self.workers)
         self.extra["actor_peak_mb"] = self.peak_worker_mb
         if w.evaluate:

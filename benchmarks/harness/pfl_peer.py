@@ -131,6 +131,8 @@ class PflPeer(Peer):
             self.available, self.why_not = False, "one pfl simulation per seed: 8x its single-seed row"
         elif not w.train:
             self.available, self.why_not = False, "pfl's central evaluation is the plain loop's evaluate"
+        elif w.server_samples:
+            self.available, self.why_not = False, "FedAvg only here (FSL's server steps would be the plain loop's)"
 
     # -- data -------------------------------------------------------------------------------
     def _plan_batches(self, t: int, cid: int) -> list[list[list[int]]]:

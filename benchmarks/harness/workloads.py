@@ -41,6 +41,9 @@ class Workload:
         lr: local step size η_l (does not change the speed).
         seeds: > 1 runs that many independent seeds side by side (a seed sweep).
         train: False for an evaluation-only case (no training, one evaluation per "round").
+        server_samples: n0 > 0 makes the round FSL's: after the clients' mean the server takes
+            K0 = E_s·⌈n0/B⌉ SGD steps of batch B on its own n0 samples (0: FedAvg).
+        server_epochs: E_s.
     """
 
     name: str
@@ -55,6 +58,8 @@ class Workload:
     lr: float = 0.01
     seeds: int = 1
     train: bool = True
+    server_samples: int = 0
+    server_epochs: int = 1
 
     @property
     def steps(self) -> int:
@@ -62,10 +67,17 @@ class Workload:
         return self.epochs * math.ceil(self.samples_per_client / self.batch_size)
 
     @property
+    def server_steps(self) -> int:
+        """K0, the server's steps per round (0 without server data)."""
+        return self.server_epochs * math.ceil(self.server_samples / self.batch_size)
+
+    @property
     def train_samples_per_round(self) -> int:
-        """Samples passed forward and backward per round (all seeds): S·K·B (last batches may be smaller)."""
-        per_client = self.epochs * self.samples_per_client
-        return self.seeds * self.clients_per_round * per_client if self.train else 0
+        """Samples passed forward and backward per round (all seeds): S·K·B, plus K0·B on the server (last
+        batches may be smaller)."""
+        per_round = self.clients_per_round * self.epochs * self.samples_per_client
+        per_round += self.server_epochs * self.server_samples
+        return self.seeds * per_round if self.train else 0
 
     @property
     def eval_samples_per_round(self) -> int:
@@ -84,6 +96,8 @@ class Workload:
             return f"{self.model}, evaluate {self.test_size} test images"
         s = (f"{self.model}, N={self.num_clients}, n_i={self.samples_per_client}, S={self.clients_per_round}, "
              f"B={self.batch_size}, K={self.steps}, test={self.test_size if self.evaluate else 0}")
+        if self.server_samples:
+            s += f", FSL: n0={self.server_samples}, K0={self.server_steps}"
         return s + (f", {self.seeds} seeds" if self.seeds > 1 else "")
 
 
@@ -93,6 +107,8 @@ def _base() -> dict[str, Workload]:
     return {
         "s1-cifar10": Workload("s1-cifar10", "cifar_cnn", 10, 5000, 4, 50),
         "s2-cifar10": Workload("s2-cifar10", "cifar_cnn", 1000, 50, 10, 10),
+        # FSL on Scenario 2 (preset scenario2-cifar10's FSL: n0 = 500, E_s = 1, B0 = B: K0 = 50 server steps)
+        "s2-cifar10-fsl": Workload("s2-cifar10-fsl", "cifar_cnn", 1000, 50, 10, 10, server_samples=500),
         "s1-emnist": Workload("s1-emnist", "emnist_cnn", 45, 2400, 5, 50, test_size=18_000),
         "s2-emnist": Workload("s2-emnist", "emnist_cnn", 450, 240, 5, 50, test_size=18_000),
     }
@@ -109,7 +125,8 @@ def workloads(smoke: bool = False) -> dict[str, Workload]:
     for name, w in _base().items():
         if smoke:
             w = replace(w, model="small_cnn", num_clients=min(w.num_clients, 6), samples_per_client=12,
-                        clients_per_round=min(w.clients_per_round, 3), batch_size=4, test_size=40)
+                        clients_per_round=min(w.clients_per_round, 3), batch_size=4, test_size=40,
+                        server_samples=min(w.server_samples, 8))
         out[name] = w
         out[name + "+eval"] = replace(w, name=name + "+eval", evaluate=True)
     s2 = out["s2-cifar10+eval"]
@@ -130,7 +147,7 @@ def timed_rounds(w: Workload, rounds: int) -> int:
     return 1 if is_heavy(w) else rounds
 
 
-DEFAULT_WORKLOADS = ["s2-cifar10+eval", "s2-cifar10", "eval-cifar10", "s1-cifar10+eval", "s1-cifar10",
+DEFAULT_WORKLOADS = ["s2-cifar10+eval", "s2-cifar10", "s2-cifar10-fsl", "eval-cifar10", "s1-cifar10+eval", "s1-cifar10",
                      "s2-emnist+eval", "s2-emnist", "eval-emnist", "s1-emnist+eval", "s1-emnist",
                      "s2-cifar10-8seeds+eval"]
 
@@ -145,6 +162,16 @@ class Data:
     clients: list[np.ndarray]
     x_test: torch.Tensor
     y_test: torch.Tensor
+    x_server: torch.Tensor | None = None  # the server's n0 samples (FSL workloads)
+    y_server: torch.Tensor | None = None
+
+
+def server_tensors(w: Workload, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's n0 random images and labels (FSL workloads), a function of (workload, seed) alone."""
+    g = torch.Generator().manual_seed(104_729 * seed + 99_991)
+    x = torch.rand(w.server_samples, *w.input_shape, generator=g)
+    y = torch.randint(0, w.num_classes, (w.server_samples,), generator=g)
+    return x, y
 
 
 def client_tensors(w: Workload, cid: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,4 +209,5 @@ def make_data(w: Workload, seed: int = 0, clients: list[int] | None = None) -> D
         index[cid] = np.arange(start, start + len(x))
         start += len(x)
     xt, yt = test_tensors(w, seed)
-    return Data(torch.cat(xs), torch.cat(ys), index, xt, yt)
+    xs0, ys0 = server_tensors(w, seed) if w.server_samples else (None, None)
+    return Data(torch.cat(xs), torch.cat(ys), index, xt, yt, xs0, ys0)
