@@ -61,7 +61,7 @@ BATCH_MAX = 1_000_000       # batch sizes
 EPOCHS_MAX = 10_000         # epochs per round
 STEPS_MAX = 1_000_000       # steps per round
 # executor = 'auto' on a CPU: the run's client training (GFLOP) from which a process pool pays (experiments.placement)
-POOL_MIN_GFLOP = 2000.0
+POOL_MIN_GFLOP = 4000.0
 RUNS_MAX = 100_000          # runs of one config (variants × sweep points × seeds)
 
 # Names of runs and variants become folder names under --out: a safe character set only.

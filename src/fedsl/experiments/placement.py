@@ -72,8 +72,9 @@ def pool_pays(threads: int, free_cores: int, clients_per_round: int, train_gflop
     - S ≥ 2 clients per round to spread;
     - the run's client training, ``train_gflop`` (T · S · K · B samples at the model's training FLOPs), reaches
       ``POOL_MIN_GFLOP``: the workers take seconds to start (two processes importing torch, the data put in shared
-      memory), which a Scenario-2 CIFAR-10 run wins back after about 100 of its 17.5-GFLOP rounds (the pool's
-      round is 1.3x the sequential one on 2 free cores, benchmarks/RESULTS.md). The threshold is about twice that.
+      memory), which a whole Scenario-2 CIFAR-10 run on 2 free cores won back after about 110 of its 17.5-GFLOP
+      rounds (its rounds 1.13x the sequential ones end to end; 1.3-1.4x in the benchmark's timed rounds,
+      benchmarks/RESULTS.md). The threshold is about twice that.
     """
     return threads == 0 and free_cores >= 2 and clients_per_round >= 2 and train_gflop >= POOL_MIN_GFLOP
 
