@@ -332,3 +332,11 @@ def test_processes_peer_runs_the_pool_executor_and_closes_it(one_thread):
     assert ex.name == "processes" and ex.pids == []  # closed with the workload
     s = workloads(True)["s1-cifar10"].clients_per_round
     assert len(running) == (min(ex.workers, s) if ex.workers > 1 and s > 1 else 0)  # it did use worker processes
+
+
+def test_profile_round_prints_the_operators_of_a_round(capsys, one_thread):
+    import profile_round
+    assert profile_round.main(["--workload", "s2-cifar10-fsl", "--smoke", "--threads", "1", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| operator | s per round |" in out and "convolution" in out
+    assert profile_round.main(["--workload", "nope"]) == 2
