@@ -278,6 +278,10 @@ class AlgorithmConfig(_Strict):
                                                    "steps, at least 1) or 'drop' (they train, but their update never "
                                                    "reaches the server)")
 
+    def mean_steps(self, n: int, num_clients: int) -> int:
+        """K of the mean client: ``local_steps``, or E_c·⌈n_i/B⌉ with n_i = n / N."""
+        return self.local_steps or self.local_epochs * math.ceil((n / max(1, num_clients)) / self.batch_size)
+
 
 # The rules' own hyper-parameters (μ, β, α, ...) are fields of [algorithm] made from their specs
 # (fedsl.algorithms): default, bounds and meaning are written once, in the algorithm's module.

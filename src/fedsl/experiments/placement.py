@@ -3,7 +3,6 @@ host memory, and which executor trains its clients on a CPU."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -71,10 +70,9 @@ def pool_pays(threads: int, free_cores: int, clients_per_round: int, train_gflop
       machine or a ``--parallel`` sweep of one core per run keeps the sequential executor;
     - S ≥ 2 clients per round to spread;
     - the run's client training, ``train_gflop`` (T · S · K · B samples at the model's training FLOPs), reaches
-      ``POOL_MIN_GFLOP``: the workers take seconds to start (two processes importing torch, the data put in shared
-      memory), which a whole Scenario-2 CIFAR-10 run on 2 free cores won back after about 110 of its 17.5-GFLOP
-      rounds (its rounds 1.13x the sequential ones end to end; 1.3-1.4x in the benchmark's timed rounds,
-      benchmarks/RESULTS.md). The threshold is about twice that.
+      ``POOL_MIN_GFLOP``: the workers' start (processes importing torch, the data put in shared memory) is paid
+      once, and a run must train long enough to win it back (the threshold is about twice the break-even
+      measured on a whole Scenario-2 CIFAR-10 run: benchmarks/RESULTS.md).
     """
     return threads == 0 and free_cores >= 2 and clients_per_round >= 2 and train_gflop >= POOL_MIN_GFLOP
 
@@ -83,8 +81,7 @@ def run_train_gflop(cfg: RunConfig, num_clients: int, n: int, sample_flops: floa
     """The run's client training in GFLOP: T rounds × S clients × K steps × B samples × FLOPs per sample, with K
     the mean client's (``local_steps``, or E_c · ⌈n_i/B⌉ from the n samples of N clients)."""
     a = cfg.algorithm
-    k = a.local_steps or a.local_epochs * math.ceil((n / max(1, num_clients)) / a.batch_size)
-    return cfg.rounds * a.clients_per_round * k * a.batch_size * sample_flops / 1e9
+    return cfg.rounds * a.clients_per_round * a.mean_steps(n, num_clients) * a.batch_size * sample_flops / 1e9
 
 
 def resolve_executor(cfg: RunConfig, device: torch.device, num_clients: int, n: int,
@@ -109,8 +106,7 @@ def side_by_side(runs: int, threads: list[int], free_cores: int, group_gflop: fl
     cores automatic threads would use (``free_cores``) are 2 or more, and the group's client training
     (``group_gflop``) reaches ``POOL_MIN_GFLOP``; then one run per free core, and no more than the runs' data
     (``run_bytes`` each) fits in ``HOST_MEMORY_SHARE`` of ``available_bytes`` (None: not known, not limited).
-    Measured on 2 cores (benchmarks/RESULTS.md): 3 seeds side by side in 2 processes take 0.8× the time of one
-    after another, and stacking them in one process gains nothing on a CPU."""
+    Side by side beats both one after another and stacking on a CPU (benchmarks/RESULTS.md)."""
     if runs < 2 or any(t != 0 for t in threads) or free_cores < 2 or group_gflop < POOL_MIN_GFLOP:
         return 1
     n = min(runs, free_cores)

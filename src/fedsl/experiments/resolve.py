@@ -61,7 +61,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     note("η_l", "client learning rate", a.local_lr, True)
     note("B", "client batch size", a.batch_size, True)
     note("E_c", "client epochs", a.local_epochs, a.local_epochs if a.local_epochs != defaults.LOCAL_EPOCHS else None)
-    k = a.local_steps or a.local_epochs * math.ceil((n / N) / a.batch_size)
+    k = a.mean_steps(n, N)
     note("K", "client steps per round (mean client)", k, a.local_steps, "derived: E_c·⌈n_i/B⌉")
     sp = spec(a.name)
     eta_g = None  # rules without a server step size (FedDyn)

@@ -27,7 +27,7 @@ def _layer_flops(module: nn.Module, input_shape: tuple[int, ...]) -> list[float]
 
     Counted from one forward pass of a zero sample with hooks on ``nn.Conv1d/2d/3d`` and ``nn.Linear``, in eval mode
     and without gradients (batch-norm statistics are left as they were), on the module's device and dtype.
-    Counting by hand keeps torch's FLOP counter out: it imports the compiler stack (seconds in every process).
+    Counting by hand keeps torch's FLOP counter out: it imports the compiler stack into every process.
     """
     flops: list[float] = []  # per layer, in the order the forward pass calls them
 
