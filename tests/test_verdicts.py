@@ -78,7 +78,7 @@ def _group(tmp_path, rows, sweep=()):
     return tmp_path
 
 
-def test_a_group_is_judged_per_cell_and_a_time_never_reached_is_the_last_round(tmp_path):
+def test_a_group_is_judged_per_cell_and_a_time_never_reached_is_the_planned_rounds(tmp_path):
     rows = [{"run": f"{b}-C{c}-s{s}", "base": b, "seed": s, "data.classes_per_client": c,
              "final_accuracy": acc + 0.01 * s, "T_0.5": t}
             for b, c, acc, t in (("FSL", 2, 0.55, 40), ("SCAFFOLD", 2, 0.30, ""), ("FSL", 10, 0.60, 30),
@@ -100,6 +100,25 @@ def test_a_group_is_judged_per_cell_and_a_time_never_reached_is_the_last_round(t
     assert trend[0].n == (6, 2) and trend[0].verdict == "holds"
     md = V.markdown([(claim(better="FSL", worse="SCAFFOLD"), acc)])
     assert "**holds in 1 of 2 cells**" in md and "Welch" in md and V.RULE in md
+
+
+def test_a_time_never_reached_by_a_run_that_diverged_early_is_its_planned_rounds(tmp_path):
+    """B's seeds diverged at round 10 (fig5-cifar10-full's SCAFFOLD at η_l = 0.1, C = 1): they never reach 0.5, so
+    their T_0.5 is censored at the T = 100 rounds planned, as for a run that ran them all; their last round would
+    make B the fastest ('B reaches 0.5 sooner than A, p < 0.001'). T comes from summary.json's "rounds", else
+    group.json's config for a group kept as index.csv only."""
+    rows = [{"run": f"{b}-s{s}", "base": b, "seed": s, "final_accuracy": acc, "T_0.5": t, "rounds_done": done,
+             "status": "completed" if done == 100 else "diverged"}
+            for b, acc, t, done in (("A", 0.55, 60, 100), ("B", 0.10, "", 10)) for s in range(3)]
+    rows[0]["T_0.5"] = 61  # a seed spread
+    path = _group(tmp_path, rows)
+    spec = json.loads((path / "group.json").read_text())
+    (path / "group.json").write_text(json.dumps({**spec, "config": {"rounds": 100}}))
+    v = V.judge(claim(better="A", worse="B", metric="T_0.5"), V.group_values(path))[0]
+    assert v.means == pytest.approx((60 + 1 / 3, 100)) and v.verdict == "holds"
+    assert V.run_value({"status": "diverged", "rounds": 1000, "rounds_done": 30, "T_0.5": None}, "T_0.5") == 1000
+    assert V.run_value({"status": "diverged", "rounds_done": 30}, "T_0.5", planned=200) == 200
+    assert V.run_value({"status": "completed", "rounds_done": 100}, "T_0.5") == 100  # nothing else known
 
 
 def test_a_run_that_diverged_before_any_score_is_left_out_not_a_nan(tmp_path):

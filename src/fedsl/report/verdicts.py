@@ -30,10 +30,10 @@ level, one-sided in the claimed direction:
 Verdict: **holds** when the one-sided p-value in the claimed direction is below 0.05,
 **contradicted** when the one in the opposite direction is, **not shown** otherwise (inside
 the noise), **no runs** when a side has none. The verdict's words are this per-claim rule and
-nothing else. A T_a that was never reached counts as the run's last round (a lower bound: it
-understates the gap when the slower side never got there). A diverged run counts with its last
-measured accuracy; one that diverged before any was measured has no final accuracy and is left out
-(the verdict's seed counts show it).
+nothing else. A T_a that was never reached counts as the run's planned rounds T (a lower bound: it
+understates the gap when the slower side never got there), also for a run that diverged before T.
+A diverged run counts with its last measured accuracy; one that diverged before any was measured has
+no final accuracy and is left out (the verdict's seed counts show it).
 
 **Multiplicity** (``holm``, ``with_holm``): a group's claims make m tests (each claim in each sweep
 cell), each at 5%. Beside each p stands Holm's adjusted p over those m: p_(k) sorted ascending is
@@ -150,15 +150,21 @@ def _num(v: float, metric: str) -> str:
     return f"{v:.1f}" if metric != "final_accuracy" else f"{v:.4f}"
 
 
-def run_value(summary: dict, metric: str) -> float | None:
+def run_value(summary: dict, metric: str, planned: int | None = None) -> float | None:
     """A run's ``metric`` from its summary.json or index.csv row: None for a final accuracy it never had (not
-    recorded, or NaN: diverged before the first evaluation); a T_a never reached is its last round."""
+    recorded, or NaN: diverged before the first evaluation).
+
+    A T_a never reached is censored at the run's planned rounds T (``summary["rounds"]``, else ``planned``, else
+    its last round): a lower bound, and the same one for a run that diverged early as for a run that ran all T
+    rounds without reaching a. Its last round would rank a run that diverged at round 10 as the fastest."""
     v = summary.get(metric)
     if v in (None, ""):
         if metric == "final_accuracy":
             return None
-        done = summary.get("rounds_done")  # never reached: its last round, a lower bound
-        return float(done) if done not in (None, "") else None
+        for bound in (summary.get("rounds"), planned, summary.get("rounds_done")):
+            if bound not in (None, ""):
+                return float(bound)
+        return None
     # a run that diverged before its accuracy was first measured has none (NaN): left out, not a NaN mean
     return float(v) if math.isfinite(float(v)) else None
 
@@ -184,13 +190,14 @@ def group_values(path: str | Path) -> list[RunValue]:
     if (path / "index.csv").is_file():
         with open(path / "index.csv", newline="") as f:
             index = {row["run"]: row for row in csv.DictReader(f)}
+    planned = spec.get("config", {}).get("rounds")  # T, for index rows (they do not record it)
     out = []
     for run, rs in spec.get("runs", {}).items():
         s_file = path / rs.get("dir", run) / "summary.json"
         summary = json.loads(s_file.read_text()) if s_file.is_file() else index.get(run, {})
         if summary.get("status") not in ("completed", "diverged"):
             continue
-        vals = {m: v for m in HIGHER_IS_BETTER if (v := run_value(summary, m)) is not None}
+        vals = {m: v for m in HIGHER_IS_BETTER if (v := run_value(summary, m, planned)) is not None}
         out.append(RunValue(base_of(rs, run), rs.get("seed"), dict(rs.get("params", {})), vals))
         if summary.get("final_accuracy_finetuned") not in (None, ""):  # server.finetune_epochs: its own variant
             out.append(RunValue(base_of(rs, run) + FINETUNED, rs.get("seed"), dict(rs.get("params", {})),
