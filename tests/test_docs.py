@@ -54,3 +54,63 @@ def test_a_tutorials_python_runs_as_written(page, tmp_path, monkeypatch, one_thr
     if page == "python-api.md":
         accuracy, loss = namespace["sim"].evaluate(namespace["state"].x)
         assert accuracy > 0.6 and loss == loss, (accuracy, loss)
+
+
+def _code_segments(text: str):
+    """(line number, code) of a Markdown text's fenced block lines, `inline code` spans, and indented lines that
+    start with a command (an indented code block; other indented lines are a list's prose)."""
+    fenced = False
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            yield i, line
+        elif line.startswith("    ") and re.match(r"(\$ )?(nohup )?(\w+=\S+ )*(\S*/)?fedsl ", line.strip()):
+            yield i, line.strip()
+        else:
+            yield from ((i, span) for span in re.findall(r"`([^`]+)`", line))
+
+
+def test_the_documented_commands_exist():
+    """Every `fedsl ...` command in the README, REPRODUCTION.md, docs/, benchmarks/ and examples/ names a command
+    the CLI has, options that command takes, and presets that exist: a renamed option fails here."""
+    import click
+    import typer
+
+    from fedsl.cli import app
+    from fedsl.experiments import presets
+
+    def walk(c, path=()):
+        if isinstance(c, click.Group):
+            for n, sub in c.commands.items():
+                yield from walk(sub, (*path, n))
+        else:
+            yield path, {o for p in c.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+
+    commands = dict(walk(typer.main.get_command(app)))
+    groups = {k[0] for k in commands if len(k) == 2}
+    files = [ROOT / "README.md", ROOT / "REPRODUCTION.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("benchmarks/*.md"),
+             *ROOT.glob("examples/**/*.md")]
+    bad, checked = [], 0
+    for f in files:
+        for i, code in _code_segments(f.read_text()):
+            code = code.split("#")[0]  # a shell or TOML comment's words are prose
+            if code.lstrip().startswith(("from ", "import ")):  # Python
+                continue
+            for m in re.finditer(r"(?:^|[\s(;&|])(?:\S*/)?fedsl ([a-z][a-z-]*(?: [^;&|#]*)?)", code):
+                words = m.group(1).split()
+                key = tuple(words[:2]) if words[0] in groups and len(words) > 1 else (words[0],)
+                where = f"{f.relative_to(ROOT)}:{i}"
+                if key not in commands:
+                    bad.append(f"{where}: no command 'fedsl {' '.join(key)}'")
+                    continue
+                checked += 1
+                for w in words[len(key):]:
+                    opt = w.split("=")[0]
+                    if re.fullmatch(r"--?[a-z][a-z-]*", opt) and opt not in commands[key]:
+                        bad.append(f"{where}: 'fedsl {' '.join(key)}' has no option {opt}")
+                bad += [f"{where}: no preset {p!r}" for p in re.findall(r"--preset[ =]([\w.-]+)", code)
+                        if p not in presets.names()]
+    assert not bad, "\n".join(bad)
+    assert checked >= 40, checked  # the scan finds the commands (138 on 2026-11-28)
