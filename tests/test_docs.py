@@ -58,23 +58,62 @@ def test_a_tutorials_python_runs_as_written(page, tmp_path, monkeypatch, one_thr
 
 def _code_segments(text: str):
     """(line number, code) of a Markdown text's fenced block lines, `inline code` spans, and indented lines that
-    start with a command (an indented code block; other indented lines are a list's prose)."""
-    fenced = False
+    start a command (an indented code block; other indented lines are a list's prose); a command continued with
+    a trailing backslash is one segment, at its first line."""
+    fenced, held = False, None  # held: (first line number, text so far) of a command continued with "\\"
     for i, line in enumerate(text.splitlines(), 1):
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
-        if fenced:
-            yield i, line
-        elif line.startswith("    ") and re.match(r"(\$ )?(nohup )?(\w+=\S+ )*(\S*/)?fedsl ", line.strip()):
-            yield i, line.strip()
+        line = line.rstrip()
+        if held or fenced or (line.startswith("    ") and
+                              re.match(r"(\$ )?(nohup )?(\w+=\S+ )*(\S*/)?fedsl ", line.strip())):
+            start, line = (held[0], held[1] + " " + line.strip()) if held else (i, line.strip())
+            held = (start, line[:-1]) if line.endswith("\\") else None
+            if held is None:
+                yield start, line
         else:
             yield from ((i, span) for span in re.findall(r"`([^`]+)`", line))
 
 
+def _preset_problem(command: str) -> str | None:
+    """What is wrong with a documented command's preset, --set values and --variants (None: nothing, or not
+    checkable: no preset, or placeholders such as $EM or V)."""
+    import shlex
+
+    from fedsl.experiments import loading, presets
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    preset = sets = variants = None
+    sets, quick = [], "--quick" in words
+    for k, w in enumerate(words[:-1]):
+        if w in ("--preset", "-p"):
+            preset = words[k + 1]
+        elif w in ("--set", "-s"):
+            sets.append(words[k + 1])
+        elif w == "--variants":
+            variants = words[k + 1]
+    if preset not in presets.names() or any("$" in v or "<" in v for v in sets):
+        return None
+    raw = presets.load(preset)
+    try:
+        loading.load(base=raw, overrides=sets, quick=quick)
+    except Exception as e:  # noqa: BLE001 - any refusal is the finding
+        return f"--preset {preset} {' '.join(sets)}: {str(e).splitlines()[0]}"
+    if variants and not variants.startswith("$") and variants != "V":
+        unknown = [v for v in variants.split(",") if v not in raw.get("variants", {})]
+        if unknown:
+            return f"--preset {preset} has no variants {unknown}"
+    return None
+
+
 def test_the_documented_commands_exist():
     """Every `fedsl ...` command in the README, REPRODUCTION.md, docs/, benchmarks/ and examples/ names a command
-    the CLI has, options that command takes, and presets that exist: a renamed option fails here."""
+    the CLI has, options that command takes, and presets that exist; a preset's --set values validate and its
+    --variants exist. A renamed option, key or variant fails here, not in a reader's hands."""
     import click
     import typer
 
@@ -112,5 +151,7 @@ def test_the_documented_commands_exist():
                         bad.append(f"{where}: 'fedsl {' '.join(key)}' has no option {opt}")
                 bad += [f"{where}: no preset {p!r}" for p in re.findall(r"--preset[ =]([\w.-]+)", code)
                         if p not in presets.names()]
+                if problem := _preset_problem(m.group(1)):
+                    bad.append(f"{where}: {problem}")
     assert not bad, "\n".join(bad)
     assert checked >= 40, checked  # the scan finds the commands (138 on 2026-11-28)
