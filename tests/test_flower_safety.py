@@ -354,6 +354,22 @@ def test_the_server_checkpoints_and_a_restarted_server_app_continues_bit_for_bit
     assert max_diff(resumed.state.x, expected.x) == 0.0
 
 
+def test_a_resumed_run_whose_own_rounds_had_no_client_says_so(one_thread, tmp_path, caplog):
+    """A SuperLink restarted alone: Flower's SuperNodes do not register with it again, so the resumed ServerApp's
+    rounds find no node. The run completes (round 1 had its clients), with a warning naming the cause."""
+    rc = {**BASE, "rounds": 3, "checkpoint_every": 1, "out-dir": str(tmp_path), "algorithm.clients_per_round": 2}
+    with pytest.raises(Crash):
+        serve(rc, crash_at=2 + 1)  # the first train message of round 2
+    stranded = serve(rc, late={n: 10**9 for n in HONEST})  # no node ever connects to the new SuperLink
+    assert stranded.offset == 1 and [h["trained"] for h in stranded.history][1:] == [[], []]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("no client update was aggregated in the 2 rounds since the resume at round 2" in m
+               and "restart the SuperNodes too" in m for m in warned), warned
+    caplog.clear()
+    serve({**rc, "rounds": 4})  # the nodes are back: round 4 trains, and nothing is said
+    assert not any("since the resume" in r.getMessage() for r in caplog.records)
+
+
 def test_resume_refuses_another_config_and_resume_false_starts_over(one_thread, tmp_path, caplog):
     rc = {**BASE, "rounds": 2, "checkpoint_every": 1, "out-dir": str(tmp_path)}
     serve(rc)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 
 from flwr.app import Context
@@ -30,7 +30,8 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
 
     Raises:
         NoClientUpdate: no round (of the whole run, a resumed one's included) aggregated any client
-            update; ``final.pt`` and ``done.json`` are not written (a single empty round is a warning).
+            update; ``final.pt`` and ``done.json`` are not written (a single empty round is a warning, and so
+            are a resumed run's rounds when none of them had a client: the rounds before the resume had).
     """
     setup = load_setup(context.run_config, app_dir)
     cfg = setup.cfg
@@ -68,6 +69,13 @@ def _finish(strategy: FedslStrategy) -> FedslStrategy:
                                  f"rounds.json and the log): the model is server learning alone, so the run failed")
         strategy.fail(str(failure))  # out-dir/failed.json: `flwr run` itself exits 0 whatever the ServerApp did
         raise failure
+    resumed = [h for h in strategy.history if h["round"] > strategy.offset]
+    if strategy.offset and resumed and not any(h["trained"] for h in resumed):
+        # The rounds before the resume had clients, so the run completes; but nobody trained since, which is what
+        # a SuperLink restarted alone looks like (Flower's SuperNodes do not register again with a new SuperLink)
+        log(WARNING, "fedsl: no client update was aggregated in the %d rounds since the resume at round %d: x_T is "
+            "the checkpoint's model with server learning alone (after a SuperLink restart, restart the SuperNodes "
+            "too)", len(resumed), strategy.offset + 1)
     strategy.finish()
     if strategy.evaluations:
         last = strategy.evaluations[-1]
