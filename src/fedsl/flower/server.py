@@ -72,7 +72,7 @@ def _finish(strategy: FedslStrategy) -> FedslStrategy:
     resumed = [h for h in strategy.history if h["round"] > strategy.offset]
     if strategy.offset and resumed and not any(h["trained"] for h in resumed):
         # The rounds before the resume had clients, so the run completes; but nobody trained since, which is what
-        # a SuperLink restarted alone looks like (Flower's SuperNodes do not register again with a new SuperLink)
+        # a SuperLink restarted alone on in-memory state looks like (Flower's SuperNodes do not register with it again)
         log(WARNING, "fedsl: no client update was aggregated in the %d rounds since the resume at round %d: x_T is "
             "the checkpoint's model with server learning alone (after a SuperLink restart, restart the SuperNodes "
             "too)", len(resumed), strategy.offset + 1)
