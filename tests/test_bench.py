@@ -196,6 +196,42 @@ def test_new_loop_peers_are_listed_and_x_plain_loop_stays_todays_loop():
         assert not p.available and p.why_not == "CPU only"
 
 
+def test_a_peer_that_fails_is_closed_and_the_next_one_still_runs(one_thread, monkeypatch):
+    """A peer whose setup or run raises is reported and closed at once (a process-pool peer's workers stop then,
+    not at exit); the peer after one that fails in a repetition still runs that repetition."""
+    import harness
+
+    closed = []
+
+    class Fake:
+        available, why_not, settings = True, "", "fake"
+
+        def __init__(self, name, fail_in=None):
+            self.name, self.fail_in, self.extra, self.runs = name, fail_in, {}, 0
+
+        def setup(self):
+            if self.fail_in == "setup":
+                raise RuntimeError("no workers")
+
+        def run(self, rounds):
+            self.runs += 1
+            if self.fail_in == "run":
+                raise RuntimeError("a worker died")
+            return [0.01] * rounds
+
+        def close(self):
+            closed.append(self.name)
+
+    fakes = [Fake("bad setup", "setup"), Fake("bad run", "run"), Fake("good")]
+    monkeypatch.setattr(harness, "_make_peers", lambda *a, **k: fakes)
+    rep = run_benchmarks(["s1-emnist"], rounds=1, reps=2, smoke=True, footprint_clients=None, threads=1,
+                         log=lambda s: None)
+    got = {r.peer: r for r in rep.rows}
+    assert got["bad setup"].note == "failed: RuntimeError: no workers" and got["bad run"].note.endswith("a worker died")
+    assert closed == ["bad setup", "bad run", "good"]  # each once: the failed ones when they failed
+    assert fakes[2].runs == 2 and len(got["good"].times) == 2 * timed_rounds(workloads(True)["s1-emnist"], 1)
+
+
 def test_smoke_run_reports_every_peer_and_column(one_thread):
     names = ["s2-cifar10+eval", "eval-emnist", "s2-cifar10-8seeds+eval"]
     rep = run_benchmarks(names, rounds=1, reps=2, smoke=True, peers=("fedsl", "loop", "loop-cl"),

@@ -147,6 +147,14 @@ def _cpu_only(peer: Peer, device: torch.device, why: str) -> Peer:
     return peer
 
 
+def _close_quietly(peer) -> None:
+    """Close a peer that failed (its own failure is already reported; one in closing adds nothing)."""
+    try:
+        peer.close()
+    except Exception:  # noqa: BLE001, S110 - best effort on a peer already reported as failed
+        pass
+
+
 def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], executor: str,
                 flower_actors: int, flower_cpus: int) -> list[Peer]:
     peers: list[Peer] = []
@@ -265,8 +273,9 @@ def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_a
                 live.append(p)
             except Exception as e:  # a peer that fails is reported, the others go on
                 wrows[p.name].note = f"failed: {type(e).__name__}: {e}"[:200]
+                _close_quietly(p)  # what its setup started (worker processes, actors) stops now, not at exit
         for rep in range(w_reps):
-            for p in live:
+            for p in list(live):  # a peer that fails leaves ``live``; the next one still runs this rep
                 gc.collect()
                 mem.reset()
                 try:
@@ -274,6 +283,7 @@ def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_a
                 except Exception as e:
                     wrows[p.name].note = f"failed: {type(e).__name__}: {e}"[:200]
                     live.remove(p)
+                    _close_quietly(p)
                     continue
                 peak = mem.read()
                 row = wrows[p.name]
