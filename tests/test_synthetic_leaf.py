@@ -111,6 +111,8 @@ def test_a_global_model_learns_it():
     ({"synthetic_clusters": [0.5, 0.4]}, r"^data.synthetic_clusters = \[0.5, 0.4\]: expected probabilities summing"),
     ({"server_source": "dataset"}, "^data.server_source = 'dataset' reads images"),
     ({"samples_per_client": 10}, "^data.samples_per_client = 10: the clients' sizes of 'synthetic_leaf'"),
+    ({"synthetic_alpha": 0.5}, r"^data.synthetic_alpha = 0.5: Synthetic\(α, β\)'s .* not read by 'synthetic_leaf'"),
+    ({"synthetic_beta": 0.0}, r"^data.synthetic_beta = 0.0: Synthetic"),
 ])
 def test_what_it_cannot_give_is_refused_in_one_line(data, message):
     with pytest.raises(ConfigError, match=message) as e:

@@ -177,7 +177,8 @@ class DataConfig(_Strict):
                                                  "α0 changes no label: β0 shifts)")
     synthetic_server_beta: float | None = Field(None, ge=0, le=100, description="synthetic_fedprox: β0 of the "
                                                 "shifted D0's prior (default β: none)")
-    # LEAF's synthetic data (fedsl.data.synthetic_leaf); synthetic_alpha and synthetic_beta are not read there
+    # LEAF's synthetic data (fedsl.data.synthetic_leaf); synthetic_alpha and synthetic_beta are not read there (a
+    # changed one is refused)
     synthetic_clusters: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(
         None, min_length=1, max_length=100, description="synthetic_leaf: the probabilities of its clusters of client "
         "models, summing to 1 (LEAF's prob_clusters; default [1.0], one cluster, as LEAF)")
