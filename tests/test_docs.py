@@ -155,3 +155,46 @@ def test_the_documented_commands_exist():
                     bad.append(f"{where}: {problem}")
     assert not bad, "\n".join(bad)
     assert checked >= 40, checked  # the scan finds the commands (138 on 2026-11-28)
+
+
+def _merged(base: dict, part: dict) -> dict:
+    out = dict(base)
+    for key, value in part.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_the_documented_configs_validate():
+    """Every ```toml block of the README and docs/ validates: a fedsl config, or a part of one (merged into the
+    quickstart preset), through the config's own checks; a Flower App's run config (it has Flower's keys, e.g.
+    ``federation``) through ``parse_run_config`` over the example app's. The flwr CLI's [superlink.*] is Flower's."""
+    import tomllib
+
+    from fedsl.data import hf_files
+    from fedsl.experiments import loading, presets
+
+    base = presets.load("quickstart")
+    checked, bad = 0, []
+    for f in [ROOT / "README.md", *sorted(ROOT.glob("docs/**/*.md"))]:
+        for block in re.findall(r"```toml\n(.*?)```", f.read_text(), re.S):
+            part = tomllib.loads(block)
+            if "superlink" in part:
+                continue
+            try:
+                if {"federation", "secagg"} & set(part):
+                    pytest.importorskip("flwr")
+                    from flwr.common.config import flatten_dict
+
+                    from fedsl.flower import parse_run_config
+                    app = ROOT / "examples" / "flower-app"
+                    app_config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+                    parse_run_config({**flatten_dict(app_config), **flatten_dict(part)}, app)
+                else:
+                    if part.get("data", {}).get("dataset") == "hf_files" and hf_files.missing():
+                        continue  # the [natural] extra, not installed here
+                    loading.load(base=_merged(base, part))
+                checked += 1
+            except Exception as e:  # noqa: BLE001 - any refusal is the finding
+                bad.append(f"{f.relative_to(ROOT)}: {str(e).splitlines()[0][:300]}\n{block}")
+    assert not bad, "\n".join(bad)
+    assert checked >= 10, checked  # 13 blocks on 2026-11-28
