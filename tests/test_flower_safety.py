@@ -354,9 +354,40 @@ def test_the_server_checkpoints_and_a_restarted_server_app_continues_bit_for_bit
     assert max_diff(resumed.state.x, expected.x) == 0.0
 
 
+def test_a_server_app_with_no_node_to_train_fails_at_once_and_keeps_its_checkpoint(one_thread, tmp_path):
+    """A SuperLink restarted alone on in-memory state: Flower's SuperNodes do not register with it again, so the
+    resumed ServerApp finds no node within node-wait. With min-nodes ≥ 1 it fails before its first round (one line,
+    failed.json) instead of running the remaining rounds on server learning alone, whose checkpoints would make the
+    out-dir look finished; the same `flwr run` with the nodes back continues from the checkpoint. A fresh run
+    without nodes fails the same way, before any checkpoint."""
+    from fedsl.flower.strategy import NoNodes
+
+    rc = {**BASE, "rounds": 3, "checkpoint_every": 1, "out-dir": str(tmp_path / "out"), "min-nodes": 2,
+          "algorithm.clients_per_round": 2}
+    with pytest.raises(Crash):
+        serve(rc, crash_at=2 + 1)  # the first train message of round 2
+    with pytest.raises(NoNodes) as err:
+        serve(rc, late={n: 10**9 for n in HONEST})
+    line = str(err.value)
+    assert line.startswith("fedsl: no SuperNode holds a partition of the run within node-wait = 0 s (min-nodes = 2)")
+    assert "restart them too" in line and "continues from round 2" in line and "\n" not in line
+    assert json.loads((tmp_path / "out" / "failed.json").read_text())["reason"] == line
+    assert torch.load(tmp_path / "out" / "checkpoint.pt", weights_only=True)["round"] == 1  # left as it was
+    back = serve(rc)
+    assert back.offset == 1 and all(h["trained"] for h in back.history) and len(back.history) == 3
+    assert not (tmp_path / "out" / "failed.json").exists()
+
+    fresh = {**rc, "out-dir": str(tmp_path / "fresh"), "federation": "open"}
+    with pytest.raises(NoNodes, match="^fedsl: no SuperNode connected within node-wait = 0 s") as err:
+        serve(fresh, late={n: 10**9 for n in HONEST})
+    assert "continues from" not in str(err.value)
+    written = {p.name for p in (tmp_path / "fresh").iterdir()}
+    assert "failed.json" in written and not {"checkpoint.pt", "final.pt", "done.json"} & written, written
+
+
 def test_a_resumed_run_whose_own_rounds_had_no_client_says_so(one_thread, tmp_path, caplog):
-    """A SuperLink restarted alone: Flower's SuperNodes do not register with it again, so the resumed ServerApp's
-    rounds find no node. The run completes (round 1 had its clients), with a warning naming the cause."""
+    """min-nodes = 0 (go on with the nodes there are, none included) after a SuperLink restarted alone: the resumed
+    ServerApp's rounds find no node. The run completes (round 1 had its clients), with a warning naming the cause."""
     rc = {**BASE, "rounds": 3, "checkpoint_every": 1, "out-dir": str(tmp_path), "algorithm.clients_per_round": 2}
     with pytest.raises(Crash):
         serve(rc, crash_at=2 + 1)  # the first train message of round 2

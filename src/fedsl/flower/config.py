@@ -94,7 +94,8 @@ class FlowerOptions:
         straggler_timeout: seconds to wait for the rest of a round's replies once the first one
             arrived (0 = up to ``round_timeout``); bounds what a crashed node costs a round.
         min_nodes: connected SuperNodes to wait for before round 1.
-        node_wait: seconds to wait for them (then the run starts with the nodes there are).
+        node_wait: seconds to wait for them (then the run starts with the nodes there are; with none at all,
+            and min_nodes ≥ 1, the ServerApp fails at once: ``strategy.NoNodes``).
         client_delay: seconds a ClientApp sleeps before training (for failure tests only).
         resume: continue from ``out_dir/checkpoint.pt`` when there is one (written every
             ``checkpoint_every`` rounds by the ServerApp); False: start over at round 1.

@@ -102,6 +102,10 @@ def plain_client_half(rule: object) -> bool:
             and cls.local_loss is None)
 
 
+class NoNodes(RuntimeError):
+    """Round 1 of a ServerApp (a fresh run's, or a resumed one's first) found no usable node within ``node-wait``."""
+
+
 class FedslStrategy(FedAvg):
     """Flower FedAvg whose aggregation is fedsl's server update + server learning on D0.
 
@@ -221,6 +225,16 @@ class FedslStrategy(FedAvg):
             if n not in self.node_partition:
                 self.dropped.add(n)  # no (valid) answer, or a partition it was not assigned
 
+    def _no_nodes(self, what: str) -> None:
+        """Round 1 of this ServerApp and no node to train: fail now, not after T rounds of server learning alone
+        (whose checkpoints would leave a resumed run's out-dir looking finished). min-nodes = 0 asks to go on."""
+        if self.min_available_nodes < 1:
+            return
+        again = f", which continues from round {self.offset + 1}" if self.offset else ""
+        raise NoNodes(f"fedsl: no SuperNode {what} within node-wait = {self.setup.options.node_wait:g} s "
+                      f"(min-nodes = {self.min_available_nodes}): start the SuperNodes (after a SuperLink restart on "
+                      f"in-memory state, restart them too) and repeat the same flwr run{again}")
+
     def _free_partition(self, node: int) -> int | None:
         """The partition the server assigns a node that claims none (None: no partition for it)."""
         held = set(self.node_partition.values())
@@ -236,6 +250,8 @@ class FedslStrategy(FedAvg):
             if self.open:  # no partitions to learn: every connected node is a client
                 self.nodes = sorted(connected)
                 if len(self.nodes) >= self.min_available_nodes or time.monotonic() >= deadline:
+                    if first and not self.nodes:
+                        self._no_nodes("connected")
                     return
                 log(INFO, "fedsl: waiting for nodes: %d connected (minimum %d)", len(self.nodes),
                     self.min_available_nodes)
@@ -247,6 +263,8 @@ class FedslStrategy(FedAvg):
             if unknown:
                 self._query(grid, unknown)
             if len(self.node_partition) >= self.min_available_nodes or time.monotonic() >= deadline:
+                if first and not self.node_partition:
+                    self._no_nodes("holds a partition of the run")
                 return
             log(INFO, "fedsl: waiting for nodes: %d known (minimum %d)", len(self.node_partition),
                 self.min_available_nodes)
