@@ -267,6 +267,17 @@ def test_a_halted_round_still_runs_server_learning(one_thread, tmp_path):
     assert [h["secagg"] for h in history] == [{"halted": True}] * 2 and all(h["server_steps"] == 4 for h in history)
 
 
+def test_no_node_at_all_fails_at_once_under_secagg_too(one_thread, tmp_path):
+    """No node connected within node-wait (min-nodes ≥ 1): the SecAgg+ ServerApp fails before its first round, in
+    the same line as the plain one, with failed.json; min-nodes = 0 would go on."""
+    from fedsl.flower.strategy import NoNodes
+
+    rc = {**SECAGG, "out-dir": str(tmp_path), "rounds": 2, "min-nodes": 1}
+    with pytest.raises(NoNodes, match="^fedsl: no SuperNode connected within node-wait = 0 s \\(min-nodes = 1\\)"):
+        serve(rc, {})
+    assert "no SuperNode connected" in json.loads((tmp_path / "failed.json").read_text())["reason"]
+
+
 # ----------------------------------------------------------------------------- refusals
 
 @pytest.mark.parametrize("extra, needle", [

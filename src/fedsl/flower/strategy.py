@@ -225,7 +225,7 @@ class FedslStrategy(FedAvg):
             if n not in self.node_partition:
                 self.dropped.add(n)  # no (valid) answer, or a partition it was not assigned
 
-    def _no_nodes(self, what: str) -> None:
+    def no_nodes(self, what: str) -> None:
         """Round 1 of this ServerApp and no node to train: fail now, not after T rounds of server learning alone
         (whose checkpoints would leave a resumed run's out-dir looking finished). min-nodes = 0 asks to go on."""
         if self.min_available_nodes < 1:
@@ -251,7 +251,7 @@ class FedslStrategy(FedAvg):
                 self.nodes = sorted(connected)
                 if len(self.nodes) >= self.min_available_nodes or time.monotonic() >= deadline:
                     if first and not self.nodes:
-                        self._no_nodes("connected")
+                        self.no_nodes("connected")
                     return
                 log(INFO, "fedsl: waiting for nodes: %d connected (minimum %d)", len(self.nodes),
                     self.min_available_nodes)
@@ -264,7 +264,7 @@ class FedslStrategy(FedAvg):
                 self._query(grid, unknown)
             if len(self.node_partition) >= self.min_available_nodes or time.monotonic() >= deadline:
                 if first and not self.node_partition:
-                    self._no_nodes("holds a partition of the run")
+                    self.no_nodes("holds a partition of the run")
                 return
             log(INFO, "fedsl: waiting for nodes: %d known (minimum %d)", len(self.node_partition),
                 self.min_available_nodes)
