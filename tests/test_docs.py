@@ -87,7 +87,7 @@ def _preset_problem(command: str) -> str | None:
         words = shlex.split(command)
     except ValueError:
         return None
-    preset = sets = variants = None
+    preset = variants = None
     sets, quick = [], "--quick" in words
     for k, w in enumerate(words[:-1]):
         if w in ("--preset", "-p"):
@@ -157,13 +157,6 @@ def test_the_documented_commands_exist():
     assert checked >= 40, checked  # the scan finds the commands (138 on 2026-11-28)
 
 
-def _merged(base: dict, part: dict) -> dict:
-    out = dict(base)
-    for key, value in part.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def test_the_documented_configs_validate():
     """Every ```toml block of the README and docs/ validates: a fedsl config, or a part of one (merged into the
     quickstart preset), through the config's own checks; a Flower App's run config (it has Flower's keys, e.g.
@@ -192,7 +185,7 @@ def test_the_documented_configs_validate():
                 else:
                     if part.get("data", {}).get("dataset") == "hf_files" and hf_files.missing():
                         continue  # the [natural] extra, not installed here
-                    loading.load(base=_merged(base, part))
+                    loading.load(base=loading.deep_merge(base, part))
                 checked += 1
             except Exception as e:  # noqa: BLE001 - any refusal is the finding
                 bad.append(f"{f.relative_to(ROOT)}: {str(e).splitlines()[0][:300]}\n{block}")

@@ -8,6 +8,7 @@ files, is ``fedsl.experiments.runner``'s.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -187,10 +188,11 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
         fed, algorithm, pretrain, hp, fm = built.fed, built.algorithm, built.pretrain, built.hparams, built.fm
     check_representation(cfg, algorithm, fm)
     fm.module.to(device=device, dtype=dtype)
+    free_cores = functools.cache(threads.auto_threads)  # asked once: the pool gets the cores the choice counted
     name = resolve_executor(cfg, device, fed.num_clients, fed.n, lambda: train_flops(fm.module, fed.input_shape),
-                            threads.auto_threads)
+                            free_cores)
     # 'auto' chose the pool: one worker per core the run's automatic threads would use (the load leaves them free)
-    workers = threads.auto_threads() if cfg.executor == "auto" and name == "processes" else None
+    workers = free_cores() if cfg.executor == "auto" and name == "processes" else None
     executor = make_executor(name, fm, device, cfg.compile, workers)
     on_device = fed.to(device, dtype)
     if pools is not None:

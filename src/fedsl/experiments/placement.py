@@ -107,7 +107,7 @@ def side_by_side(runs: int, threads: list[int], free_cores: int, group_gflop: fl
     (``group_gflop``) reaches ``POOL_MIN_GFLOP``; then one run per free core, and no more than the runs' data
     (``run_bytes`` each) fits in ``HOST_MEMORY_SHARE`` of ``available_bytes`` (None: not known, not limited).
     Side by side beats both one after another and stacking on a CPU (benchmarks/RESULTS.md)."""
-    if runs < 2 or any(t != 0 for t in threads) or free_cores < 2 or group_gflop < POOL_MIN_GFLOP:
+    if any(t != 0 for t in threads) or not pool_pays(0, free_cores, runs, group_gflop):
         return 1
     n = min(runs, free_cores)
     if available_bytes is not None and run_bytes > 0:

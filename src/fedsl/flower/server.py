@@ -14,7 +14,7 @@ from fedsl.flower.config import load_setup
 from fedsl.flower.grid import RoundGrid
 from fedsl.flower.records import to_record
 from fedsl.flower.secagg import run_secagg
-from fedsl.flower.strategy import FedslStrategy, NoNodes
+from fedsl.flower.strategy import FedslStrategy
 
 
 class NoClientUpdate(RuntimeError):
@@ -29,7 +29,7 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
     With ``secagg = true`` the rounds run under Flower's SecAgg+ (``fedsl.flower.secagg``).
 
     Raises:
-        NoNodes: no node to train within ``node-wait`` at this ServerApp's first round (with min-nodes ≥ 1);
+        strategy.NoNodes: no node to train within ``node-wait`` at this ServerApp's first round (with min-nodes ≥ 1);
             ``failed.json`` says so and a checkpoint is left as it was.
         NoClientUpdate: no round (of the whole run, a resumed one's included) aggregated any client
             update; ``final.pt`` and ``done.json`` are not written (a single empty round is a warning, and so
@@ -56,12 +56,8 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
             "--node-config 'partition-id=I' and the config's data: the server checks each reply against the "
             "federation it rebuilt from the config")
     straggler = setup.options.straggler_timeout or None
-    try:
-        strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x),
-                       num_rounds=cfg.rounds - done, timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
-    except NoNodes as e:
-        strategy.fail(str(e))  # out-dir/failed.json; the checkpoint stays as it was, for the run repeated
-        raise
+    strategy.start(RoundGrid(grid, straggler=straggler), initial_arrays=to_record(strategy.state.x),
+                   num_rounds=cfg.rounds - done, timeout=setup.options.round_timeout, evaluate_fn=strategy.evaluate)
     return _finish(strategy)
 
 

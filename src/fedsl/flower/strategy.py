@@ -231,9 +231,11 @@ class FedslStrategy(FedAvg):
         if self.min_available_nodes < 1:
             return
         again = f", which continues from round {self.offset + 1}" if self.offset else ""
-        raise NoNodes(f"fedsl: no SuperNode {what} within node-wait = {self.setup.options.node_wait:g} s "
-                      f"(min-nodes = {self.min_available_nodes}): start the SuperNodes (after a SuperLink restart on "
-                      f"in-memory state, restart them too) and repeat the same flwr run{again}")
+        failure = NoNodes(f"fedsl: no SuperNode {what} within node-wait = {self.setup.options.node_wait:g} s "
+                          f"(min-nodes = {self.min_available_nodes}): start the SuperNodes (after a SuperLink restart "
+                          f"on in-memory state, restart them too) and repeat the same flwr run{again}")
+        self.fail(str(failure))  # out-dir/failed.json; a checkpoint stays as it was, for the run repeated
+        raise failure
 
     def _free_partition(self, node: int) -> int | None:
         """The partition the server assigns a node that claims none (None: no partition for it)."""
