@@ -32,6 +32,22 @@ def test_reproduction_md_summary_is_recomputed_from_reproduction():
         assert summary.in_doc(text, i) == table, "run: python reproduction/summary.py --write"
 
 
+def test_every_summary_row_cites_its_folders_and_fig5_the_full_scale_one():
+    """A reader goes from a row to its files: each row's scale cell names every folder it was read from, and
+    Fig. 5's row reads the full-scale GPU grid (not the superseded 200-round or old-defaults folders)."""
+    import tomllib
+
+    summary = _module("summary")
+    entries = tomllib.loads((ROOT / "reproduction" / "summary.toml").read_text())["row"]
+    rows = [line for line in summary.in_doc(summary.DOC.read_text(), 0).splitlines()[2:]]
+    assert len(rows) == len(entries)
+    for entry, line in zip(entries, rows):
+        scale_cell = line.split(" | ")[3]
+        assert all(f"`{folder}`: " in scale_cell for folder in entry["folders"]), (entry["paper"], scale_cell)
+    fig5 = next(line for e, line in zip(entries, rows) if e["preset"] == "fig5-cifar10")
+    assert fig5.split(" | ")[3].startswith(f"`{summary.FIG5}`: 1,000 × ")
+
+
 def test_collect_keeps_the_text_results_of_finished_runs(tmp_path):
     cfg = C.validate(tiny_config(rounds=2, seeds=[0, 1], variants={"A": {}, "B": {"algorithm": {"name": "fedavg"}}},
                                  claims=[{"text": "A beats B", "better": "A", "worse": "B"}]))

@@ -119,7 +119,8 @@ def _fmt_scale(rounds: int, seeds: int) -> str:
 
 def summary_markdown(root: str | Path, entries: list[dict]) -> str:
     """The Markdown table over ``entries`` (dicts with paper, preset, folders, ran, paper_result; folders
-    relative to ``root``): one row per entry, one line per folder in the computed columns."""
+    relative to ``root``): one row per entry, one line per folder in the computed columns; the scale column names
+    every folder, the others only when a row has several."""
     root = Path(root)
     lines = ["| paper | preset | what ran here | scale (rounds × seeds) | our result: final accuracy, mean ± sample "
              "std over seeds (mean T_0.5) | the paper | verdicts (computed; p one-sided, Holm's p over the folder) |",
@@ -129,7 +130,8 @@ def summary_markdown(root: str | Path, entries: list[dict]) -> str:
         for folder in e["folders"]:
             row = group_row(root / folder)
             tag = f"`{folder}`: " if len(e["folders"]) > 1 else ""
-            scales.append(tag + _fmt_scale(*row["scale"]))
+            # the scale cell always names the folder it was read from, so each row cites its files
+            scales.append(f"`{folder}`: " + _fmt_scale(*row["scale"]))
             ours.append(tag + row["ours"])
             judged += [f"{v}: {c.text}" + (f" (`{folder}`)" if len(e["folders"]) > 1 else "")
                        for c, v in row["verdicts"]]
