@@ -138,9 +138,55 @@ def test_dataset_checks_keep_their_messages():
     with pytest.raises(ConfigError, match=r"^data.classes_per_client = 5: expected at most the 4 classes of "
                                           r"data.chars$"):
         validate({**base, "data": {"dataset": "synthetic_chars", "chars": "0123", "classes_per_client": 5}})
-    validate({**base, "data": {"dataset": "toy", "chars": "0123", "classes_per_client": 5}})  # chars: not toy's
+    # chars is synthetic_chars' alone: with toy it would change nothing, so it is refused (the size rule is not run)
+    with pytest.raises(ConfigError, match=r"^data.chars = '0123': read only with data.dataset = 'synthetic_chars', "
+                                          r"not 'toy': expected it unset$"):
+        validate({**base, "data": {"dataset": "toy", "chars": "0123", "classes_per_client": 5}})
     with pytest.raises(ConfigError, match=r"^data.classes = 'paper45' is for dataset 'emnist', not 'toy'$"):
         validate({**base, "data": {"dataset": "toy", "classes": "paper45"}})
+
+
+@pytest.mark.parametrize("dataset, data, readers", [
+    ("cifar10", {"carve": True}, "'emnist'"),
+    ("mnist", {"emnist_split": "digits"}, "'emnist'"),
+    ("toy", {"id_column": "writer"}, "'hf_files'"),
+    ("leaf", {"test_fraction": 0.2}, "'hf_files'"),
+    ("synthetic_fedprox", {"synthetic_model_seed": 1}, "'synthetic_leaf'"),
+    ("toy", {"synthetic_max_samples": 100}, "'synthetic_fedprox' or 'synthetic_leaf'"),
+    ("cifar10", {"train_per_class": 300}, "'synthetic_chars' or 'emnist'"),
+])
+def test_a_key_only_other_datasets_read_is_refused(dataset, data, readers):
+    """A dataset-specific key changed with a dataset that never reads it would change nothing (a sweep of it would
+    run one config several times): refused in one line naming the key, its value and the datasets that read it."""
+    key, value = next(iter(data.items()))
+    base = {"rounds": 2, "algorithm": {"name": "fedavg", "clients_per_round": 2}}
+    with pytest.raises(ConfigError, match=rf"^data.{key} = {value!r}: read only with data.dataset = {readers}, "
+                                          rf"not '{dataset}': expected it unset$"):
+        validate({**base, "data": {"dataset": dataset, **data}})
+
+
+def test_emnist_reads_the_carving_keys_only_when_carving():
+    base = {"rounds": 2, "algorithm": {"name": "fedavg", "clients_per_round": 2}}
+    with pytest.raises(ConfigError, match=r"^data.train_per_class = 315: EMNIST reads it only when carving a split "
+                                          r"\(data.carve = true\): expected data.carve = true, or the key unset$"):
+        validate({**base, "data": {"dataset": "emnist", "train_per_class": 315}})
+    with pytest.raises(ConfigError, match=r"^data.carve_test = 'exact': EMNIST reads it only when carving"):
+        validate({**base, "data": {"dataset": "emnist", "carve_test": "exact"}})
+    cfg = validate({**base, "data": {"dataset": "emnist", "carve": True, "train_per_class": 315,
+                                     "carve_test": "exact"}})
+    assert (cfg.data.train_per_class, cfg.data.carve_test) == (315, "exact")
+
+
+@pytest.mark.parametrize("dataset", registry.names())
+def test_a_saved_config_of_every_dataset_loads_again(dataset):
+    """A saved config writes every key, the dataset-specific ones at their defaults: those are not refused."""
+    if dataset == "hf_files":
+        pytest.importorskip("flwr_datasets", reason="hf_files needs the 'natural' extra")
+    data = {"dataset": dataset, **({"id_column": "id"} if dataset == "hf_files" else {})}
+    cfg = validate({"rounds": 2, "algorithm": {"name": "fedavg", "clients_per_round": 2}, "data": data})
+    saved = cfg.model_dump(mode="json")
+    assert set(registry.specific_keys()) <= set(saved["data"])
+    assert validate(saved) == cfg
 
 
 def test_label_and_font_generators_are_the_ones_they_replaced():

@@ -107,12 +107,14 @@ def test_a_global_model_learns_it():
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"synthetic_server_beta": 2.0}, "^data.synthetic_server_alpha / synthetic_server_beta shift Synthetic"),
+    ({"synthetic_server_beta": 2.0}, "^data.synthetic_server_beta = 2.0: read only with data.dataset = "
+                                     "'synthetic_fedprox', not 'synthetic_leaf': expected it unset$"),
     ({"synthetic_clusters": [0.5, 0.4]}, r"^data.synthetic_clusters = \[0.5, 0.4\]: expected probabilities summing"),
     ({"server_source": "dataset"}, "^data.server_source = 'dataset' reads images"),
     ({"samples_per_client": 10}, "^data.samples_per_client = 10: the clients' sizes of 'synthetic_leaf'"),
-    ({"synthetic_alpha": 0.5}, r"^data.synthetic_alpha = 0.5: Synthetic\(α, β\)'s .* not read by 'synthetic_leaf'"),
-    ({"synthetic_beta": 0.0}, r"^data.synthetic_beta = 0.0: Synthetic"),
+    ({"synthetic_alpha": 0.5}, "^data.synthetic_alpha = 0.5: read only with data.dataset = 'synthetic_fedprox', "
+                               "not 'synthetic_leaf'"),
+    ({"synthetic_beta": 0.0}, "^data.synthetic_beta = 0.0: read only with data.dataset = 'synthetic_fedprox'"),
 ])
 def test_what_it_cannot_give_is_refused_in_one_line(data, message):
     with pytest.raises(ConfigError, match=message) as e:
@@ -121,5 +123,6 @@ def test_what_it_cannot_give_is_refused_in_one_line(data, message):
 
 
 def test_clusters_are_refused_for_synthetic_fedprox():
-    with pytest.raises(ConfigError, match="^data.synthetic_clusters is LEAF's"):
+    with pytest.raises(ConfigError, match=r"^data.synthetic_clusters = \[1.0\]: read only with data.dataset = "
+                                          "'synthetic_leaf', not 'synthetic_fedprox'"):
         _cfg({"dataset": "synthetic_fedprox", "synthetic_clusters": [1.0]})

@@ -357,3 +357,14 @@ def load(d, root: Path) -> ArrayDataset:
         return carve_emnist(root, d.emnist_split, classes=classes, train_per_class=d.train_per_class,
                             test_per_class=d.test_per_class, seed=0, test_up_to=d.carve_test == "up_to")
     return load_emnist(root, d.emnist_split, classes=classes, download=d.download)
+
+
+def check_config(d) -> str | None:
+    """The registry's config check of ``data.dataset = 'emnist'``: the carving keys are read only when carving."""
+    if not d.carve:
+        for key in ("train_per_class", "test_per_class", "carve_test"):
+            # against the default, not "was it set": a saved config writes every key
+            if (value := getattr(d, key)) != type(d).model_fields[key].default:
+                return (f"data.{key} = {value!r}: EMNIST reads it only when carving a split (data.carve = true): "
+                        "expected data.carve = true, or the key unset")
+    return None

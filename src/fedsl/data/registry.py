@@ -65,6 +65,9 @@ class DatasetInfo:
             has no arrays (``load`` is None), and what needs every client's samples at once is refused for it.
         natural: its loader tags every sample with a natural id (writer, user, device: ``ImageSet.owners``), so
             ``data.partition = 'natural'`` can give one client per id (``fedsl.data.natural``).
+        reads: the dataset-specific data keys it reads (``data.chars``, ``data.emnist_split``, ...). A key that some
+            dataset reads is refused at validation, changed from its default, with a dataset that does not
+            (``fedsl.experiments.config``): it would change nothing.
     """
 
     name: str
@@ -83,6 +86,7 @@ class DatasetInfo:
     selects_classes: bool = False
     federation: Callable[[Any, int], Any] | None = None
     natural: bool = False
+    reads: tuple[str, ...] = ()
 
     @property
     def generated(self) -> bool:
@@ -103,14 +107,17 @@ _MNIST_FILES = ("train-images-idx3-ubyte*", "t10k-images-idx3-ubyte*")
 DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
     DatasetInfo("synthetic_chars", lazy("fedsl.data.synthetic", "load"), channels=1, image_size=(28, 28),
                 note="generated: data.train_per_class / test_per_class per class of data.chars",
-                check_config=lazy("fedsl.data.synthetic", "check_config")),
+                check_config=lazy("fedsl.data.synthetic", "check_config"),
+                reads=("chars", "train_per_class", "test_per_class")),
     DatasetInfo("cifar10", lazy("fedsl.data.cifar10", "load"), 50_000, 10_000, 10, 3, (32, 32),
                 subdirs=("cifar10", "cifar-10", "cifar10-jpeg", "."),
                 markers=("cifar-10-batches-py", "cifar-10-python.tar.gz", "cifar-10-batches-bin",
                          "cifar-10-binary.tar.gz", "train/airplane")),
     DatasetInfo("emnist", lazy("fedsl.data.emnist", "load"), 112_800, 18_800, 47, 1, (28, 28),
                 note="the balanced split; other splits: see the docs", subdirs=("emnist", "."),
-                markers=("emnist-*-ubyte.gz", "gzip.zip", "gzip/emnist-*"), selects_classes=True),
+                markers=("emnist-*-ubyte.gz", "gzip.zip", "gzip/emnist-*"), selects_classes=True,
+                check_config=lazy("fedsl.data.emnist", "check_config"),
+                reads=("emnist_split", "carve", "carve_test", "train_per_class", "test_per_class")),
     DatasetInfo("mnist", lazy("fedsl.data.mnist", "load"), 60_000, 10_000, 10, 1, (28, 28),
                 subdirs=("mnist", "MNIST", "."), markers=_MNIST_FILES, identify=lazy("fedsl.data.mnist", "is_mnist")),
     DatasetInfo("fashion_mnist", lazy("fedsl.data.mnist", "load_fashion"), 60_000, 10_000, 10, 1, (28, 28),
@@ -129,24 +136,39 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
                 note="local parquet/CSV/JSON files or an image folder read with Hugging Face datasets "
                      "(the 'natural' extra)",
                 markers=("*.parquet", "*.csv", "*.json", "*.jsonl", "train", "data"), natural=True,
-                check_config=lazy("fedsl.data.hf_files", "check_config")),
+                check_config=lazy("fedsl.data.hf_files", "check_config"),
+                reads=("id_column", "label_column", "test_fraction")),
     DatasetInfo("toy", lazy("fedsl.data.toy", "load"), 160, 40, 4, 1, (12, 12), stats=((0.5,), (0.25,)),
                 note="generated stripes, for tests and examples"),
     DatasetInfo("synthetic_fedprox", None, num_classes=10,
                 note="generated on demand, any N: Synthetic(α, β) of FedProx (Li et al. 2020), 60 features",
                 check_config=lazy("fedsl.data.synthetic_fedprox", "check_config"),
-                federation=lazy("fedsl.data.synthetic_fedprox", "federation")),
+                federation=lazy("fedsl.data.synthetic_fedprox", "federation"),
+                reads=("synthetic_alpha", "synthetic_beta", "synthetic_max_samples", "synthetic_test_clients",
+                       "synthetic_server_alpha", "synthetic_server_beta")),
     DatasetInfo("synthetic_leaf", None, num_classes=5,
                 note="generated on demand, any N: LEAF's synthetic data (Caldas et al. 2018), models sharing one "
                      "structure, 60 features",
                 check_config=lazy("fedsl.data.synthetic_leaf", "check_config"),
-                federation=lazy("fedsl.data.synthetic_leaf", "federation")),
+                federation=lazy("fedsl.data.synthetic_leaf", "federation"),
+                reads=("synthetic_max_samples", "synthetic_test_clients", "synthetic_clusters",
+                       "synthetic_model_seed")),
 )}
 
 
 def names() -> tuple[str, ...]:
     """The ``data.dataset`` choices: every dataset with a loader or a federation of its own."""
     return tuple(name for name, info in DATASETS.items() if info.load is not None or info.federation is not None)
+
+
+def readers(key: str) -> tuple[str, ...]:
+    """The datasets that read dataset-specific data key ``key`` (empty: every dataset may read it)."""
+    return tuple(name for name, info in DATASETS.items() if key in info.reads)
+
+
+def specific_keys() -> tuple[str, ...]:
+    """The data keys that only some datasets read, in the order of ``DATASETS``."""
+    return tuple(dict.fromkeys(key for info in DATASETS.values() for key in info.reads))
 
 
 def on_demand(name: str) -> bool:

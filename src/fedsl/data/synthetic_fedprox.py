@@ -144,8 +144,6 @@ def federation(d, seed: int) -> Federation:
 def check_config(d) -> str | None:
     """The registry's config check of ``data.dataset = 'synthetic_fedprox'``: what data config ``d`` asks that this
     generated benchmark cannot give (one line), or None."""
-    if d.synthetic_clusters is not None:
-        return "data.synthetic_clusters is LEAF's (data.dataset = 'synthetic_leaf'): expected it unset"
     if d.server_source != "iid" and (d.synthetic_server_alpha is not None or d.synthetic_server_beta is not None):
         return ("data.synthetic_server_alpha / synthetic_server_beta shift D0's prior: expected data.server_source = "
                 f"'iid', not {d.server_source!r}")

@@ -178,7 +178,7 @@ class DataConfig(_Strict):
     synthetic_server_beta: float | None = Field(None, ge=0, le=100, description="synthetic_fedprox: β0 of the "
                                                 "shifted D0's prior (default β: none)")
     # LEAF's synthetic data (fedsl.data.synthetic_leaf); synthetic_alpha and synthetic_beta are not read there (a
-    # changed one is refused)
+    # changed one is refused, as every dataset-specific key with a dataset that does not read it)
     synthetic_clusters: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(
         None, min_length=1, max_length=100, description="synthetic_leaf: the probabilities of its clusters of client "
         "models, summing to 1 (LEAF's prob_clusters; default [1.0], one cluster, as LEAF)")
@@ -215,6 +215,13 @@ class DataConfig(_Strict):
         problem = check(self) if check is not None else None
         if problem:
             raise ValueError(problem)
+        # A key only other datasets read would change nothing (a study of data.chars on CIFAR-10 would run one
+        # config many times). Compared with the default, not "was it set", so that saved configs still load.
+        for key in registry.specific_keys():
+            readers = registry.readers(key)
+            if self.dataset not in readers and (value := getattr(self, key)) != type(self).model_fields[key].default:
+                raise ValueError(f"data.{key} = {value!r}: read only with data.dataset = "
+                                 f"{' or '.join(repr(r) for r in readers)}, not {self.dataset!r}: expected it unset")
         return self
 
     @property
