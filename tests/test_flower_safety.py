@@ -53,15 +53,17 @@ class Nodes:
         partitions: node id -> partition-id of its node config.
         tamper: node id -> what it sends instead of its honest train reply.
         late: node id -> the ``get_node_ids`` call from which on it is connected (1 = from the start).
+        gone: node id -> the ``get_node_ids`` call from which on it is disconnected.
         crash_at: the train message (1-based count) at whose sending the ServerApp crashes.
     """
 
     def __init__(self, run_config: dict, partitions: dict[int, int], tamper: dict[int, Tamper] | None = None,
-                 late: dict[int, int] | None = None, crash_at: int | None = None) -> None:
+                 late: dict[int, int] | None = None, gone: dict[int, int] | None = None,
+                 crash_at: int | None = None) -> None:
         self.app = make_client_app(APP)
         self.contexts = {node: Context(run_id=1, node_id=node, node_config={"partition-id": pid}, state=RecordDict(),
                                        run_config=run_config) for node, pid in partitions.items()}
-        self.tamper, self.late, self.crash_at = tamper or {}, late or {}, crash_at
+        self.tamper, self.late, self.gone, self.crash_at = tamper or {}, late or {}, gone or {}, crash_at
         self.calls, self.sent, self._replies = 0, [], {}
 
     def trains_to(self, node: int) -> int:
@@ -69,7 +71,7 @@ class Nodes:
 
     def get_node_ids(self) -> list[int]:
         self.calls += 1
-        return [n for n in self.contexts if self.late.get(n, 1) <= self.calls]
+        return [n for n in self.contexts if self.late.get(n, 1) <= self.calls < self.gone.get(n, 10**9)]
 
     def _reply(self, msg: Message) -> Message:
         msg.metadata.__dict__["_message_id"] = f"m{len(self.sent)}"
@@ -383,6 +385,32 @@ def test_a_server_app_with_no_node_to_train_fails_at_once_and_keeps_its_checkpoi
     assert "continues from" not in str(err.value)
     written = {p.name for p in (tmp_path / "fresh").iterdir()}
     assert "failed.json" in written and not {"checkpoint.pt", "final.pt", "done.json"} & written, written
+
+
+def test_a_server_app_that_loses_every_node_mid_run_checkpoints_and_fails(one_thread, tmp_path):
+    """Every SuperNode gone after round 2 (min-nodes ≥ 1): round 3 waits node-wait for one, then the ServerApp fails
+    in one line, having checkpointed rounds 1–2 (checkpoint_every = 3 had not yet saved them), instead of running
+    rounds 3–4 on server learning alone. The same flwr run with the nodes back ends on the uninterrupted run's model.
+    Losing some nodes is not this: the round goes on with the others (the partition tests above)."""
+    from fedsl.flower.strategy import NoNodes
+
+    rc = {**BASE, "rounds": 4, "checkpoint_every": 3, "out-dir": str(tmp_path), "min-nodes": 2,
+          "algorithm.clients_per_round": 2}
+    with pytest.raises(NoNodes) as err:
+        serve(rc, gone={n: 3 for n in HONEST})  # get_node_ids is called once a round
+    line = str(err.value)
+    assert line.startswith("fedsl: no SuperNode holds a partition of the run within node-wait = 0 s (min-nodes = 2)")
+    assert "continues from round 3" in line and "\n" not in line
+    assert json.loads((tmp_path / "failed.json").read_text())["reason"] == line
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ckpt["round"] == 2 and not (tmp_path / "done.json").exists()
+    assert [h["round"] for h in json.loads((tmp_path / "rounds.json").read_text())] == [1, 2]
+    back = serve(rc)
+    assert back.offset == 2 and [h["round"] for h in back.history] == [1, 2, 3, 4]
+    assert all(h["trained"] for h in back.history) and not (tmp_path / "failed.json").exists()
+    cfg, _ = parse_run_config(rc)
+    expected, _ = run_rounds(prepare(cfg).sim, cfg.rounds)
+    assert max_diff(back.state.x, expected.x) == 0.0
 
 
 def test_a_resumed_run_whose_own_rounds_had_no_client_says_so(one_thread, tmp_path, caplog):

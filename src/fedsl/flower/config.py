@@ -95,7 +95,8 @@ class FlowerOptions:
             arrived (0 = up to ``round_timeout``); bounds what a crashed node costs a round.
         min_nodes: connected SuperNodes to wait for before round 1.
         node_wait: seconds to wait for them (then the run starts with the nodes there are; with none at all,
-            and min_nodes ≥ 1, the ServerApp fails at once: ``strategy.NoNodes``).
+            and min_nodes ≥ 1, the ServerApp fails at once: ``strategy.NoNodes``); a later round that has lost
+            every node waits as long for one (then fails the same way, its rounds done checkpointed).
         client_delay: seconds a ClientApp sleeps before training (for failure tests only).
         resume: continue from ``out_dir/checkpoint.pt`` when there is one (written every
             ``checkpoint_every`` rounds by the ServerApp); False: start over at round 1.

@@ -29,8 +29,9 @@ def run_server(grid: Grid, context: Context, app_dir: str | Path | None = None) 
     With ``secagg = true`` the rounds run under Flower's SecAgg+ (``fedsl.flower.secagg``).
 
     Raises:
-        strategy.NoNodes: no node to train within ``node-wait`` at this ServerApp's first round (with min-nodes ≥ 1);
-            ``failed.json`` says so and a checkpoint is left as it was.
+        strategy.NoNodes: no node to train within ``node-wait`` at this ServerApp's first round, or at a later one
+            after every node was lost (with min-nodes ≥ 1); ``failed.json`` says so, and the rounds done are in the
+            checkpoint (when ``checkpoint_every`` > 0) for the run repeated.
         NoClientUpdate: no round (of the whole run, a resumed one's included) aggregated any client
             update; ``final.pt`` and ``done.json`` are not written (a single empty round is a warning, and so
             are a resumed run's rounds when none of them had a client: the rounds before the resume had).

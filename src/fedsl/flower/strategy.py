@@ -103,7 +103,8 @@ def plain_client_half(rule: object) -> bool:
 
 
 class NoNodes(RuntimeError):
-    """Round 1 of a ServerApp (a fresh run's, or a resumed one's first) found no usable node within ``node-wait``."""
+    """A ServerApp's round found no usable node within ``node-wait``: round 1 (a fresh run's, or a resumed one's
+    first), or a later round after every node was lost."""
 
 
 class FedslStrategy(FedAvg):
@@ -226,15 +227,21 @@ class FedslStrategy(FedAvg):
                 self.dropped.add(n)  # no (valid) answer, or a partition it was not assigned
 
     def no_nodes(self, what: str) -> None:
-        """Round 1 of this ServerApp and no node to train: fail now, not after T rounds of server learning alone
-        (whose checkpoints would leave a resumed run's out-dir looking finished). min-nodes = 0 asks to go on."""
+        """No node to train, within node-wait: fail now, not after the remaining rounds of server learning alone
+        (whose checkpoints would leave a resumed run's out-dir looking finished). Rounds done since the last
+        checkpoint are checkpointed first (when checkpointing is on), so the repeated run loses none of them.
+        min-nodes = 0 asks to go on."""
         if self.min_available_nodes < 1:
             return
+        done = len(self.history)
+        if done > self.offset and self.setup.cfg.checkpoint_every and \
+                self.checkpoints.save(self.state, self.history, self.evaluations) is not None:
+            self.offset = done  # the round the repeated run continues after
         again = f", which continues from round {self.offset + 1}" if self.offset else ""
         failure = NoNodes(f"fedsl: no SuperNode {what} within node-wait = {self.setup.options.node_wait:g} s "
                           f"(min-nodes = {self.min_available_nodes}): start the SuperNodes (after a SuperLink restart "
                           f"on in-memory state, restart them too) and repeat the same flwr run{again}")
-        self.fail(str(failure))  # out-dir/failed.json; a checkpoint stays as it was, for the run repeated
+        self.fail(str(failure))  # out-dir/failed.json; the checkpoint stays, for the run repeated
         raise failure
 
     def _free_partition(self, node: int) -> int | None:
@@ -246,30 +253,32 @@ class FedslStrategy(FedAvg):
         return next((i for i in range(self.setup.num_clients) if i not in held), None)
 
     def _refresh_nodes(self, grid: Grid, first: bool) -> None:
-        deadline = time.monotonic() + (self.setup.options.node_wait if first else 0.0)
+        """The nodes of this round: round 1 waits up to node-wait for min-nodes of them; a later round goes on with
+        the nodes there are, and waits (then fails: ``no_nodes``) only when it has none, with min-nodes ≥ 1."""
+        need = self.min_available_nodes if first else min(self.min_available_nodes, 1)
+        deadline = time.monotonic() + self.setup.options.node_wait if first else None
         while True:
             connected = set(grid.get_node_ids()) - self.dropped
             if self.open:  # no partitions to learn: every connected node is a client
                 self.nodes = sorted(connected)
-                if len(self.nodes) >= self.min_available_nodes or time.monotonic() >= deadline:
-                    if first and not self.nodes:
-                        self.no_nodes("connected")
-                    return
-                log(INFO, "fedsl: waiting for nodes: %d connected (minimum %d)", len(self.nodes),
-                    self.min_available_nodes)
-                time.sleep(1.0)
-                continue
-            for gone in set(self.node_partition) - connected:
-                del self.node_partition[gone]  # its partition is free again (e.g. for the node restarted)
-            unknown = sorted(connected - set(self.node_partition))
-            if unknown:
-                self._query(grid, unknown)
-            if len(self.node_partition) >= self.min_available_nodes or time.monotonic() >= deadline:
-                if first and not self.node_partition:
-                    self.no_nodes("holds a partition of the run")
+                usable, what = len(self.nodes), "connected"
+            else:
+                for gone in set(self.node_partition) - connected:
+                    del self.node_partition[gone]  # its partition is free again (e.g. for the node restarted)
+                unknown = sorted(connected - set(self.node_partition))
+                if unknown:
+                    self._query(grid, unknown)
+                usable, what = len(self.node_partition), "holds a partition of the run"
+            if usable >= need:
                 return
-            log(INFO, "fedsl: waiting for nodes: %d known (minimum %d)", len(self.node_partition),
-                self.min_available_nodes)
+            if deadline is None:  # a later round that lost every node: wait for one as round 1 waits
+                deadline = time.monotonic() + self.setup.options.node_wait
+            if time.monotonic() >= deadline:
+                if not usable:
+                    self.no_nodes(what)
+                return
+            log(INFO, "fedsl: waiting for nodes: %d %s (minimum %d)", usable,
+                "connected" if self.open else "known", need)
             time.sleep(1.0)
 
     # ------------------------------------------------------------------ train
