@@ -448,6 +448,40 @@ def test_variant_breaking_a_cross_check():
         expand_variants(cfg)
 
 
+@pytest.mark.parametrize("algorithm, key, readers", [("fedavg", "mu", "'fedprox'"), ("scaffold", "alpha", "'feddyn'"),
+                                                     ("fedavgm", "tau", "'fedadam' or 'fedyogi' or 'fedadagrad'")])
+def test_a_hyper_parameter_of_another_algorithm_is_refused(algorithm, key, readers):
+    """algorithm.mu with FedAvg would change nothing (a sweep of μ would run one config many times): one line
+    naming the algorithms that read it. The specs decide (their hyper-parameters), not a list of names here."""
+    with pytest.raises(ConfigError, match=rf"^algorithm.{key} = 0.5: read only with algorithm.name = {readers}, "
+                                          rf"not '{algorithm}': expected it unset$"):
+        validate(minimal(algorithm={"name": algorithm, key: 0.5}))
+    saved = validate(minimal(algorithm={"name": algorithm})).model_dump(mode="json")  # every key, at its default
+    assert key in saved["algorithm"] and validate(saved).algorithm.name == algorithm
+
+
+def test_a_variant_that_switches_algorithm_or_dataset_leaves_the_others_keys_behind():
+    """A FedAvg variant of a FedProx config does not carry μ, nor a CIFAR-10 variant of an EMNIST one its split;
+    a key the variant (or the sweep) sets itself stays, and is refused where its algorithm does not read it."""
+    d = minimal(algorithm={"name": "fedprox", "mu": 0.1},
+                data={"dataset": "emnist", "emnist_split": "digits", "carve": True, "train_per_class": 30},
+                variants={"FedProx": {}, "FedAvg": {"algorithm": {"name": "fedavg"}},
+                          "CIFAR": {"data": {"dataset": "cifar10"}}})
+    runs = expand_variants(validate(d))
+    assert (runs["FedProx"].algorithm.mu, runs["FedProx"].data.emnist_split) == (0.1, "digits")
+    assert runs["FedAvg"].algorithm.name == "fedavg" and runs["FedAvg"].algorithm.mu == 0.01  # the default
+    cifar = runs["CIFAR"].data
+    assert (cifar.emnist_split, cifar.carve, cifar.train_per_class) == ("balanced", False, 200)
+    assert runs["CIFAR"].algorithm.mu == 0.1  # still FedProx
+    swept = expand_variants(validate(minimal(algorithm={"name": "fedprox", "mu": 0.1},
+                                             sweep={"algorithm.name": ["fedprox", "fedavg"]})))
+    assert [r.algorithm.mu for r in swept.values()] == [0.1, 0.01]
+    with pytest.raises(ConfigError, match=r"^variants\.bad: algorithm\.mu = 0\.2: read only with algorithm.name = "
+                                          r"'fedprox', not 'fedavg'"):
+        expand_variants(validate(minimal(algorithm={"name": "fedprox", "mu": 0.1},
+                                         variants={"bad": {"algorithm": {"name": "fedavg", "mu": 0.2}}})))
+
+
 def test_variant_that_is_not_a_table():
     with pytest.raises(ConfigError, match=r"^variants\.v = 3:"):
         validate(minimal(variants={"v": 3}))

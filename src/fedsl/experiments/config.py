@@ -215,13 +215,8 @@ class DataConfig(_Strict):
         problem = check(self) if check is not None else None
         if problem:
             raise ValueError(problem)
-        # A key only other datasets read would change nothing (a study of data.chars on CIFAR-10 would run one
-        # config many times). Compared with the default, not "was it set", so that saved configs still load.
-        for key in registry.specific_keys():
-            readers = registry.readers(key)
-            if self.dataset not in readers and (value := getattr(self, key)) != type(self).model_fields[key].default:
-                raise ValueError(f"data.{key} = {value!r}: read only with data.dataset = "
-                                 f"{' or '.join(repr(r) for r in readers)}, not {self.dataset!r}: expected it unset")
+        if problem := unread_key("data", self):  # e.g. data.chars with CIFAR-10: it would change nothing
+            raise ValueError(problem)
         return self
 
     @property
@@ -297,6 +292,37 @@ AlgorithmConfig = create_model(
     "AlgorithmConfig", __base__=AlgorithmConfig,
     **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, le=h.le, description=f"{h.symbol}, {h.meaning}"))
        for h in _HP.values()})
+
+# Keys that only some algorithms (their specs' hyper-parameters) or datasets (the registry's ``reads``) read:
+# section -> (the key naming the choice, {key: the choices that read it}).
+OWN_KEYS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
+    "algorithm": ("name", {key: tuple(n for n, s in SPECS.items() if any(h.key == key for h in s.hyperparams))
+                           for key in _HP}),
+    "data": ("dataset", {key: registry.readers(key) for key in registry.specific_keys()}),
+}
+
+
+def unread_key(section: str, table: BaseModel) -> str | None:
+    """The one-line problem of a key of ``table`` (the ``section`` of a config) that only other choices read,
+    changed from its default (it would change nothing: a sweep of it would run one config many times), or None.
+    Compared with the default, not "was it set", so that a saved config (every key written) loads."""
+    selector, readers = OWN_KEYS[section]
+    choice = getattr(table, selector)
+    for key, by in readers.items():
+        if choice not in by and (value := getattr(table, key)) != type(table).model_fields[key].default:
+            return (f"{section}.{key} = {value!r}: read only with {section}.{selector} = "
+                    f"{' or '.join(repr(b) for b in by)}, not {choice!r}: expected it unset")
+    return None
+
+
+def _refuse_unread_hyperparams(self):
+    if problem := unread_key("algorithm", self):
+        raise ValueError(problem)
+    return self
+
+
+AlgorithmConfig = create_model("AlgorithmConfig", __base__=AlgorithmConfig, __validators__={
+    "_unread": model_validator(mode="after")(_refuse_unread_hyperparams)})
 
 
 class ServerConfig(_Strict):

@@ -7,7 +7,7 @@ import itertools
 import math
 from typing import Any
 
-from fedsl.experiments.config import NAME_MAX, RUNS_MAX, ConfigError, RunConfig, slug, validate
+from fedsl.experiments.config import NAME_MAX, OWN_KEYS, RUNS_MAX, ConfigError, RunConfig, slug, validate
 from fedsl.experiments.loading import deep_merge, get_dotted, has_dotted
 
 
@@ -55,6 +55,21 @@ def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
                               "expected a list of some of them (or one value, to pin the variant there)")
         points[key] = chosen
     return points
+
+
+def _not_inherited(merged: dict, base: dict, over: dict, swept: list[str]) -> dict:
+    """``merged`` without the base's keys that only the base's algorithm or dataset reads, where the variant or
+    sweep point switched it: a FedAvg variant of a FedProx config carries no μ (the run takes the default). A key
+    the variant or the sweep sets itself stays, and is refused if the run's own choice does not read it."""
+    for section, (selector, readers) in OWN_KEYS.items():
+        table = merged.get(section)
+        if not isinstance(table, dict) or table.get(selector) == base[section][selector]:
+            continue
+        drop = {key for key, by in readers.items() if table.get(selector) not in by
+                and not has_dotted(over, f"{section}.{key}") and f"{section}.{key}" not in swept}
+        if drop & table.keys():
+            merged[section] = {k: v for k, v in table.items() if k not in drop}
+    return merged
 
 
 def count_runs(cfg: RunConfig) -> int:
@@ -109,7 +124,7 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
                 if seed is not None:
                     merged["seed"] = seed
                 try:
-                    run_cfg = validate(merged)
+                    run_cfg = validate(_not_inherited(merged, base, over, keys))
                 except ConfigError as e:
                     raise ConfigError(f"{where}: {e}" if where else str(e)) from None
                 run = label if seed is None else f"{label}-seed{seed}"
