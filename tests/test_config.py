@@ -482,6 +482,19 @@ def test_a_variant_that_switches_algorithm_or_dataset_leaves_the_others_keys_beh
                                          variants={"bad": {"algorithm": {"name": "fedavg", "mu": 0.2}}})))
 
 
+def test_set_that_switches_algorithm_or_dataset_leaves_the_others_keys_behind():
+    """`--set algorithm.name=fedavg` on a FedProx config runs FedAvg (without μ) rather than refusing a μ the user
+    cannot unset from the command line; a μ set in the same overrides is the user's, and refused."""
+    d = minimal(algorithm={"name": "fedprox", "mu": 0.1}, data={"dataset": "emnist", "emnist_split": "digits"})
+    fedavg = validate(apply_overrides(d, ["algorithm.name=fedavg"]))
+    assert fedavg.algorithm.name == "fedavg" and fedavg.algorithm.mu == 0.01 and fedavg.data.emnist_split == "digits"
+    assert validate(apply_overrides(d, ["data.dataset=cifar10"])).data.emnist_split == "balanced"
+    assert validate(apply_overrides(d, ["algorithm.mu=0.2"])).algorithm.mu == 0.2
+    assert apply_overrides(d, ["algorithm.name=fedprox"]) == d  # not a switch
+    with pytest.raises(ConfigError, match=r"^algorithm\.mu = 0\.3: read only with algorithm.name = 'fedprox'"):
+        validate(apply_overrides(d, ["algorithm.name=fedavg", "algorithm.mu=0.3"]))
+
+
 def test_variant_that_is_not_a_table():
     with pytest.raises(ConfigError, match=r"^variants\.v = 3:"):
         validate(minimal(variants={"v": 3}))

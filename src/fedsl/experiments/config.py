@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
@@ -313,6 +313,15 @@ def unread_key(section: str, table: BaseModel) -> str | None:
             return (f"{section}.{key} = {value!r}: read only with {section}.{selector} = "
                     f"{' or '.join(repr(b) for b in by)}, not {choice!r}: expected it unset")
     return None
+
+
+def without_unread(section: str, table: dict, keep: Callable[[str], bool]) -> dict:
+    """``table``, a config's ``section`` as a dict whose algorithm or dataset was just switched, without the keys of
+    the choice before (the keys its new choice does not read), save those ``keep`` names (set with the switch):
+    a FedAvg variant, or ``--set algorithm.name=fedavg``, of a FedProx config runs without μ."""
+    selector, readers = OWN_KEYS[section]
+    choice = table.get(selector)
+    return {k: v for k, v in table.items() if k not in readers or choice in readers[k] or keep(k)}
 
 
 def _refuse_unread_hyperparams(self):

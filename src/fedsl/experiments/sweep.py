@@ -7,7 +7,16 @@ import itertools
 import math
 from typing import Any
 
-from fedsl.experiments.config import NAME_MAX, OWN_KEYS, RUNS_MAX, ConfigError, RunConfig, slug, validate
+from fedsl.experiments.config import (
+    NAME_MAX,
+    OWN_KEYS,
+    RUNS_MAX,
+    ConfigError,
+    RunConfig,
+    slug,
+    validate,
+    without_unread,
+)
 from fedsl.experiments.loading import deep_merge, get_dotted, has_dotted
 
 
@@ -59,16 +68,13 @@ def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
 
 def _not_inherited(merged: dict, base: dict, over: dict, swept: list[str]) -> dict:
     """``merged`` without the base's keys that only the base's algorithm or dataset reads, where the variant or
-    sweep point switched it: a FedAvg variant of a FedProx config carries no μ (the run takes the default). A key
-    the variant or the sweep sets itself stays, and is refused if the run's own choice does not read it."""
-    for section, (selector, readers) in OWN_KEYS.items():
+    sweep point switched it (``config.without_unread``). A key the variant or the sweep sets itself stays, and is
+    refused if the run's own choice does not read it."""
+    for section, (selector, _) in OWN_KEYS.items():
         table = merged.get(section)
-        if not isinstance(table, dict) or table.get(selector) == base[section][selector]:
-            continue
-        drop = {key for key, by in readers.items() if table.get(selector) not in by
-                and not has_dotted(over, f"{section}.{key}") and f"{section}.{key}" not in swept}
-        if drop & table.keys():
-            merged[section] = {k: v for k, v in table.items() if k not in drop}
+        if isinstance(table, dict) and table.get(selector) != base[section][selector]:
+            merged[section] = without_unread(section, table, lambda key, s=section: has_dotted(over, f"{s}.{key}")
+                                             or f"{s}.{key}" in swept)
     return merged
 
 
