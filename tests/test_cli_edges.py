@@ -158,3 +158,28 @@ def test_live_progress_bar_shows_the_last_accuracy_too():
         assert bar.bar.tasks[0].fields["acc"] == "0.9100 @r5"
     finally:
         bar.close()
+
+
+def test_a_run_saved_with_another_algorithms_key_resumes(tmp_path, one_thread):
+    """A FedAvg run of a FedProx group, started before such keys were refused, saved μ = 0.1 in its config.json
+    (never read): `fedsl resume` continues it (the key dropped, as it never counted), where validation of the same
+    config as a new one refuses it."""
+    import json
+
+    import pytest
+    from conftest import tiny_config
+
+    from fedsl.cli import main
+    from fedsl.experiments import config as C
+    from fedsl.experiments.runner import run
+
+    out = tmp_path / "run"
+    run(C.validate(tiny_config(rounds=3, alg="fedavg")), out, log=lambda s: None, progress=False, stop_after=1)
+    saved = json.loads((out / "config.json").read_text())
+    saved["algorithm"]["mu"] = 0.1
+    (out / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(C.ConfigError, match=r"^algorithm\.mu = 0\.1: read only with algorithm.name = 'fedprox'"):
+        C.validate(saved)
+    assert main(["resume", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_done"] == 3

@@ -247,7 +247,7 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
                 if not rd.is_run():
                     raise UserError(f"run {name!r} in {str(path)!r} never started and the group was written by "
                                     "an older fedsl without its config; re-run the group with `fedsl run`")
-                run_one(C.validate(rd.read_config()), rd.path, resume=True, log=log, progress=progress)
+                run_one(C.validate_saved(rd.read_config()), rd.path, resume=True, log=log, progress=progress)
     if is_group(path):
         write_comparison(path)
     _print_tables(path, str(path))

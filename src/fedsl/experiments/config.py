@@ -913,3 +913,13 @@ def validate(data: dict) -> RunConfig:
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format(err, data)) from None
+
+
+def validate_saved(data: dict) -> RunConfig:
+    """A config a run saved (its config.json) -> RunConfig. A run started before the keys of another algorithm or
+    dataset were refused may hold one (a FedAvg variant of a FedProx group carried μ, never read): it is dropped,
+    so the run resumes as it ran."""
+    if isinstance(data, dict):
+        data = {**data, **{section: without_unread(section, data[section], lambda key: False)
+                           for section in OWN_KEYS if isinstance(data.get(section), dict)}}
+    return validate(data)
