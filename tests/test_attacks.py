@@ -204,7 +204,7 @@ def test_a_run_without_an_attack_draws_nothing_new_and_records_nothing(tmp_path,
     drawn = []
     real = rng.rng
     monkeypatch.setattr(rng, "rng", lambda seed, *s: drawn.append(s) or real(seed, *s))
-    cfg = C.validate(tiny_config(rounds=2, attack={"kind": "none", "fraction": 0.5}))
+    cfg = C.validate(tiny_config(rounds=2, attack={"kind": "none"}))  # with a fraction: refused (test_config.py)
     s = run(cfg, tmp_path / "r", log=lambda m: None, progress=False)
     assert "attack" not in s
     new = {rng.ATTACKERS, rng.ATTACK_NOISE, rng.ROOT_BATCHES}

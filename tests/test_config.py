@@ -460,6 +460,24 @@ def test_a_hyper_parameter_of_another_algorithm_is_refused(algorithm, key, reade
     assert key in saved["algorithm"] and validate(saved).algorithm.name == algorithm
 
 
+@pytest.mark.parametrize("section, table, key, readers", [
+    ("attack", {"kind": "sign_flip", "fraction": 0.2, "noise_std": 2.0}, "noise_std", "attack.kind = 'gaussian'"),
+    ("attack", {"kind": "gaussian", "fraction": 0.2, "constant": 3.0}, "constant", "attack.kind = 'constant'"),
+    ("attack", {"kind": "none", "fraction": 0.2}, "fraction", "attack.kind = 'sign_flip' or 'scale' or"),
+    ("robust", {"aggregator": "median", "trim": 0.2}, "trim", "robust.aggregator = 'trimmed_mean'"),
+    ("robust", {"aggregator": "krum", "trust_lr": 0.1}, "trust_lr", "robust.aggregator = 'fltrust'"),
+    ("robust", {"aggregator": "mean", "krum_f": 1}, "krum_f", "robust.aggregator = 'krum' or 'multi_krum' or 'bulyan'"),
+])
+def test_a_key_of_another_attack_or_robust_rule_is_refused(section, table, key, readers):
+    """attack.noise_std with sign flipping, robust.trim with the median: one line, as for algorithms and datasets
+    (their modules' READS decide), and a variant that switches the rule leaves the other rule's keys behind."""
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key} = {table[key]!r}: read only with {readers}"):
+        validate(minimal(**{section: table}))
+    runs = expand_variants(validate(minimal(robust={"aggregator": "trimmed_mean", "trim": 0.2},
+                                            variants={"trimmed": {}, "median": {"robust": {"aggregator": "median"}}})))
+    assert (runs["trimmed"].robust.trim, runs["median"].robust.trim) == (0.2, 0.1)
+
+
 def test_a_variant_that_switches_algorithm_or_dataset_leaves_the_others_keys_behind():
     """A FedAvg variant of a FedProx config does not carry μ, nor a CIFAR-10 variant of an EMNIST one its split;
     a key the variant (or the sweep) sets itself stays, and is refused where its algorithm does not read it."""

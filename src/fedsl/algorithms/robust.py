@@ -56,6 +56,10 @@ from fedsl.core.types import Params
 
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "norm_bound", "fltrust")
 BUCKETED = ("median", "trimmed_mean", "krum", "multi_krum")  # the rules that robust.bucket > 1 may precede
+# robust.KEY -> the rules that read it (another rule's, changed, is refused by the config: it would change nothing);
+# robust.bucket is checked with the run's S, whose buckets it counts
+READS = {"trim": ("trimmed_mean",), "krum_f": ("krum", "multi_krum", "bulyan"), "krum_m": ("multi_krum",),
+         "norm_bound": ("norm_bound",), "trust_lr": ("fltrust",), "trust_steps": ("fltrust",)}
 
 
 @dataclass(frozen=True)

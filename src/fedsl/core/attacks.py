@@ -37,6 +37,9 @@ from fedsl.core.types import Params
 KINDS = ("none", "sign_flip", "scale", "gaussian", "label_flip", "constant")
 UPDATE_KINDS = ("sign_flip", "scale", "gaussian", "constant")  # the attacks on the update Δ_i (not label_flip)
 DEFAULT_SCALE = {"sign_flip": 1.0, "scale": 10.0}  # λ when ``attack.scale`` is left unset
+# attack.KEY -> the kinds that read it (another kind's, changed, is refused by the config: it would change nothing)
+READS = {"fraction": tuple(k for k in KINDS if k != "none"), "scale": ("sign_flip", "scale"),
+         "noise_std": ("gaussian",), "constant": ("constant",)}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ from fedsl.algorithms.gamma_schedule import GammaSchedule
 from fedsl.algorithms.gamma_schedule import Kind as GammaKind
 from fedsl.algorithms.privacy import AdaptiveClipping
 from fedsl.algorithms.robust import AGGREGATORS, BUCKETED, Robust, bucket_count, default_bulyan_f, default_krum_f
+from fedsl.algorithms.robust import READS as ROBUST_READS
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
+from fedsl.core.attacks import READS as ATTACK_READS
 from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
 from fedsl.data import registry
 from fedsl.data.synthetic_fedprox import SIZE_MAX as SYNTHETIC_SIZE_MAX
@@ -293,12 +295,14 @@ AlgorithmConfig = create_model(
     **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, le=h.le, description=f"{h.symbol}, {h.meaning}"))
        for h in _HP.values()})
 
-# Keys that only some algorithms (their specs' hyper-parameters) or datasets (the registry's ``reads``) read:
-# section -> (the key naming the choice, {key: the choices that read it}).
+# Keys that only some algorithms (their specs' hyper-parameters), datasets (the registry's ``reads``), attacks or
+# robust rules (their modules' READS) read: section -> (the key naming the choice, {key: the choices that read it}).
 OWN_KEYS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
     "algorithm": ("name", {key: tuple(n for n, s in SPECS.items() if any(h.key == key for h in s.hyperparams))
                            for key in _HP}),
     "data": ("dataset", {key: registry.readers(key) for key in registry.specific_keys()}),
+    "attack": ("kind", ATTACK_READS),
+    "robust": ("aggregator", ROBUST_READS),
 }
 
 
@@ -386,6 +390,12 @@ class AttackConfig(_Strict):
                                                                   "update ~ N(0, σ²)")
     constant: float = Field(_ATTACK.constant, description="c of constant: every coordinate of a malicious update")
 
+    @model_validator(mode="after")
+    def _own_keys(self) -> "AttackConfig":
+        if problem := unread_key("attack", self):  # another kind's key: it would change nothing
+            raise ValueError(problem)
+        return self
+
 
 class RobustConfig(_Strict):
     """A robust server rule before the algorithm's mean of the updates (``fedsl.algorithms.robust``)."""
@@ -412,6 +422,12 @@ class RobustConfig(_Strict):
     bucket: int = Field(_ROBUST.bucket, ge=1, le=CLIENTS_MAX, description="s: average the round's updates in random "
                         "buckets of s before median, trimmed_mean, krum or multi_krum, which then see ⌈S/s⌉ bucket "
                         "means (Karimireddy et al., ICLR 2022); 1 = no bucketing")
+
+    @model_validator(mode="after")
+    def _own_keys(self) -> "RobustConfig":
+        if problem := unread_key("robust", self):  # another rule's key: it would change nothing
+            raise ValueError(problem)
+        return self
 
 
 class DistillConfig(_Strict):
