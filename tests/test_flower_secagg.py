@@ -278,6 +278,26 @@ def test_no_node_at_all_fails_at_once_under_secagg_too(one_thread, tmp_path):
     assert "no SuperNode connected" in json.loads((tmp_path / "failed.json").read_text())["reason"]
 
 
+def test_every_node_lost_mid_run_fails_with_the_rounds_done_checkpointed_under_secagg_too(one_thread, tmp_path,
+                                                                                       monkeypatch):
+    """Round 2 finds the client manager empty (every node gone): it waits node-wait for one, then fails as the plain
+    ServerApp does, round 1 checkpointed (checkpoint_every = 5 had not saved it), instead of a server-only round."""
+    from flwr.server.client_manager import SimpleClientManager
+
+    from fedsl.flower.strategy import NoNodes
+
+    original = SecAggStrategy.configure_fit
+    monkeypatch.setattr(SecAggStrategy, "configure_fit", lambda self, r, p, cm: original(
+        self, r, p, cm if r == 1 else SimpleClientManager()))
+    rc = {**SECAGG, "out-dir": str(tmp_path), "rounds": 3, "min-nodes": 1, "checkpoint_every": 5}
+    with pytest.raises(NoNodes, match="^fedsl: no SuperNode connected within node-wait = 0 s .* continues from "
+                                      "round 2$"):
+        serve(rc, fedsl_nodes(4))
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["round"] == 1
+    assert [h["round"] for h in json.loads((tmp_path / "rounds.json").read_text())] == [1]
+    assert "no SuperNode connected" in json.loads((tmp_path / "failed.json").read_text())["reason"]
+
+
 # ----------------------------------------------------------------------------- refusals
 
 @pytest.mark.parametrize("extra, needle", [

@@ -113,25 +113,30 @@ class SecAggStrategy(Strategy):
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return self.parameters()
 
-    def _wait(self, client_manager: ClientManager) -> None:
+    def _wait(self, client_manager: ClientManager, first: bool) -> None:
+        """As FedslStrategy's nodes: round 1 waits up to node-wait for min-nodes; a later round waits only when it
+        has lost every node; none at all then fails the run (``no_nodes``; min-nodes = 0 goes on)."""
         options = self.core.setup.options
+        need = options.min_nodes if first else min(options.min_nodes, 1)
         deadline = time.monotonic() + options.node_wait
-        while len(client_manager.all()) < options.min_nodes and time.monotonic() < deadline:
-            log(INFO, "fedsl: waiting for nodes: %d connected (minimum %d)", len(client_manager.all()),
-                options.min_nodes)
+        while len(self._usable(client_manager)) < need and time.monotonic() < deadline:
+            log(INFO, "fedsl: waiting for nodes: %d connected (minimum %d)", len(self._usable(client_manager)), need)
             time.sleep(1.0)
-        if not client_manager.all():  # none at all: fail now, as FedslStrategy does (min-nodes = 0 goes on)
+        if not self._usable(client_manager):
             self.core.no_nodes("connected")
+
+    def _usable(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
+        """The connected nodes not dropped from the run, by node id."""
+        return {p.node_id: p for p in client_manager.all().values() if p.node_id not in self.core.dropped}
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         """x_t and the round's train config to S of the connected nodes (seeded), with SecAgg+'s weighting."""
         core, cfg = self.core, self.core.setup.cfg
         t = core.offset + server_round - 1
-        if not self._started:
-            self._started = True
-            self._wait(client_manager)
-        proxies = {p.node_id: p for p in client_manager.all().values() if p.node_id not in core.dropped}
+        first, self._started = not self._started, True
+        self._wait(client_manager, first)
+        proxies = self._usable(client_manager)
         sampled = rng.sample_nodes(cfg.seed, t, list(proxies), cfg.algorithm.clients_per_round)
         log(INFO, "fedsl round %d: nodes %s sampled of %d connected (secure aggregation)", t + 1, sampled,
             len(proxies))
