@@ -500,6 +500,24 @@ def test_a_variant_that_switches_algorithm_or_dataset_leaves_the_others_keys_beh
                                          variants={"bad": {"algorithm": {"name": "fedavg", "mu": 0.2}}})))
 
 
+def test_a_template_key_goes_to_the_runs_that_read_it_and_must_be_read_by_one():
+    """A config with variants is a template: a [distill] table beside FSL and FedDF variants (serverdata-cifar10)
+    reaches the FedDF runs only; a key no run reads (μ over FedAvg variants only) is refused in one line. A single
+    run's config with [distill] and no FedDF is refused as any key its choice does not read."""
+    d = minimal(data={"dataset": "synthetic_chars", "server_size": 20}, distill={"lr": 1e-4},
+                variants={"FSL": {"algorithm": {"name": "fsl"}}, "FedDF": {"algorithm": {"name": "feddf"}}})
+    runs = expand_variants(validate(d))
+    assert (runs["FSL"].distill.lr, runs["FedDF"].distill.lr) == (1e-3, 1e-4)
+    with pytest.raises(ConfigError, match=r"^algorithm\.mu = 0\.1: read only with algorithm.name = 'fedprox', and no "
+                                          r"run of the config has one \(theirs: 'fedavg'\): expected it unset, or set "
+                                          r"in the variants that read it$"):
+        expand_variants(validate(minimal(algorithm={"name": "fedavg", "mu": 0.1},
+                                         variants={"a": {"algorithm": {"local_lr": 0.1}}, "b": {}})))
+    with pytest.raises(ConfigError, match=r"^distill\.steps = 5: read only with algorithm.name = 'feddf', not "
+                                          r"'fedavg': expected it unset$"):
+        validate(minimal(distill={"steps": 5}))
+
+
 def test_set_that_switches_algorithm_or_dataset_leaves_the_others_keys_behind():
     """`--set algorithm.name=fedavg` on a FedProx config runs FedAvg (without μ) rather than refusing a μ the user
     cannot unset from the command line; a μ set in the same overrides is the user's, and refused."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
@@ -217,8 +218,6 @@ class DataConfig(_Strict):
         problem = check(self) if check is not None else None
         if problem:
             raise ValueError(problem)
-        if problem := unread_key("data", self):  # e.g. data.chars with CIFAR-10: it would change nothing
-            raise ValueError(problem)
         return self
 
     @property
@@ -295,47 +294,63 @@ AlgorithmConfig = create_model(
     **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, le=h.le, description=f"{h.symbol}, {h.meaning}"))
        for h in _HP.values()})
 
-# Keys that only some algorithms (their specs' hyper-parameters), datasets (the registry's ``reads``), attacks or
-# robust rules (their modules' READS) read: section -> (the key naming the choice, {key: the choices that read it}).
-OWN_KEYS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
-    "algorithm": ("name", {key: tuple(n for n, s in SPECS.items() if any(h.key == key for h in s.hyperparams))
-                           for key in _HP}),
-    "data": ("dataset", {key: registry.readers(key) for key in registry.specific_keys()}),
-    "attack": ("kind", ATTACK_READS),
-    "robust": ("aggregator", ROBUST_READS),
-}
+@dataclass(frozen=True)
+class OwnKeys:
+    """Keys of table ``section`` that only some choices of ``selector`` (``table.key``) read: ``readers`` maps each
+    to the choices that do. Another choice's key, changed, would change nothing (a sweep of it would run one config
+    many times): a run's config refuses it (``unread_key``); a template (a config with variants or a sweep) gives
+    each run only the keys its choice reads and refuses one no run reads (``fedsl.experiments.sweep``); ``--set``
+    that switches the choice leaves the old one's keys behind (``without_unread``)."""
+
+    section: str
+    selector: str
+    readers: dict[str, tuple[str, ...]]
+
+    def choice(self, cfg: BaseModel) -> str:
+        """The choice the selector (``section.key``) names in config ``cfg``."""
+        table, key = self.selector.split(".")
+        return getattr(getattr(cfg, table), key)
 
 
-def unread_key(section: str, table: BaseModel) -> str | None:
-    """The one-line problem of a key of ``table`` (the ``section`` of a config) that only other choices read,
-    changed from its default (it would change nothing: a sweep of it would run one config many times), or None.
-    Compared with the default, not "was it set", so that a saved config (every key written) loads."""
-    selector, readers = OWN_KEYS[section]
-    choice = getattr(table, selector)
-    for key, by in readers.items():
+def _get(data: dict, dotted: str) -> Any:
+    """``data``'s value at a dotted key (None where a table or the key is missing)."""
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+# Who reads what is declared where the choices are: the algorithms' specs (hyper-parameters, distillation), the
+# dataset registry (``reads``), the attacks' and robust rules' modules (READS). All of them: OWN_KEYS, below the
+# [distill] table.
+ALGORITHM_KEYS = OwnKeys("algorithm", "algorithm.name", {
+    key: tuple(n for n, s in SPECS.items() if any(h.key == key for h in s.hyperparams)) for key in _HP})
+DATA_KEYS = OwnKeys("data", "data.dataset", {key: registry.readers(key) for key in registry.specific_keys()})
+ATTACK_KEYS = OwnKeys("attack", "attack.kind", ATTACK_READS)
+ROBUST_KEYS = OwnKeys("robust", "robust.aggregator", ROBUST_READS)
+
+
+def unread_key(rule: OwnKeys, table: BaseModel, choice: str) -> str | None:
+    """The one-line problem of a key of ``table`` (the rule's section) that only choices other than ``choice`` read,
+    changed from its default, or None. Compared with the default, not "was it set", so that a saved config (every
+    key written) loads."""
+    for key, by in rule.readers.items():
         if choice not in by and (value := getattr(table, key)) != type(table).model_fields[key].default:
-            return (f"{section}.{key} = {value!r}: read only with {section}.{selector} = "
+            return (f"{rule.section}.{key} = {value!r}: read only with {rule.selector} = "
                     f"{' or '.join(repr(b) for b in by)}, not {choice!r}: expected it unset")
     return None
 
 
-def without_unread(section: str, table: dict, keep: Callable[[str], bool]) -> dict:
-    """``table``, a config's ``section`` as a dict whose algorithm or dataset was just switched, without the keys of
-    the choice before (the keys its new choice does not read), save those ``keep`` names (set with the switch):
-    a FedAvg variant, or ``--set algorithm.name=fedavg``, of a FedProx config runs without μ."""
-    selector, readers = OWN_KEYS[section]
-    choice = table.get(selector)
-    return {k: v for k, v in table.items() if k not in readers or choice in readers[k] or keep(k)}
+def without_unread(rule: OwnKeys, table: dict, choice: Any, keep: Callable[[str], bool]) -> dict:
+    """``table``, the rule's section as a dict, without the keys ``choice`` does not read, save those ``keep`` names
+    (set with it): a FedAvg run of a FedProx template, or ``--set algorithm.name=fedavg`` on a FedProx config, runs
+    without μ."""
+    return {k: v for k, v in table.items() if k not in rule.readers or choice in rule.readers[k] or keep(k)}
 
 
-def _refuse_unread_hyperparams(self):
-    if problem := unread_key("algorithm", self):
-        raise ValueError(problem)
-    return self
-
-
-AlgorithmConfig = create_model("AlgorithmConfig", __base__=AlgorithmConfig, __validators__={
-    "_unread": model_validator(mode="after")(_refuse_unread_hyperparams)})
+def switched(data: dict, base: dict) -> list[tuple[OwnKeys, Any]]:
+    """The rules whose choice differs between config dicts ``data`` and ``base``, with ``data``'s choice."""
+    return [(rule, _get(data, rule.selector)) for rule in OWN_KEYS
+            if _get(data, rule.selector) != _get(base, rule.selector)]
 
 
 class ServerConfig(_Strict):
@@ -390,12 +405,6 @@ class AttackConfig(_Strict):
                                                                   "update ~ N(0, σ²)")
     constant: float = Field(_ATTACK.constant, description="c of constant: every coordinate of a malicious update")
 
-    @model_validator(mode="after")
-    def _own_keys(self) -> "AttackConfig":
-        if problem := unread_key("attack", self):  # another kind's key: it would change nothing
-            raise ValueError(problem)
-        return self
-
 
 class RobustConfig(_Strict):
     """A robust server rule before the algorithm's mean of the updates (``fedsl.algorithms.robust``)."""
@@ -422,12 +431,6 @@ class RobustConfig(_Strict):
     bucket: int = Field(_ROBUST.bucket, ge=1, le=CLIENTS_MAX, description="s: average the round's updates in random "
                         "buckets of s before median, trimmed_mean, krum or multi_krum, which then see ⌈S/s⌉ bucket "
                         "means (Karimireddy et al., ICLR 2022); 1 = no bucketing")
-
-    @model_validator(mode="after")
-    def _own_keys(self) -> "RobustConfig":
-        if problem := unread_key("robust", self):  # another rule's key: it would change nothing
-            raise ValueError(problem)
-        return self
 
 
 class DistillConfig(_Strict):
@@ -457,6 +460,12 @@ class DistillConfig(_Strict):
     def settings(self) -> Distillation:
         return Distillation(self.lr, self.temperature, self.steps, self.batch_size, self.eval_every, self.patience,
                             self.val_fraction, self.schedule, self.clip)
+
+
+# [distill] is read only by the algorithms that distil (their specs' ``distills``: FedDF)
+DISTILL_KEYS = OwnKeys("distill", "algorithm.name", {key: tuple(n for n, s in SPECS.items() if s.distills)
+                                                     for key in DistillConfig.model_fields})
+OWN_KEYS: tuple[OwnKeys, ...] = (ALGORITHM_KEYS, DATA_KEYS, ATTACK_KEYS, ROBUST_KEYS, DISTILL_KEYS)
 
 
 class ClientStateConfig(_Strict):
@@ -722,6 +731,10 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        if not self.variants and not self.sweep:  # a run (a template's runs are checked as they expand)
+            for rule in OWN_KEYS:  # algorithm.mu with FedAvg, data.chars with CIFAR-10: it would change nothing
+                if problem := unread_key(rule, getattr(self, rule.section), rule.choice(self)):
+                    raise ValueError(problem)
         if isinstance(self.stack, int) and not 1 <= self.stack <= 1024:
             raise ValueError(f"stack = {self.stack}: expected 'auto' or an integer >= 1 (1 = no stacking), "
                              "at most 1024")
@@ -932,10 +945,13 @@ def validate(data: dict) -> RunConfig:
 
 
 def validate_saved(data: dict) -> RunConfig:
-    """A config a run saved (its config.json) -> RunConfig. A run started before the keys of another algorithm or
-    dataset were refused may hold one (a FedAvg variant of a FedProx group carried μ, never read): it is dropped,
-    so the run resumes as it ran."""
+    """A config a run saved (its config.json) -> RunConfig. A run started before keys its algorithm, dataset, attack
+    or robust rule does not read were refused may hold one (a FedAvg run of a FedProx group carried μ, never read):
+    it is dropped, so the run resumes as it ran."""
     if isinstance(data, dict):
-        data = {**data, **{section: without_unread(section, data[section], lambda key: False)
-                           for section in OWN_KEYS if isinstance(data.get(section), dict)}}
+        data = dict(data)
+        for rule in OWN_KEYS:
+            if isinstance(data.get(rule.section), dict):
+                data[rule.section] = without_unread(rule, data[rule.section], _get(data, rule.selector),
+                                                   lambda key: False)
     return validate(data)

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedsl.experiments.config import OWN_KEYS, ROUNDS_MAX, ConfigError, RunConfig, validate, without_unread
+from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, switched, validate, without_unread
 
 
 def read_file(path: str | Path) -> dict:
@@ -43,8 +43,8 @@ def _parse_value(text: str) -> Any:
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``key=value`` overrides (dotted keys, e.g. ``algorithm.gamma=0.5``). One that switches
-    ``algorithm.name`` or ``data.dataset`` drops the keys only the choice before reads (``config.without_unread``),
-    save those the overrides set too."""
+    ``algorithm.name``, ``data.dataset``, ``attack.kind`` or ``robust.aggregator`` drops the keys only the choice
+    before reads (``config.without_unread``), save those the overrides set too."""
     out = copy.deepcopy(data)
     keys = set()
     for item in overrides:
@@ -56,11 +56,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"--set {item!r}: expected a dotted key such as server.gamma")
         set_dotted(out, key, _parse_value(raw.strip()))
         keys.add(key)
-    for section, (selector, _) in OWN_KEYS.items():
-        switched = f"{section}.{selector}" in keys and get_dotted(out, f"{section}.{selector}") != (
-            get_dotted(data, f"{section}.{selector}") if has_dotted(data, f"{section}.{selector}") else None)
-        if switched and isinstance(out.get(section), dict):
-            out[section] = without_unread(section, out[section], lambda k, s=section: f"{s}.{k}" in keys)
+    for rule, choice in switched(out, data):
+        if rule.selector in keys and isinstance(out.get(rule.section), dict):
+            out[rule.section] = without_unread(rule, out[rule.section], choice,
+                                               lambda k, s=rule.section: f"{s}.{k}" in keys)
     return out
 
 

@@ -66,15 +66,34 @@ def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
     return points
 
 
-def _not_inherited(merged: dict, base: dict, over: dict, swept: list[str]) -> dict:
-    """``merged`` without the base's keys that only the base's algorithm or dataset reads, where the variant or
-    sweep point switched it (``config.without_unread``). A key the variant or the sweep sets itself stays, and is
-    refused if the run's own choice does not read it."""
-    for section, (selector, _) in OWN_KEYS.items():
-        table = merged.get(section)
-        if isinstance(table, dict) and table.get(selector) != base[section][selector]:
-            merged[section] = without_unread(section, table, lambda key, s=section: has_dotted(over, f"{s}.{key}")
-                                             or f"{s}.{key}" in swept)
+def _template_keys(cfg: RunConfig) -> dict[tuple[str, str], Any]:
+    """(section, key) -> value of the keys of a template (a config with variants or a sweep) that only some
+    algorithms, datasets, attacks or robust rules read, set away from their defaults."""
+    out = {}
+    for rule in OWN_KEYS:
+        table = getattr(cfg, rule.section)
+        for key in rule.readers:
+            if (value := getattr(table, key)) != type(table).model_fields[key].default:
+                out[(rule.section, key)] = value
+    return out
+
+
+def _not_inherited(merged: dict, over: dict, swept: list[str], read: set[tuple[str, str]]) -> dict:
+    """``merged`` (a run's config dict) without the template's keys its own algorithm, dataset, attack or robust
+    rule does not read (a FedAvg variant of a FedProx template runs without μ; ``config.without_unread``); the
+    template keys it reads are added to ``read``. A key the variant or the sweep sets itself stays, and is refused
+    if the run's choice does not read it."""
+    for rule in OWN_KEYS:
+        table = merged.get(rule.section)
+        choice = get_dotted(merged, rule.selector) if has_dotted(merged, rule.selector) else None
+        if not isinstance(table, dict):
+            continue
+
+        def own(key: str, s: str = rule.section) -> bool:
+            return has_dotted(over, f"{s}.{key}") or f"{s}.{key}" in swept
+
+        read.update((rule.section, k) for k, by in rule.readers.items() if choice in by and not own(k))
+        merged[rule.section] = without_unread(rule, table, choice, own)
     return merged
 
 
@@ -96,6 +115,7 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
     base = cfg.model_dump(exclude={"variants", "seeds", "sweep", "paper", "paper_claims", "claims", "paper_rounds",
                                    "plot", "quick"})
     variants = cfg.variants or {cfg.name: {}}
+    template, read = _template_keys(cfg), set()  # the template's own keys, and those some run reads
     out: dict[str, tuple[str, RunConfig]] = {}
     origin: dict[str, str] = {}  # run name -> where it came from (to report two runs of one name)
     for vname, over in variants.items():
@@ -130,7 +150,7 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
                 if seed is not None:
                     merged["seed"] = seed
                 try:
-                    run_cfg = validate(_not_inherited(merged, base, over, keys))
+                    run_cfg = validate(_not_inherited(merged, over, keys, read))
                 except ConfigError as e:
                     raise ConfigError(f"{where}: {e}" if where else str(e)) from None
                 run = label if seed is None else f"{label}-seed{seed}"
@@ -140,4 +160,12 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
                                       "run names: rename a variant or make the swept values differ in their "
                                       "letters and digits")
                 out[run], origin[run] = (vname, run_cfg), here
+    for (section, key), value in template.items():
+        if (section, key) not in read:  # set for all runs, read by none: it would change nothing
+            rule = next(r for r in OWN_KEYS if r.section == section and key in r.readers)
+            theirs = sorted({rule.choice(c) for _, c in out.values()})
+            raise ConfigError(f"{section}.{key} = {value!r}: read only with {rule.selector} = "
+                              f"{' or '.join(repr(b) for b in rule.readers[key])}, and no run of the config has "
+                              f"one (theirs: {', '.join(repr(t) for t in theirs)}): expected it unset, or set in "
+                              "the variants that read it")
     return out
