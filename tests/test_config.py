@@ -518,6 +518,18 @@ def test_a_template_key_goes_to_the_runs_that_read_it_and_must_be_read_by_one():
         validate(minimal(distill={"steps": 5}))
 
 
+def test_a_sweep_over_one_algorithms_key_runs_the_others_once():
+    """A sweep over μ with FedProx and FedAvg variants: FedAvg does not read μ, so it runs once, not once per μ (two
+    copies of one run), as a variant pinned on a swept key does."""
+    cfg = validate(minimal(sweep={"algorithm.mu": [0.01, 0.1]},
+                           variants={"FedProx": {"algorithm": {"name": "fedprox"}}, "FedAvg": {}}))
+    runs = expand_variants(cfg)
+    assert list(runs) == ["FedProx-mu=0.01", "FedProx-mu=0.1", "FedAvg"] and count_runs(cfg) == 3
+    assert [r.algorithm.mu for r in runs.values()] == [0.01, 0.1, 0.01]
+    with pytest.raises(ConfigError, match=r"^sweep over algorithm\.mu: read by no variant of the config"):
+        expand_variants(validate(minimal(sweep={"algorithm.mu": [0.01, 0.1]})))  # FedAvg alone
+
+
 def test_set_that_switches_algorithm_or_dataset_leaves_the_others_keys_behind():
     """`--set algorithm.name=fedavg` on a FedProx config runs FedAvg (without μ) rather than refusing a μ the user
     cannot unset from the command line; a μ set in the same overrides is the user's, and refused."""

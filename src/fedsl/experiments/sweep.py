@@ -42,6 +42,17 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
     return {run: c for run, (_, c) in expand_runs(cfg).items()}
 
 
+def _reads(cfg: RunConfig, over: dict, key: str) -> bool:
+    """Whether the variant with overrides ``over`` reads swept ``key`` (False only for a key of another algorithm,
+    dataset, attack or robust rule than the variant's, its choice not swept itself)."""
+    section, _, name = key.partition(".")
+    for rule in OWN_KEYS:
+        if rule.section == section and name in rule.readers and rule.selector not in cfg.sweep:
+            choice = get_dotted(over, rule.selector) if has_dotted(over, rule.selector) else rule.choice(cfg)
+            return choice in rule.readers[name]
+    return True
+
+
 def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
     """The swept keys variant ``vname`` (overrides ``over``) runs over, each with its values, in the sweep's order:
     - a key the variant does not set: all the sweep's values;
@@ -49,10 +60,14 @@ def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
     - a key it sets to a list: the sweep's values that are in the list. Label flipping at f = 0 is the same run
       as sign flipping at f = 0 (nobody attacks), so a preset runs it once: ``attack.fraction = [0.1, 0.4]`` in
       a sweep over [0, 0.1, 0.4]. A quick form's shorter sweep keeps what it shares with the list.
-    A sweep over a key whose values are lists themselves has no such selection (the list is one value)."""
+    A sweep over a key whose values are lists themselves has no such selection (the list is one value).
+    A key only other algorithms, datasets, attacks or robust rules read than the variant's is not swept for it
+    (μ for a FedAvg variant in a sweep over μ): its runs would be one run repeated."""
     points: dict[str, list] = {}
     for key, values in cfg.sweep.items():
         if not has_dotted(over, key):
+            if not _reads(cfg, over, key):
+                continue
             points[key] = list(values)
             continue
         own = get_dotted(over, key)
@@ -160,6 +175,10 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
                                       "run names: rename a variant or make the swept values differ in their "
                                       "letters and digits")
                 out[run], origin[run] = (vname, run_cfg), here
+    for key in cfg.sweep:
+        if not any(_reads(cfg, over, key) for over in variants.values() if isinstance(over, dict)):
+            raise ConfigError(f"sweep over {key}: read by no variant of the config (a key of other algorithms, "
+                              "datasets, attacks or robust rules than theirs): expected a variant that reads it")
     for (section, key), value in template.items():
         if (section, key) not in read:  # set for all runs, read by none: it would change nothing
             rule = next(r for r in OWN_KEYS if r.section == section and key in r.readers)
