@@ -9,6 +9,7 @@ Reading files and ``--set`` overrides: ``fedsl.experiments.loading``; a config's
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -329,12 +330,17 @@ ATTACK_KEYS = OwnKeys("attack", "attack.kind", ATTACK_READS)
 ROBUST_KEYS = OwnKeys("robust", "robust.aggregator", ROBUST_READS)
 
 
+@functools.cache
+def _default(model: type[BaseModel], key: str) -> Any:
+    return model.model_fields[key].default
+
+
 def unread_key(rule: OwnKeys, table: BaseModel, choice: str) -> str | None:
     """The one-line problem of a key of ``table`` (the rule's section) that only choices other than ``choice`` read,
     changed from its default, or None. Compared with the default, not "was it set", so that a saved config (every
     key written) loads."""
     for key, by in rule.readers.items():
-        if choice not in by and (value := getattr(table, key)) != type(table).model_fields[key].default:
+        if choice not in by and (value := getattr(table, key)) != _default(type(table), key):
             return (f"{rule.section}.{key} = {value!r}: read only with {rule.selector} = "
                     f"{' or '.join(repr(b) for b in by)}, not {choice!r}: expected it unset")
     return None
@@ -344,7 +350,8 @@ def without_unread(rule: OwnKeys, table: dict, choice: Any, keep: Callable[[str]
     """``table``, the rule's section as a dict, without the keys ``choice`` does not read, save those ``keep`` names
     (set with it): a FedAvg run of a FedProx template, or ``--set algorithm.name=fedavg`` on a FedProx config, runs
     without μ."""
-    return {k: v for k, v in table.items() if k not in rule.readers or choice in rule.readers[k] or keep(k)}
+    drop = {k for k, by in rule.readers.items() if choice not in by and k in table and not keep(k)}
+    return {k: v for k, v in table.items() if k not in drop} if drop else table
 
 
 def switched(data: dict, base: dict) -> list[tuple[OwnKeys, Any]]:

@@ -15,7 +15,6 @@ from fedsl.experiments.config import (
     RunConfig,
     slug,
     validate,
-    without_unread,
 )
 from fedsl.experiments.loading import deep_merge, get_dotted, has_dotted
 
@@ -83,7 +82,8 @@ def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
 
 def _template_keys(cfg: RunConfig) -> dict[tuple[str, str], Any]:
     """(section, key) -> value of the keys of a template (a config with variants or a sweep) that only some
-    algorithms, datasets, attacks or robust rules read, set away from their defaults."""
+    algorithms, datasets, attacks or robust rules read, set away from their defaults: the only such keys a run can
+    inherit at another value than the default."""
     out = {}
     for rule in OWN_KEYS:
         table = getattr(cfg, rule.section)
@@ -93,22 +93,21 @@ def _template_keys(cfg: RunConfig) -> dict[tuple[str, str], Any]:
     return out
 
 
-def _not_inherited(merged: dict, over: dict, swept: list[str], read: set[tuple[str, str]]) -> dict:
+def _not_inherited(merged: dict, template: dict[tuple[str, str], Any], own: set[str],
+                   read: set[tuple[str, str]]) -> dict:
     """``merged`` (a run's config dict) without the template's keys its own algorithm, dataset, attack or robust
-    rule does not read (a FedAvg variant of a FedProx template runs without μ; ``config.without_unread``); the
-    template keys it reads are added to ``read``. A key the variant or the sweep sets itself stays, and is refused
-    if the run's choice does not read it."""
-    for rule in OWN_KEYS:
-        table = merged.get(rule.section)
-        choice = get_dotted(merged, rule.selector) if has_dotted(merged, rule.selector) else None
-        if not isinstance(table, dict):
+    rule does not read (a FedAvg variant of a FedProx template runs without μ); the template keys it reads are
+    added to ``read``. A key the variant or the sweep sets itself (``own``) stays, and is refused if the run's
+    choice does not read it."""
+    for section, key in template:
+        if f"{section}.{key}" in own:
             continue
-
-        def own(key: str, s: str = rule.section) -> bool:
-            return has_dotted(over, f"{s}.{key}") or f"{s}.{key}" in swept
-
-        read.update((rule.section, k) for k, by in rule.readers.items() if choice in by and not own(k))
-        merged[rule.section] = without_unread(rule, table, choice, own)
+        rule = next(r for r in OWN_KEYS if r.section == section and key in r.readers)
+        choice = get_dotted(merged, rule.selector) if has_dotted(merged, rule.selector) else None
+        if choice in rule.readers[key]:
+            read.add((section, key))
+        elif isinstance(merged.get(section), dict):
+            merged[section] = {k: v for k, v in merged[section].items() if k != key}  # the run takes the default
     return merged
 
 
@@ -138,6 +137,8 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
             raise ConfigError(f"variants.{vname}: expected a table of overrides")
         points = variant_points(cfg, vname, over)  # the variant's own keys are pinned, or a list of points
         keys = list(points)
+        own = {f"{section}.{key}" for section, key in template  # the template keys the variant sets itself
+               if has_dotted(over, f"{section}.{key}") or f"{section}.{key}" in keys}
         merged_variant = deep_merge(base, over)
         for point in itertools.product(*points.values()):
             # the run's folder name: the variant's (validated) name, then key=value with unsafe characters as '_'
@@ -165,7 +166,7 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
                 if seed is not None:
                     merged["seed"] = seed
                 try:
-                    run_cfg = validate(_not_inherited(merged, over, keys, read))
+                    run_cfg = validate(_not_inherited(merged, template, own, read))
                 except ConfigError as e:
                     raise ConfigError(f"{where}: {e}" if where else str(e)) from None
                 run = label if seed is None else f"{label}-seed{seed}"
