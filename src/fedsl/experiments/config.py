@@ -295,6 +295,7 @@ AlgorithmConfig = create_model(
     **{h.key: (float, Field(h.default, ge=h.ge, gt=h.gt, lt=h.lt, le=h.le, description=f"{h.symbol}, {h.meaning}"))
        for h in _HP.values()})
 
+
 @dataclass(frozen=True)
 class OwnKeys:
     """Keys of table ``section`` that only some choices of ``selector`` (``table.key``) read: ``readers`` maps each
@@ -308,7 +309,7 @@ class OwnKeys:
     readers: dict[str, tuple[str, ...]]
 
     def choice(self, cfg: BaseModel) -> str:
-        """The choice the selector (``section.key``) names in config ``cfg``."""
+        """The choice the selector (``table.key``) names in config ``cfg``, e.g. its algorithm's name."""
         table, key = self.selector.split(".")
         return getattr(getattr(cfg, table), key)
 
