@@ -516,6 +516,12 @@ def test_a_template_key_goes_to_the_runs_that_read_it_and_must_be_read_by_one():
     with pytest.raises(ConfigError, match=r"^distill\.steps = 5: read only with algorithm.name = 'feddf', not "
                                           r"'fedavg': expected it unset$"):
         validate(minimal(distill={"steps": 5}))
+    # the unlabelled data U likewise: FedDF's alone (another run would load it and append it to the pool for nothing)
+    with pytest.raises(ConfigError, match=r"^data\.unlabelled = 'fslsyn': read only with algorithm.name = 'feddf'"):
+        validate(minimal(data={"dataset": "synthetic_chars", "unlabelled": "fslsyn"}))
+    u = expand_variants(validate({**d, "data": {**d["data"], "unlabelled": "fslsyn", "unlabelled_size": 30}}))
+    assert (u["FSL"].data.unlabelled, u["FedDF"].data.unlabelled, u["FedDF"].data.unlabelled_size) == \
+        ("server", "fslsyn", 30)
 
 
 def test_a_sweep_over_one_algorithms_key_runs_the_others_once():

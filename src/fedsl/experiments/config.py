@@ -470,10 +470,12 @@ class DistillConfig(_Strict):
                             self.val_fraction, self.schedule, self.clip)
 
 
-# [distill] is read only by the algorithms that distil (their specs' ``distills``: FedDF)
-DISTILL_KEYS = OwnKeys("distill", "algorithm.name", {key: tuple(n for n, s in SPECS.items() if s.distills)
-                                                     for key in DistillConfig.model_fields})
-OWN_KEYS: tuple[OwnKeys, ...] = (ALGORITHM_KEYS, DATA_KEYS, ATTACK_KEYS, ROBUST_KEYS, DISTILL_KEYS)
+# [distill] and the unlabelled data U are read only by the algorithms that distil (their specs' ``distills``:
+# FedDF); for the others U would be loaded and appended to the pool for nothing
+_DISTILLERS = tuple(n for n, s in SPECS.items() if s.distills)
+DISTILL_KEYS = OwnKeys("distill", "algorithm.name", {key: _DISTILLERS for key in DistillConfig.model_fields})
+UNLABELLED_KEYS = OwnKeys("data", "algorithm.name", {"unlabelled": _DISTILLERS, "unlabelled_size": _DISTILLERS})
+OWN_KEYS: tuple[OwnKeys, ...] = (ALGORITHM_KEYS, DATA_KEYS, ATTACK_KEYS, ROBUST_KEYS, DISTILL_KEYS, UNLABELLED_KEYS)
 
 
 class ClientStateConfig(_Strict):
