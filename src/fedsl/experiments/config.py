@@ -314,7 +314,7 @@ class OwnKeys:
         return getattr(getattr(cfg, table), key)
 
 
-def _get(data: dict, dotted: str) -> Any:
+def lookup(data: dict, dotted: str) -> Any:
     """``data``'s value at a dotted key (None where a table or the key is missing)."""
     for part in dotted.split("."):
         data = data.get(part) if isinstance(data, dict) else None
@@ -336,29 +336,34 @@ def _default(model: type[BaseModel], key: str) -> Any:
     return model.model_fields[key].default
 
 
+def changed(table: BaseModel, key: str) -> bool:
+    """Whether ``table``'s ``key`` differs from its default. The own-keys rules ask this, not "was it set", so that a
+    saved config (every key written) loads."""
+    return getattr(table, key) != _default(type(table), key)
+
+
 def unread_key(rule: OwnKeys, table: BaseModel, choice: str) -> str | None:
     """The one-line problem of a key of ``table`` (the rule's section) that only choices other than ``choice`` read,
-    changed from its default, or None. Compared with the default, not "was it set", so that a saved config (every
-    key written) loads."""
+    changed from its default, or None."""
     for key, by in rule.readers.items():
-        if choice not in by and (value := getattr(table, key)) != _default(type(table), key):
-            return (f"{rule.section}.{key} = {value!r}: read only with {rule.selector} = "
+        if choice not in by and changed(table, key):
+            return (f"{rule.section}.{key} = {getattr(table, key)!r}: read only with {rule.selector} = "
                     f"{' or '.join(repr(b) for b in by)}, not {choice!r}: expected it unset")
     return None
 
 
-def without_unread(rule: OwnKeys, table: dict, choice: Any, keep: Callable[[str], bool]) -> dict:
+def without_unread(rule: OwnKeys, table: dict, choice: Any, keep: Callable[[str], bool] | None = None) -> dict:
     """``table``, the rule's section as a dict, without the keys ``choice`` does not read, save those ``keep`` names
     (set with it): a FedAvg run of a FedProx template, or ``--set algorithm.name=fedavg`` on a FedProx config, runs
     without μ."""
-    drop = {k for k, by in rule.readers.items() if choice not in by and k in table and not keep(k)}
+    drop = {k for k, by in rule.readers.items() if choice not in by and k in table and not (keep and keep(k))}
     return {k: v for k, v in table.items() if k not in drop} if drop else table
 
 
 def switched(data: dict, base: dict) -> list[tuple[OwnKeys, Any]]:
     """The rules whose choice differs between config dicts ``data`` and ``base``, with ``data``'s choice."""
-    return [(rule, _get(data, rule.selector)) for rule in OWN_KEYS
-            if _get(data, rule.selector) != _get(base, rule.selector)]
+    return [(rule, lookup(data, rule.selector)) for rule in OWN_KEYS
+            if lookup(data, rule.selector) != lookup(base, rule.selector)]
 
 
 class ServerConfig(_Strict):
@@ -962,6 +967,5 @@ def validate_saved(data: dict) -> RunConfig:
         data = dict(data)
         for rule in OWN_KEYS:
             if isinstance(data.get(rule.section), dict):
-                data[rule.section] = without_unread(rule, data[rule.section], _get(data, rule.selector),
-                                                   lambda key: False)
+                data[rule.section] = without_unread(rule, data[rule.section], lookup(data, rule.selector))
     return validate(data)

@@ -12,7 +12,10 @@ from fedsl.experiments.config import (
     OWN_KEYS,
     RUNS_MAX,
     ConfigError,
+    OwnKeys,
     RunConfig,
+    changed,
+    lookup,
     slug,
     validate,
 )
@@ -80,33 +83,26 @@ def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
     return points
 
 
-def _template_keys(cfg: RunConfig) -> dict[tuple[str, str], Any]:
-    """(section, key) -> value of the keys of a template (a config with variants or a sweep) that only some
-    algorithms, datasets, attacks or robust rules read, set away from their defaults: the only such keys a run can
-    inherit at another value than the default."""
-    out = {}
-    for rule in OWN_KEYS:
-        table = getattr(cfg, rule.section)
-        for key in rule.readers:
-            if (value := getattr(table, key)) != type(table).model_fields[key].default:
-                out[(rule.section, key)] = value
-    return out
+def _template_keys(cfg: RunConfig) -> dict[tuple[str, str], tuple[OwnKeys, Any]]:
+    """(section, key) -> (its rule, value) of the keys of a template (a config with variants or a sweep) that only
+    some algorithms, datasets, attacks or robust rules read, set away from their defaults: the only such keys a run
+    can inherit at another value than the default."""
+    return {(rule.section, key): (rule, getattr(getattr(cfg, rule.section), key)) for rule in OWN_KEYS
+            for key in rule.readers if changed(getattr(cfg, rule.section), key)}
 
 
-def _not_inherited(merged: dict, template: dict[tuple[str, str], Any], own: set[str],
+def _not_inherited(merged: dict, template: dict[tuple[str, str], tuple[OwnKeys, Any]], own: set[str],
                    read: set[tuple[str, str]]) -> dict:
     """``merged`` (a run's config dict) without the template's keys its own algorithm, dataset, attack or robust
     rule does not read (a FedAvg variant of a FedProx template runs without μ); the template keys it reads are
     added to ``read``. A key the variant or the sweep sets itself (``own``) stays, and is refused if the run's
     choice does not read it."""
-    for section, key in template:
-        if f"{section}.{key}" in own:
-            continue
-        rule = next(r for r in OWN_KEYS if r.section == section and key in r.readers)
-        choice = get_dotted(merged, rule.selector) if has_dotted(merged, rule.selector) else None
-        if choice in rule.readers[key]:
+    for (section, key), (rule, _) in template.items():
+        if f"{section}.{key}" in own or not isinstance(merged.get(section), dict):
+            continue  # the variant's own (a section that is not a table: validation says so)
+        if lookup(merged, rule.selector) in rule.readers[key]:
             read.add((section, key))
-        elif isinstance(merged.get(section), dict):
+        else:
             merged[section] = {k: v for k, v in merged[section].items() if k != key}  # the run takes the default
     return merged
 
@@ -180,9 +176,8 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
         if not any(_reads(cfg, over, key) for over in variants.values() if isinstance(over, dict)):
             raise ConfigError(f"sweep over {key}: read by no variant of the config (a key of other algorithms, "
                               "datasets, attacks or robust rules than theirs): expected a variant that reads it")
-    for (section, key), value in template.items():
+    for (section, key), (rule, value) in template.items():
         if (section, key) not in read:  # set for all runs, read by none: it would change nothing
-            rule = next(r for r in OWN_KEYS if r.section == section and key in r.readers)
             theirs = sorted({rule.choice(c) for _, c in out.values()})
             raise ConfigError(f"{section}.{key} = {value!r}: read only with {rule.selector} = "
                               f"{' or '.join(repr(b) for b in rule.readers[key])}, and no run of the config has "
