@@ -49,15 +49,40 @@ class _Parts(nn.Module):
         return z if part == "features" else (self.model.head(z), z)
 
 
+def reinitialise_(model: nn.Module, seed: int) -> nn.Module:
+    """Draw ``model``'s parameters afresh from ``seed`` (in place): every submodule's own ``reset_parameters()``
+    (PyTorch's layer defaults), in ``model.modules()`` order, from a generator seeded with ``seed``; the caller's
+    random state is left as it was. ValueError, one line, for a parameter no ``reset_parameters`` draws."""
+    owners = [m for m in model.modules() if callable(getattr(m, "reset_parameters", None))]
+    drawn = {id(p) for m in owners for p in m.parameters()}
+    loose = [n for n, p in model.named_parameters() if id(p) not in drawn]
+    if loose:
+        raise ValueError(f"model parameter {loose[0]!r} belongs to a module without reset_parameters(), so a seed "
+                         "cannot draw it: expected layers that have one, or a model built under "
+                         "torch.manual_seed(seed) and wrapped without seed=")
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        torch.manual_seed(seed)
+        for m in owners:
+            m.reset_parameters()
+    return model
+
+
 class FunctionalModel:
     """Wraps ``model`` (dropout made key-driven) as a pure function of its parameters, with a pure loss.
+
+    ``seed``: None keeps the module's parameters as they are (its own initialisation, or pretrained weights); an
+    int draws them afresh from it (``reinitialise_``: PyTorch's layer defaults), so that x_0, and with the
+    simulator's seed the whole run, is a function of the seeds alone.
 
     ``has_representation``: the model exposes its representation z (``features``/``head`` methods,
     ``fedsl.models.has_representation``), which ``forward_parts`` and ``represent`` return.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, seed: int | None = None) -> None:
         check_model(model)
+        if seed is not None:
+            reinitialise_(model, seed)
         self.key_names = replace_dropout(model)
         self.module = model
         self.names = [n for n, _ in model.named_parameters()]

@@ -33,6 +33,7 @@ from fedsl.algorithms.label_counts import LabelCounts, label_counts
 from fedsl.algorithms.server_learning import Pretraining
 from fedsl.algorithms.server_round import ServerMetrics, ServerSide, initial_gamma, server_update
 from fedsl.core import attacks, participation, rng
+from fedsl.core import threads as _threads
 from fedsl.core.attacks import NO_ATTACK, Attack
 from fedsl.core.participation import FULL, Participation
 from fedsl.core.transfer import to_device
@@ -124,13 +125,24 @@ class Simulator:
         client_store: how the clients' states are kept (``fedsl.engine.client_state``): [N, ...] tables (the
             default), or the rows of the clients seen so far, in the run's dtype or float16, in memory (the
             tables' device) or in a file in ``run_folder``, which the runner sets to the run's folder.
+        threads: torch's intra-op threads for this process, set here as ``fedsl run`` sets them: 0 (the default)
+            the command line's automatic rule (``fedsl.core.threads``: never more than torch's current setting, the
+            cores this process may use or the cores the machine's load leaves free; on a busy 2-core machine one
+            thread, where torch's default two spin on each other many times slower), N pins N, None leaves torch's
+            setting alone. Float sums, and so results in their last bits, depend on the number: pin it for
+            bit-identical reruns across machines and loads.
+
+    x_0 is ``fm``'s parameters as given: a module built with ``fedsl.build_model`` or wrapped as
+    ``FunctionalModel(module, seed=...)`` is initialised from a seed, so a run is a function of its seeds alone.
     """
 
     def __init__(self, fm: FunctionalModel, fed: Federation, algorithm: Algorithm, executor: Executor,
                  clients_per_round: int, seed: int, eval_batch_size: int = 500, eval_precision: str = "float32",
                  tables_on_host: bool = False, part: Participation = FULL, attack: Attack = NO_ATTACK,
-                 client_store: StoreSettings = DENSE) -> None:
+                 client_store: StoreSettings = DENSE, threads: int | None = 0) -> None:
         assert eval_precision in EVAL_PRECISIONS, eval_precision  # config validation checks it
+        if threads is not None:
+            _threads.apply(threads)
         self.attack = attack
         self.malicious = attacks.malicious_clients(seed, fed.num_clients, attack)  # M, fixed for the run
         if attack.kind == "label_flip":

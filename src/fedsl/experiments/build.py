@@ -200,7 +200,7 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     d = sum(p.numel() for p in fm.module.parameters())
     sim = Simulator(fm, on_device, algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
                     cfg.eval_batch_size, cfg.eval_precision, tables_on_host(cfg, device, algorithm, fed.num_clients, d),
-                    cfg.participation, cfg.byzantine, cfg.client_state.settings())
+                    cfg.participation, cfg.byzantine, cfg.client_state.settings(), threads=None)  # set above
     return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device, privacy_budget(cfg, fed))
 
 
