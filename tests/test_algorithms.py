@@ -226,6 +226,20 @@ def test_resolved_hyperparameters_scenario_1_cifar():
     assert table["η0"].source.startswith("paper default")
 
 
+def test_the_printed_table_labels_a_value_set_only_when_the_config_gives_it():
+    """A rule's own hyper-parameter the config leaves unset is its rule's default, not "[set]" (every one was
+    labelled set); so are S, η_l and B; a value the config gives is "[set]", even at the default's value."""
+    cfg = validate({"rounds": 1, "data": {"dataset": "synthetic_chars"}, "algorithm": {"name": "fedavgm"}})
+    table = {h.symbol: h for h in resolve(cfg, _fake_fed(20, 50, 0))[2]}
+    assert (table["β"].value, table["β"].source) == (0.9, "default for fedavgm")
+    assert {s: table[s].source for s in ("S", "η_l", "B", "N")} == dict.fromkeys(("S", "η_l", "B", "N"), "default")
+    cfg = validate({"rounds": 1, "data": {"dataset": "synthetic_chars", "num_clients": 20},
+                    "algorithm": {"name": "fedavgm", "momentum": 0.9, "clients_per_round": 5}})
+    table = {h.symbol: h for h in resolve(cfg, _fake_fed(20, 50, 0))[2]}
+    assert {s: table[s].source for s in ("β", "S", "N", "η_l")} == {"β": "set", "S": "set", "N": "set",
+                                                                    "η_l": "default"}
+
+
 def test_resolved_hyperparameters_scenario_2_cifar():
     alg, _, hp = resolve(_cfg("fsl", 10, 10, 0.05, 500), _fake_fed(1000, 50, 500))
     table = {h.symbol: h.value for h in hp}

@@ -62,11 +62,12 @@ from fedsl.algorithms.qfedavg import QFedAvg
 from fedsl.algorithms.robust import Robust
 from fedsl.algorithms.scaffold import Scaffold
 from fedsl.algorithms.server_learning import Pretraining, ServerLearning
-from fedsl.algorithms.spec import HyperParam, Spec
+from fedsl.algorithms.spec import HyperParam, Spec, registry
 
-# Every algorithm's spec, by name; a new algorithm adds its module here.
-SPECS: dict[str, Spec] = {s.name: s for s in (*fedavg.SPECS, *feddu.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC,
-                                                feddyn.SPEC, fednova.SPEC, moon.SPEC, qfedavg.SPEC, feddf.SPEC)}
+# Every algorithm's spec, by name; a new algorithm adds its module here. ``registry`` refuses a name declared twice
+# and a config key two rules declare differently (a rule's ``momentum = 0.5`` would change FedAvgM's β).
+SPECS: dict[str, Spec] = registry((*fedavg.SPECS, *feddu.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC, feddyn.SPEC,
+                                   fednova.SPEC, moon.SPEC, qfedavg.SPEC, feddf.SPEC))
 ALGORITHMS = tuple(SPECS)
 
 

@@ -8,6 +8,7 @@ algorithm is one file with its two halves (``base``) and a spec, plus its module
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -123,3 +124,33 @@ class Spec:
         spec's own (FSL: "incremental", FSL-p: "parallel", the others "off"). Whether the two compose is
         ``fedsl.algorithms.check_server_learning``'s question (config validation asks it)."""
         return self.server_learning if learning == "auto" else learning
+
+
+def registry(specs: Iterable[Spec]) -> dict[str, Spec]:
+    """The specs by name, checked: names are unique, and a config key two rules declare (FedAdam's and FedYogi's
+    ``beta1``) means one setting, with one default, symbol, meaning and bounds in every rule that declares it.
+
+    A rule's hyper-parameters are ``algorithm.KEY`` fields of the config, one field per key: a new rule that
+    declared ``momentum = 0.5`` beside FedAvgM's β = 0.9 would otherwise change FedAvgM's default in every config
+    that leaves it unset. Such a rule is refused in one line: it takes its own key (``moon_mu`` beside FedProx's
+    ``mu``) or the same setting."""
+    out: dict[str, Spec] = {}
+    declared: dict[str, tuple[str, HyperParam]] = {}
+    for s in specs:
+        if s.name in out:
+            raise ValueError(f"algorithm {s.name!r} is declared twice: expected one spec per algorithm.name")
+        out[s.name] = s
+        for h in s.hyperparams:
+            first = declared.setdefault(h.key, (s.name, h))
+            if first[1] != h:
+                raise ValueError(f"algorithm {s.name!r} declares algorithm.{h.key} as {_shown(h)}, but {first[0]!r} "
+                                 f"declares it as {_shown(first[1])}: expected another key for "
+                                 f"{s.name!r}'s own setting (e.g. {s.name}_{h.key}) or the same default, symbol, "
+                                 "meaning and bounds")
+    return out
+
+
+def _shown(h: HyperParam) -> str:
+    bounds = ", ".join(f"{b} {v:g}" for b, v in (("ge", h.ge), ("gt", h.gt), ("lt", h.lt), ("le", h.le))
+                       if v is not None)
+    return f"{h.symbol} = {h.default:g} ({h.meaning}{'; ' + bounds if bounds else ''})"

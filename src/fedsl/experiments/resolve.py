@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from fedsl.algorithms import (
     Algorithm,
     DifferentialPrivacy,
@@ -41,6 +43,12 @@ class Setting:
     source: str  # "set", "paper default", "derived"
 
 
+def given(table: BaseModel, key: str) -> Any:
+    """``table``'s ``key`` when the config gives it (a preset's, a file's or a ``--set`` value), else None: the
+    printed table labels it ``[set]``, else by the default it took."""
+    return getattr(table, key) if key in table.model_fields_set else None
+
+
 def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | None, list[Setting]]:
     """Apply the paper's default rules to every hyper-parameter the config left unset."""
     a, s = cfg.algorithm, cfg.server
@@ -50,16 +58,17 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         hp.append(Setting(symbol, meaning, value, "set" if given is not None else rule))
         return value
 
+
     N, S, n, n0 = fed.num_clients, a.clients_per_round, fed.n, fed.n0
     smallest = int(fed.clients.sizes.min())
     if a.batch_size > smallest:
         raise ConfigError(f"algorithm.batch_size = {a.batch_size}: expected at most the smallest client's "
                           f"n_i = {smallest}")
-    note("N", "clients", N, True)
-    note("S", "clients per round", S, True)
+    note("N", "clients", N, given(cfg.data, "num_clients") if N == cfg.data.num_clients else True, "default")
+    note("S", "clients per round", S, given(a, "clients_per_round"), "default")
     note("n_i", "samples per client (mean)", round(n / N, 2), True, "derived")
-    note("η_l", "client learning rate", a.local_lr, True)
-    note("B", "client batch size", a.batch_size, True)
+    note("η_l", "client learning rate", a.local_lr, given(a, "local_lr"), "default")
+    note("B", "client batch size", a.batch_size, given(a, "batch_size"), "default")
     note("E_c", "client epochs", a.local_epochs, a.local_epochs if a.local_epochs != defaults.LOCAL_EPOCHS else None)
     k = a.mean_steps(n, N)
     note("K", "client steps per round (mean client)", k, a.local_steps, "derived: E_c·⌈n_i/B⌉")
@@ -70,7 +79,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
                      "paper default √S" if sp.global_lr == "sqrt_s" else f"default for {a.name}")
     rule_hp = {h.key: getattr(a, h.key) for h in sp.hyperparams}
     for h in sp.hyperparams:
-        note(h.symbol, h.meaning, rule_hp[h.key], True)
+        note(h.symbol, h.meaning, rule_hp[h.key], given(a, h.key), f"default for {sp.display}")
     local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps)
 
     server = None
@@ -114,8 +123,9 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         note("q", "client sampling rate S/N (DP accounting)", round(budget.q, 6), None, "derived")
         privacy = DifferentialPrivacy(p.clip, budget.noise_multiplier, S, p.adaptive_clipping())
         if privacy.adaptive is not None:  # privacy_budget checked that z_Δ exists
-            note("γ_C", "adaptive clipping: quantile of the update norms C follows", p.target_quantile, True)
-            note("η_C", "adaptive clipping: step of C's geometric update", p.clip_lr, True)
+            note("γ_C", "adaptive clipping: quantile of the update norms C follows", p.target_quantile,
+                 given(p, "target_quantile"), "default")
+            note("η_C", "adaptive clipping: step of C's geometric update", p.clip_lr, given(p, "clip_lr"), "default")
             note("σ_b", "adaptive clipping: noise on the count of unclipped updates", privacy.count_stddev,
                  p.count_stddev, "default S/20 (0 without noise)")
             note("z_Δ", "the update's noise multiplier (with σ_b's, z)", privacy.update_noise_multiplier, None,
@@ -131,7 +141,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     if s.pretrain:
         pb = s.pretrain_batch_size or a.batch_size
         pretrain = Pretraining(s.pretrain_epochs, s.pretrain_lr, min(pb, n0))
-        note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, True)
+        note("pretrain", "server pretraining epochs on D0", s.pretrain_epochs, given(s, "pretrain_epochs"))
     return algorithm, pretrain, hp
 
 
@@ -183,7 +193,7 @@ def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any
                      "default K (the clients')")
         root = LocalTraining(lr, min(a.batch_size, fed.n0), steps=steps)
     elif r.aggregator == "trimmed_mean":
-        note("β", "trimmed-mean fraction", r.trim, True)
+        note("β", "trimmed-mean fraction", r.trim, given(r, "trim"), "default")
     elif r.aggregator == "norm_bound":
         note("τ", "norm bound of each update", r.norm_bound, True)
     elif r.aggregator in ("krum", "multi_krum"):
@@ -198,7 +208,7 @@ def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any
         note("f", "Bulyan's assumed Byzantine count", r.krum_f if r.krum_f is not None
              else default_bulyan_f(a.clients_per_round), r.krum_f, "default ⌊(S' − 3)/4⌋ of the S' replies")
     if r.bucket > 1:
-        note("s", "bucket size (updates averaged per bucket before the rule)", r.bucket, True)
+        note("s", "bucket size (updates averaged per bucket before the rule)", r.bucket, given(r, "bucket"), "default")
     return Robust(r.aggregator, r.trim, r.krum_f, r.krum_m, r.norm_bound, root, r.bucket, cfg.seed)
 
 
