@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_cli_uses_no_deprecated_click_api():
     """typer < 0.21 imports click's get_text_stream/get_binary_stream, deprecated in Click 8.5 and
@@ -183,3 +185,30 @@ def test_a_run_saved_with_another_algorithms_key_resumes(tmp_path, one_thread):
     assert main(["resume", str(out), "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_done"] == 3
+
+
+def test_set_of_a_key_the_variants_or_the_sweep_replace_is_refused_in_one_line(capsys, tmp_path):
+    """Variants apply after --set: `--set algorithm.name=fedavgm` on quickstart (FedAvg and FSL each set the name)
+    ran FedAvg and FSL as before without a word. Refused, naming the variants and the variants.NAME. form; with
+    --variants, only the variants chosen count; the variants.NAME. form and a key no variant sets run as before."""
+    from fedsl.cli import main
+    from fedsl.experiments import loading, presets
+
+    assert main(["run", "--preset", "quickstart", "--set", "algorithm.name=fedavgm", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "every variant (FedAvg, FSL) sets algorithm.name itself" in err[0], err
+    assert "--set variants.FedAvg.algorithm.name=fedavgm" in err[0], err
+    assert not (tmp_path / "a").exists()
+    base = presets.load("quickstart")
+    base["variants"]["FedAvg"]["algorithm"]["local_lr"] = 0.1
+    with pytest.raises(loading.ConfigError, match=r"variant FedAvg sets algorithm\.local_lr itself"):
+        loading.load(base=base, overrides=["algorithm.local_lr=0.02"])
+    cfg = loading.load(base=base, overrides=["algorithm.local_lr=0.02"], variants=["FSL"])  # FedAvg does not run
+    assert cfg.algorithm.local_lr == 0.02
+    assert loading.load(base=base, overrides=["algorithm.local_lr=0.1"]).algorithm.local_lr == 0.1  # the same value
+    cfg = loading.load(base=base, overrides=["variants.FSL.algorithm.name=fedavgm"])
+    assert cfg.variants["FSL"]["algorithm"]["name"] == "fedavgm"
+    base["sweep"] = {"server.gamma": [0.5, 1.0]}
+    with pytest.raises(loading.ConfigError, match=r"the sweep sets server\.gamma to each of \[0\.5, 1\.0\]"):
+        loading.load(base=base, overrides=["server.gamma=2.0"])
+    assert loading.load(base=base, overrides=['sweep={"server.gamma" = [2.0]}']).sweep == {"server.gamma": [2.0]}

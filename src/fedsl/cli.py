@@ -134,13 +134,13 @@ def _print_tables(path: Path, title: str) -> None:
 
 
 def _load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path],
-                 quick: bool = False):
+                 quick: bool = False, variants: Optional[List[str]] = None):
     from fedsl.experiments import loading, presets
     if (config is None) == (preset is None):
         raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
     base = presets.load(preset) if preset else None
     extra = [f"data.data_dir={str(data_dir)!r}"] if data_dir is not None else []
-    return loading.load(config, [*set_, *extra], base=base, quick=quick)
+    return loading.load(config, [*set_, *extra], base=base, quick=quick, variants=variants)
 
 
 @app.command()
@@ -166,9 +166,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     backend = _backend(parallel, ray, ray_resources, quiet)
     if track:  # a TOML list of strings, as --set tracking=[...] would give it
         set_ = [*set_, "tracking=[" + ", ".join(json.dumps(t) for t in track) + "]"]
-    cfg = _load_config(config, preset, set_, data_dir, quick)
+    names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
+    cfg = _load_config(config, preset, set_, data_dir, quick, names)  # --set refused where those variants replace it
     if variants is not None:
-        names = [v.strip() for v in variants.split(",") if v.strip()]
         unknown = [v for v in names if v not in cfg.variants]
         if unknown or not names:
             raise UserError(f"--variants {variants!r}: expected names from "

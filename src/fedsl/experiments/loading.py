@@ -41,10 +41,12 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+def apply_overrides(data: dict, overrides: list[str], variants: list[str] | None = None) -> dict:
     """Apply ``key=value`` overrides (dotted keys, e.g. ``algorithm.gamma=0.5``). One that switches
     ``algorithm.name``, ``data.dataset``, ``attack.kind`` or ``robust.aggregator`` drops the keys only the choice
-    before reads (``config.without_unread``), save those the overrides set too."""
+    before reads (``config.without_unread``), save those the overrides set too. One that a variant (of
+    ``variants``, default all) or the sweep sets to another value is refused (``shadowed``): it would be ignored
+    there without a word."""
     out = copy.deepcopy(data)
     keys = set()
     for item in overrides:
@@ -56,11 +58,39 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"--set {item!r}: expected a dotted key such as server.gamma")
         set_dotted(out, key, _parse_value(raw.strip()))
         keys.add(key)
+        if problem := shadowed(out, key, raw.strip(), variants):
+            raise ConfigError(f"--set {item!r}: {problem}")
     for rule, choice in switched(out, data):
         if rule.selector in keys and isinstance(out.get(rule.section), dict):
             out[rule.section] = without_unread(rule, out[rule.section], choice,
                                                lambda k, s=rule.section: f"{s}.{k}" in keys)
     return out
+
+
+def shadowed(data: dict, key: str, raw: str, variants: list[str] | None = None) -> str | None:
+    """Why an override ``key=raw`` would not reach every run of ``data`` (None: it would): a variant (of
+    ``variants``, default all) that sets ``key`` to another value (variants apply after ``--set``), or the sweep,
+    whose values replace it."""
+    if key.split(".")[0] in ("variants", "sweep", "quick"):
+        return None
+    sweep = data.get("sweep")
+    if isinstance(sweep, dict) and key in sweep:
+        return (f"the sweep sets {key} to each of {sweep[key]!r} in turn, which replace this value: expected the "
+                f"swept values instead (--set 'sweep={{\"{key}\" = [{raw}]}}' sweeps over this value alone, in "
+                "place of the whole [sweep] table)")
+    table = data.get("variants")
+    if not isinstance(table, dict):
+        return None
+    value = get_dotted(data, key)
+    names = [v for v in (variants or table) if v in table]
+    own = [v for v in names if isinstance(table[v], dict) and has_dotted(table[v], key)
+           and get_dotted(table[v], key) != value]
+    if not own:
+        return None
+    who = (f"every variant ({', '.join(own)}) sets" if len(own) == len(names) else
+           f"variant{'s' if len(own) > 1 else ''} {', '.join(own)} set{'' if len(own) > 1 else 's'}")
+    return (f"{who} {key} itself, which replaces this value: expected --set variants.NAME.{key}={raw} for each "
+            f"variant it should change (e.g. --set variants.{own[0]}.{key}={raw})")
 
 
 def set_dotted(data: dict, key: str, value: Any) -> None:
@@ -112,10 +142,11 @@ def apply_quick(data: dict) -> dict:
 
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None,
-         quick: bool = False) -> RunConfig:
+         quick: bool = False, variants: list[str] | None = None) -> RunConfig:
     """Read, override and validate a config (``base`` is a preset's dict when no file is given).
 
-    ``quick`` applies the config's ``quick`` table first; ``overrides`` come last.
+    ``quick`` applies the config's ``quick`` table first; ``overrides`` come last, refused where one of
+    ``variants`` (the variants that will run; default all) or the sweep would replace them.
     """
     data = read_file(path) if path is not None else copy.deepcopy(base or {})
     rounds = data.get("rounds")
@@ -125,4 +156,4 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, bas
         data["paper_rounds"] = rounds
     if quick:
         data = apply_quick(data)
-    return validate(apply_overrides(data, overrides or []))
+    return validate(apply_overrides(data, overrides or [], variants))
