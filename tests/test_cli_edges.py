@@ -65,6 +65,19 @@ def test_unknown_key_suggests_the_closest(capsys):
         assert len(err) == 1 and f"unknown key '{wrong}': did you mean '{meant}'? expected one of" in err[0], err
 
 
+def test_a_typo_that_leaves_a_key_missing_still_says_did_you_mean(tmp_path, capsys):
+    """`round = 1` is an unknown key and leaves `rounds` missing: the line names the typo and its fix, not the
+    missing key alone with "(and 1 more)"."""
+    from fedsl.cli import main
+
+    config = tmp_path / "typo.toml"
+    config.write_text('round = 1\n[data]\ndataset = "synthetic_chars"\n[algorithm]\nname = "fsl"\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unknown key 'round': did you mean 'rounds'?"), err
+    assert err[0].endswith("(and 1 more)"), err
+
+
 def test_missing_mnist_says_how_on_the_command_line(tmp_path, capsys):
     from fedsl.cli import main
 

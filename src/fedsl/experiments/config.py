@@ -929,7 +929,9 @@ def _did_you_mean(loc: tuple, parent: type[BaseModel]) -> str | None:
 
 
 def _format(err: ValidationError, data: dict) -> str:
-    e = err.errors()[0]
+    # an unknown key first: a typo (`round = 1`) also leaves its key missing, and "did you mean 'rounds'?" is the
+    # line that says what to do
+    e = min(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
     loc = tuple(p for p in e["loc"] if isinstance(p, str))
     key = ".".join(loc) or "config"
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
