@@ -144,9 +144,9 @@ def registry(specs: Iterable[Spec]) -> dict[str, Spec]:
             first = declared.setdefault(h.key, (s.name, h))
             if first[1] != h:
                 raise ValueError(f"algorithm {s.name!r} declares algorithm.{h.key} as {_shown(h)}, but {first[0]!r} "
-                                 f"declares it as {_shown(first[1])}: expected another key for "
-                                 f"{s.name!r}'s own setting (e.g. {s.name}_{h.key}) or the same default, symbol, "
-                                 "meaning and bounds")
+                                 f"declares it as {_shown(first[1])}: expected a key of its own "
+                                 f"for {s.name!r} (e.g. {s.name}_{h.key}) or the same default, symbol, meaning and "
+                                 "bounds")
     return out
 
 
