@@ -233,6 +233,7 @@ def test_the_printed_table_labels_a_value_set_only_when_the_config_gives_it():
     table = {h.symbol: h for h in resolve(cfg, _fake_fed(20, 50, 0))[2]}
     assert (table["β"].value, table["β"].source) == (0.9, "default for fedavgm")
     assert {s: table[s].source for s in ("S", "η_l", "B", "N")} == dict.fromkeys(("S", "η_l", "B", "N"), "default")
+    assert table["n_i"].source == "derived"  # n / N, never set
     cfg = validate({"rounds": 1, "data": {"dataset": "synthetic_chars", "num_clients": 20},
                     "algorithm": {"name": "fedavgm", "momentum": 0.9, "clients_per_round": 5}})
     table = {h.symbol: h for h in resolve(cfg, _fake_fed(20, 50, 0))[2]}

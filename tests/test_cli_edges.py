@@ -225,3 +225,21 @@ def test_set_of_a_key_the_variants_or_the_sweep_replace_is_refused_in_one_line(c
     with pytest.raises(loading.ConfigError, match=r"the sweep sets server\.gamma to each of \[0\.5, 1\.0\]"):
         loading.load(base=base, overrides=["server.gamma=2.0"])
     assert loading.load(base=base, overrides=['sweep={"server.gamma" = [2.0]}']).sweep == {"server.gamma": [2.0]}
+
+
+def test_the_terminal_table_says_what_its_columns_mean_and_what_a_short_runs_final_accuracy_is(tmp_path, capsys):
+    """The table after a run names final acc, rise time and T_0.5, as comparison.md does; for a run of at most the
+    window's rounds (a short trial), whose "final acc" is the mean over the whole run, it says so."""
+    from fedsl.cli import main
+    from fedsl.report.tables import legend
+
+    assert legend(20, [100]).startswith("Final accuracy = rolling mean over 20 rounds at the last round; rise time")
+    assert "mean over the whole run" not in legend(20, [21, 100])
+    assert "In a run of at most 20 rounds the window holds every round" in legend(20, [100, 20])
+    out = tmp_path / "out"
+    assert main(["run", "--preset", "quickstart", "--quiet", "--out", str(out), "--set", "rounds=2", "--set",
+                 "threads=1", "--set", "data.train_per_class=40", "--set", "data.test_per_class=5"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # the terminal wraps long lines
+    assert "Final accuracy = rolling mean over 20 rounds" in shown and "T_0.5 = first round" in shown
+    assert "the mean over the whole run" in shown
+    assert "the mean over the whole run" in (out / "comparison.md").read_text()

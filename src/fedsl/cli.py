@@ -116,7 +116,8 @@ def _connected(backend):
 
 def _print_tables(path: Path, title: str) -> None:
     """Per-run table, and per-variant means ± std when a variant ran with several seeds."""
-    from fedsl.report.tables import RUN_COLUMNS, VARIANT_COLUMNS, fmt, run_rows, variant_rows
+    from fedsl.engine.metrics import WINDOW
+    from fedsl.report.tables import RUN_COLUMNS, VARIANT_COLUMNS, fmt, group_spec, legend, run_rows, variant_rows
     short = {"final_accuracy": "final acc", "rise_time": "rise time", "rounds_done": "rounds", "wall_time": "time (s)"}
 
     def show(rows: list[dict], columns: tuple[str, ...], caption: str) -> None:
@@ -127,10 +128,13 @@ def _print_tables(path: Path, title: str) -> None:
             table.add_row(*(fmt(r.get(c), c) for c in columns))
         console.print(table)
 
-    show(run_rows(path), RUN_COLUMNS, title)
+    rows = run_rows(path)
+    show(rows, RUN_COLUMNS, title)
     vrows = variant_rows(path)
     if any(r["seeds"] > 1 for r in vrows):
         show(vrows, VARIANT_COLUMNS, "mean ± sample std over seeds")
+    window = (group_spec(path) or {}).get("window", WINDOW)
+    console.print(legend(window, [r["rounds_done"] for r in rows]), markup=False, highlight=False)
 
 
 def _load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path],

@@ -66,7 +66,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
                           f"n_i = {smallest}")
     note("N", "clients", N, given(cfg.data, "num_clients") if N == cfg.data.num_clients else True, "default")
     note("S", "clients per round", S, given(a, "clients_per_round"), "default")
-    note("n_i", "samples per client (mean)", round(n / N, 2), True, "derived")
+    note("n_i", "samples per client (mean)", round(n / N, 2), None, "derived")
     note("η_l", "client learning rate", a.local_lr, given(a, "local_lr"), "default")
     note("B", "client batch size", a.batch_size, given(a, "batch_size"), "default")
     note("E_c", "client epochs", a.local_epochs, a.local_epochs if a.local_epochs != defaults.LOCAL_EPOCHS else None)

@@ -95,6 +95,20 @@ def variant_curves(path: Path) -> dict[str, tuple]:
     return curves
 
 
+def legend(window: int, rounds: list[int | None], multi: bool = False) -> str:
+    """What the tables' columns mean (the paper's metrics, ``fedsl.engine.metrics``), for the terminal and
+    comparison.md; ``rounds``: the runs' rounds done. The window of a run of at most ``window`` rounds holds all its
+    rounds, so its final accuracy is the mean over the whole run, which the legend then says."""
+    text = (f"Final accuracy = rolling mean over {window} rounds at the last round; rise time = first round "
+            "reaching 90% of it; T_0.5 = first round whose rolling accuracy reaches 0.5"
+            + (" (mean ± sample std over seeds)" if multi else "") + ".")
+    if any(r is not None and r <= window for r in rounds):
+        text += (f" In a run of at most {window} rounds the window holds every round: its final accuracy is the "
+                 "mean over the whole run, below its last round's accuracy while it still learns (that is in its "
+                 "metrics.csv).")
+    return text
+
+
 def write_comparison(path: str | Path) -> tuple[Path, Path]:
     """comparison.md (tables) and comparison.png (accuracy curves) in the group folder."""
     path = Path(path)
@@ -105,9 +119,7 @@ def write_comparison(path: str | Path) -> tuple[Path, Path]:
     vrows = variant_rows(path)
     multi = any(r["seeds"] > 1 for r in vrows)
     text = (f"# {title}\n\n{spec.get('description', '')}\n\n"
-            f"Final accuracy = rolling mean over {window} rounds at the last round; rise time = first round "
-            "reaching 90% of it; T_0.5 = first round whose rolling accuracy reaches 0.5"
-            + (" (mean ± sample std over seeds)" if multi else "") + ".\n\n"
+            + legend(window, [r["rounds_done"] for r in run_rows(path)], multi) + "\n\n"
             + markdown_table(vrows, VARIANT_COLUMNS)
             + ("\n## Runs\n\n" + markdown_table(run_rows(path), RUN_COLUMNS) if multi else "")
             + "\n![accuracy curves](comparison.png)\n")
