@@ -598,7 +598,7 @@ def test_valid_config_reaches_the_run_and_only_then():
     with pytest.raises(RunStarted):
         run_cli(to_toml(QUICKSTART))
     with pytest.raises(RunStarted):
-        run_cli(QUICKSTART_TEXT, ["--set", "rounds=2", "--set", "algorithm.name=fsl"])
+        run_cli(QUICKSTART_TEXT, ["--set", "rounds=2", "--set", "server.gamma=0.5"])
 
 
 @pytest.mark.parametrize("extra, tokens", [
