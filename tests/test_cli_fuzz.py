@@ -52,14 +52,15 @@ class Leaf(typing.NamedTuple):
 
 
 def _leaf(path: tuple[str, ...], field) -> Leaf | None:
-    """A scalar field's strategy description; None for lists and mixed unions (test_config.py covers them)."""
+    """A scalar field's strategy description; None for lists, tables of keys and mixed unions (test_config.py
+    and test_tune.py cover them)."""
     ann = field.annotation
     if typing.get_origin(ann) in (typing.Union, UnionType):
         args = [a for a in typing.get_args(ann) if a is not type(None)]
         if len(args) > 1:
             return None
         ann = args[0]
-    if typing.get_origin(ann) is list:
+    if typing.get_origin(ann) in (list, dict):
         return None
     if typing.get_origin(ann) is typing.Literal:
         kind, choices = "literal", typing.get_args(ann)

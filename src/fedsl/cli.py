@@ -221,13 +221,77 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
 
 @app.command()
 @_clean_errors
-def resume(path: Path = typer.Argument(..., help="a run or group folder"),
+def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", show_default=False),
+         preset: Optional[str] = typer.Option(None, "--preset", "-p", help="tune a bundled preset's variants"),
+         variants: Optional[str] = typer.Option(None, "--variants", help="tune only these variants, e.g. "
+                                                                        "--variants FedAvg,FSL"),
+         trials: Optional[int] = typer.Option(None, "--trials", "-n", help="trials per variant (sets tune.trials)",
+                                              show_default=False),
+         set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set tune.rounds=50"),
+         out: Optional[Path] = typer.Option(None, "--out", "-o", help="study folder (default runs/NAME-tune-TIME)"),
+         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="dataset folder (sets data.data_dir)"),
+         quick: bool = typer.Option(False, "--quick", help="the config's quick form (few rounds, small subsets)"),
+         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
+    """Tune each variant on validation data, the same budget each: an Optuna study per variant in OUT/study.db."""
+    from fedsl.experiments import tune as T
+    if trials is not None:
+        set_ = [*set_, f"tune.trials={trials}"]
+    names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
+    cfg = _load_config(config, preset, set_, data_dir, quick, names)
+    if names is not None:
+        unknown = [v for v in names if v not in cfg.variants]
+        if unknown or not names:
+            raise UserError(f"--variants {variants!r}: expected names from "
+                            f"{list(cfg.variants) or 'none (the config has no variants)'}")
+        cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
+    if out is None:
+        out = Path("runs") / f"{cfg.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
+    say = (lambda s: None) if quiet else _print_line
+    from fedsl.experiments.interrupts import terminate_as_interrupt
+    from fedsl.experiments.results import folder_lock
+    with folder_lock(out), terminate_as_interrupt():
+        tuner = T.start(cfg, out, say)
+        say(f"tuning {len(tuner.studies)} variant{'s' if len(tuner.studies) > 1 else ''}, {cfg.tune.trials} trials "
+            f"each, into {out}")
+        tuner.run()
+    _print_tune(out)
+
+
+def _print_tune(path: Path) -> None:
+    """Each variant's study: its budget, the best validation accuracy and values, the spread of its top trials."""
+    from fedsl.experiments import tune as T
+    T.write_report(path)
+    table = Table(title=f"{path}  (validation accuracy; the test set is not read)")
+    for c in ("variant", "trials", "pruned", "failed", "best val", "top-3 spread", "best values"):
+        table.add_column(c, justify="left" if c in ("variant", "best values") else "right")
+    for r in T.results(path):
+        best = "—" if r["best"] is None else f"{r['best']:.4f}"
+        spread = "—" if r.get("top_spread") is None else f"{r['top_spread']:.4f}"
+        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in r.get("params", {}).items())
+        table.add_row(r["variant"], f"{r['complete'] + r['pruned'] + r['failed']}/{r.get('budget', '?')}",
+                      str(r["pruned"]), str(r["failed"]), best, spread, values)
+    console.print(table)
+    console.print(f"trials: {path / 'trials.png'}   chosen values: {path / 'best.json'}", markup=False)
+
+
+@app.command()
+@_clean_errors
+def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
            quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
            parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP, show_default=False),
            ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP, show_default=False),
            ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP,
                                                        show_default=False)) -> None:
-    """Continue an interrupted run (or group of runs) from its last checkpoint."""
+    """Continue an interrupted run, group of runs or study (fedsl tune) from its last checkpoint."""
+    from fedsl.experiments import tune as T
+    if T.is_tune_folder(path):
+        from fedsl.experiments.interrupts import terminate_as_interrupt
+        from fedsl.experiments.results import folder_lock
+        with folder_lock(path), terminate_as_interrupt():
+            T.reopen(path, (lambda s: None) if quiet else _print_line).run()
+        _print_tune(path)
+        return
     backend = _backend(parallel, ray, ray_resources, quiet)
     from fedsl.experiments import config as C
     from fedsl.experiments.compare import group_config, group_runs, is_group, run_group
@@ -259,8 +323,12 @@ def resume(path: Path = typer.Argument(..., help="a run or group folder"),
 
 @app.command()
 @_clean_errors
-def show(path: Path = typer.Argument(..., help="a run or group folder")) -> None:
-    """Summary table of a run or group of runs."""
+def show(path: Path = typer.Argument(..., help="a run, group or tune folder")) -> None:
+    """Summary table of a run, a group of runs or a study (fedsl tune)."""
+    from fedsl.experiments import tune as T
+    if T.is_tune_folder(path):
+        _print_tune(path)
+        return
     from fedsl.experiments.compare import group_runs
     if not any(rd.summary_file.is_file() or rd.is_run() for rd in group_runs(path).values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad
 
+from fedsl.algorithms.spec import Range
 from fedsl.core.types import Params
 
 BETAS = (0.9, 0.999)  # Adam's moment decays (torch's defaults, which the authors' code uses)
@@ -96,6 +97,10 @@ SCHEDULES = ("cosine", "constant")
 # Where each default of ``Distillation`` comes from (the printed hyper-parameter table and summary.json say it):
 # the paper's text, the authors' code, or our choice.
 PAPER, CODE = "FedDF's paper", "FedDF's code"
+# What a tuning study searches of FedDF by default (``fedsl tune``): Adam's step size over three decades around the
+# paper's 1e-3, and the steps per round from 10 to the paper's 10^4 (log scale: a few steps to many).
+SEARCH = {"lr": Range(1e-5, 1e-2, log=True), "steps": Range(10, 10_000, log=True, integer=True)}
+
 ORIGIN = {"lr": PAPER, "temperature": CODE, "steps": PAPER, "batch_size": CODE, "eval_every": CODE, "patience": PAPER,
           "val_fraction": "ours", "schedule": PAPER, "clip": CODE}
 

@@ -61,7 +61,7 @@ from fedsl.algorithms.base import ClientResults, RoundContext
 from fedsl.algorithms.fedavg import FedAvg
 from fedsl.algorithms.label_counts import LabelCounts
 from fedsl.algorithms.server_learning import ServerLearning, server_steps
-from fedsl.algorithms.spec import HyperParam, Spec
+from fedsl.algorithms.spec import HyperParam, Range, Spec
 from fedsl.core.types import Params, State
 
 DECAY = 0.99  # the authors' code's default (--decay)
@@ -166,10 +166,11 @@ class D0Only(FedAvg):
 
 SPECS = (
     Spec("feddu", FedDU, (HyperParam("feddu_decay", DECAY, "decay", "FedDU's per-round decay of the server update "
-                                     "(0 < decay <= 1)", gt=0, le=1),),
+                                     "(0 < decay <= 1)", gt=0, le=1, search=Range(0.9, 1.0)),),
          server_learning="incremental", needs_server_data=True, title="FedDU", server_lr="local_lr",
          sets_gamma=True, reads_label_counts=True,
          summary="FedDU (FedDUAP): FedAvg, then K0 steps on D0 of γ_t·η0, γ_t from non-IID degrees and accuracy"),
     Spec("d0_only", D0Only, server_learning="incremental", needs_server_data=True, comm_factor=0,
+         global_lr_search=None,  # the clients' updates are dropped: η_g changes nothing
          summary="control: D0 only, the clients' updates dropped, FSL's server steps on D0"),
 )

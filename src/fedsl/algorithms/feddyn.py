@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsl.algorithms.base import Carry, LocalSGD, RoundContext, deltas, zeros_like
-from fedsl.algorithms.spec import HyperParam, Spec
+from fedsl.algorithms.spec import HyperParam, Range, Spec
 from fedsl.core.types import Params, State
 
 
@@ -51,6 +51,7 @@ class FedDyn(LocalSGD):
 
 
 SPEC = Spec("feddyn", FedDyn,
-            (HyperParam("alpha", 0.01, "α", "FedDyn regularisation (paper: 0.01)", gt=0),), global_lr=None,
+            (HyperParam("alpha", 0.01, "α", "FedDyn regularisation (paper: 0.01)", gt=0,
+                        search=Range(1e-4, 1.0, log=True)),), global_lr=None,
             client_state=("grad_i",), local_keys=("alpha",), plain_mean=True,
             summary="FedDyn: dynamic regularisation, h = mean ∇L_i")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsl.algorithms.base import LocalSGD, RoundContext, deltas, weighted_mean, zeros_like
-from fedsl.algorithms.spec import HyperParam, Spec
+from fedsl.algorithms.spec import HyperParam, Range, Spec
 from fedsl.core.types import Params, State
 
 
@@ -127,19 +127,26 @@ class FedAdagrad(AdaptiveServer, LocalSGD):
 # FedYogi shares: β1 = 0.9, β2 = 0.99, τ = 1e-3).
 BETA1 = HyperParam("beta1", 0.9, "β1", "first-moment decay (FedAdam, FedYogi, FedAdagrad)", ge=0, lt=1)
 BETA2 = HyperParam("beta2", 0.99, "β2", "second-moment decay (FedAdam, FedYogi)", ge=0, lt=1)
-TAU = HyperParam("tau", 1e-3, "τ", "adaptivity (FedAdam, FedYogi, FedAdagrad)", gt=0)
+TAU = HyperParam("tau", 1e-3, "τ", "adaptivity (FedAdam, FedYogi, FedAdagrad)", gt=0,
+                search=Range(1e-5, 1e-1, log=True))  # Reddi et al. tune τ, η_l and η_g over decades, β fixed
+
+# Reddi et al. search the adaptive rules' η_g over decades below 1 (their grid: 10^-3 .. 10^0.5)
+ADAPTIVE_ETA_G = Range(1e-3, 1.0, log=True)
 
 # η_g of these baselines is not the paper's √S: FedAvgM (Hsu et al. 2019) steps with η_g = 1 on a
 # momentum buffer; FedAdam (Reddi et al. 2021) tunes η_g around 0.1; FedYogi's 0.01 and FedAdagrad's 0.1 are
 # Flower's strategies' defaults (Reddi et al. tune η_g per task). Flower's FedAdagrad fixes β1 = 0 (m_t = Δ_t);
 # here β1 is the key the three share, default 0.9 (Algorithm 2's m_t): algorithm.beta1 = 0 is Flower's FedAdagrad.
 SPECS = (
-    Spec("fedavgm", FedAvgM, (HyperParam("momentum", 0.9, "β", "FedAvgM server momentum", ge=0, lt=1),), global_lr=1.0,
+    Spec("fedavgm", FedAvgM, (HyperParam("momentum", 0.9, "β", "FedAvgM server momentum", ge=0, lt=1,
+                                   search=Range(0.0, 0.99)),), global_lr=1.0,
          parallel_ok=True, summary="FedAvgM: server momentum on the mean update"),
-    Spec("fedadam", FedAdam, (BETA1, BETA2, TAU), global_lr=0.1, parallel_ok=True,
+    Spec("fedadam", FedAdam, (BETA1, BETA2, TAU), global_lr=0.1, parallel_ok=True, global_lr_search=ADAPTIVE_ETA_G,
          summary="FedAdam: Adam on the mean update"),
     Spec("fedyogi", FedYogi, (BETA1, BETA2, TAU), global_lr=0.01, parallel_ok=True, title="FedYogi",
+         global_lr_search=ADAPTIVE_ETA_G,
          summary="FedYogi: Yogi's additive second moment on the mean update"),
     Spec("fedadagrad", FedAdagrad, (BETA1, TAU), global_lr=0.1, parallel_ok=True, title="FedAdagrad",
+         global_lr_search=ADAPTIVE_ETA_G,
          summary="FedAdagrad: Adagrad's summed second moment on the mean update"),
 )

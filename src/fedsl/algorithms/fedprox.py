@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from fedsl.algorithms.base import Carry
 from fedsl.algorithms.fedavg import FedAvg
-from fedsl.algorithms.spec import HyperParam, Spec
+from fedsl.algorithms.spec import HyperParam, Range, Spec
 from fedsl.core.types import Params, State
 
 
@@ -30,5 +30,6 @@ class FedProx(FedAvg):
         return {"y": {n: p - lr * (g[n] + self.mu * (p - aux["anchor"][n])) for n, p in y.items()}}
 
 
-SPEC = Spec("fedprox", FedProx, (HyperParam("mu", 0.01, "μ", "FedProx proximal weight", ge=0),), parallel_ok=True,
+SPEC = Spec("fedprox", FedProx, (HyperParam("mu", 0.01, "μ", "FedProx proximal weight", ge=0,
+                                                  search=Range(1e-4, 1.0, log=True)),), parallel_ok=True,
             local_keys=("mu",), summary="FedProx: FedAvg with μ(y - x_t) added to local gradients")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from fedsl.algorithms.base import Carry, LocalBatch, zeros_like
 from fedsl.algorithms.fedavg import FedAvg
-from fedsl.algorithms.spec import HyperParam, Spec
+from fedsl.algorithms.spec import HyperParam, Range, Spec
 from fedsl.core.types import Params, State
 
 
@@ -70,7 +70,8 @@ class Moon(FedAvg):
         return self.moon_mu * ((torch.logaddexp(glob, prev) - glob) * batch.weights).sum()
 
 
-SPEC = Spec("moon", Moon, (HyperParam("moon_mu", 1.0, "μ", "MOON contrastive-loss weight (paper: 1)", ge=0),
+SPEC = Spec("moon", Moon, (HyperParam("moon_mu", 1.0, "μ", "MOON contrastive-loss weight (paper: 1)", ge=0,
+                                      search=Range(0.01, 10.0, log=True)),
                            HyperParam("moon_tau", 0.5, "τ", "MOON temperature (paper: 0.5)", gt=0)),
             global_lr=1.0, parallel_ok=True, local_keys=("moon_mu", "moon_tau"), needs_representation=True,
             # seen: one number per client, counted as d (memory plans err on the safe side)

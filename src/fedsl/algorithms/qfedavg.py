@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsl.algorithms.base import LocalSGD, RoundContext, deltas, weighted_mean
-from fedsl.algorithms.spec import HyperParam, Spec
+from fedsl.algorithms.spec import HyperParam, Range, Spec
 from fedsl.core.types import Params, State
 
 LOSS_FLOOR = 1e-10  # added to F_k in its powers (the authors' code and Flower's)
@@ -65,7 +65,8 @@ class QFedAvg(LocalSGD):
         return {n: p + step[n] for n, p in x.items()}, state
 
 
-SPEC = Spec("qfedavg", QFedAvg, (HyperParam("q", 0.1, "q", "q-FedAvg fairness exponent (0: FedAvg)", ge=0),),
+SPEC = Spec("qfedavg", QFedAvg, (HyperParam("q", 0.1, "q", "q-FedAvg fairness exponent (0: FedAvg)", ge=0,
+                                                  search=Range(0.0, 5.0)),),
             global_lr=None, reads_start_loss=True, title="q-FedAvg",
             secagg_refused="weights each client's update by its own loss F_k(x_t)^q over Σ h_k, which needs each "
                            "client's update norm",

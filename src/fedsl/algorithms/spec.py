@@ -16,12 +16,36 @@ from fedsl.algorithms import defaults
 
 
 @dataclass(frozen=True)
+class Range:
+    """Where a tuning study searches a hyper-parameter: [low, high], on a log scale (step sizes, weights spanning
+    decades) or a linear one, real or integer (``fedsl tune``, Optuna's ``suggest_float``/``suggest_int``)."""
+
+    low: float
+    high: float
+    log: bool = False
+    integer: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.low < self.high or (self.log and self.low <= 0):
+            raise ValueError(f"search range [{self.low:g}, {self.high:g}]{' (log)' if self.log else ''}: expected "
+                             "low < high" + (", both > 0 on a log scale" if self.log else ""))
+
+
+# The search ranges of the keys every rule reads (a study's defaults; ``fedsl.experiments.tune_space``): η_l over
+# three decades around the paper's values (0.01 to 0.1), γ over two around the paper's 1.
+LOCAL_LR_SEARCH = Range(1e-3, 1.0, log=True)
+GAMMA_SEARCH = Range(0.1, 10.0, log=True)
+
+
+@dataclass(frozen=True)
 class HyperParam:
     """A rule's own hyper-parameter: its config key (``algorithm.KEY``), default, paper symbol,
     and the bounds config validation applies (``ge``/``gt`` below, ``lt``/``le`` above; None = none).
 
     ``default`` is the only place the default is written: the rule's dataclass has none (``make_rule``
-    fills it in from here) and config's ``[algorithm]`` field takes it from here."""
+    fills it in from here) and config's ``[algorithm]`` field takes it from here. ``search``: the range a tuning
+    study searches it in by default (None: kept at its value unless a ``[tune.space]`` table names it), chosen
+    where the rule's paper or the field's practice tunes it."""
 
     key: str
     default: float
@@ -31,6 +55,7 @@ class HyperParam:
     gt: float | None = None
     lt: float | None = None
     le: float | None = None
+    search: Range | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,7 @@ class Spec:
         secagg_refused: why the server half cannot run on the sum of the clients' models that SecAgg+
             leaves the server (SCAFFOLD, FedNova), as a message's clause; "" = it can (a rule that
             ``sends`` server state is refused for that, too).
+        global_lr_search: the range a tuning study searches η_g in (None: a rule without η_g); log scale.
         distills: the server distils the ensemble of the round's client models into x̄_t on unlabelled server data
             (FedDF, ``distillation``): it reads each client's model, so a robust rule or DP-FedAvg in front of the
             rule (which replace those models) cannot run with it, and it needs unlabelled data (``data.unlabelled``).
@@ -103,6 +129,7 @@ class Spec:
     plain_mean: bool = False
     secagg_refused: str = ""
     distills: bool = False
+    global_lr_search: Range | None = Range(0.1, 10.0, log=True)
     summary: str = field(default="", compare=False)
 
     def default_global_lr(self, clients_per_round: int) -> float | None:

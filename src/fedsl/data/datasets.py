@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsl.core.rng import TEST_SUBSET, UNLABELLED, rng
+from fedsl.core.rng import TEST_SUBSET, UNLABELLED, VALIDATION, rng
 from fedsl.core.threads import one_thread
 from fedsl.data import natural, partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet
+from fedsl.data.clients import ClientIndex
 from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
 from fedsl.data.federation import Federation
 from fedsl.data.registry import DATASETS, SERVER_SOURCES
@@ -260,8 +261,9 @@ def input_stats(d, ds: ArrayDataset) -> tuple[list[float], list[float]] | None:
 
 
 def build_federation(d, seed: int) -> Federation:
-    """Load the dataset, partition it over N clients and pick D0, all from ``seed`` (a dataset that makes its clients
-    on demand builds its federation itself: its registry entry's ``federation``)."""
+    """Load the dataset, partition it over N clients, pick D0 and U, then set aside the validation set
+    (``data.validation``: ``hold_out_validation``), all from ``seed`` (a dataset that makes its clients on demand
+    builds its federation itself: its registry entry's ``federation``)."""
     make = DATASETS[d.dataset].federation
     if make is not None:
         return make(d, seed)
@@ -301,6 +303,8 @@ def build_federation(d, seed: int) -> Federation:
         unlabelled = len(y) + np.arange(len(ext))
         images, y = [*images, ext.x], np.concatenate([y, ext.y])
     unlabelled = unlabelled[unlabelled_subset(len(unlabelled), d.unlabelled_size, seed)]
+    clients, validation = hold_out_validation(ClientIndex.from_arrays(clients), d.validation, seed,
+                                              np.union1d(server, unlabelled))
 
     stats = input_stats(d, ds)
     test = ds.test
@@ -314,7 +318,42 @@ def build_federation(d, seed: int) -> Federation:
     x = torch.cat([to_tensor(part, stats) for part in images]) if len(images) > 1 else to_tensor(images[0], stats)
     return Federation(x, torch.from_numpy(y).long(), clients, server, x_test, y_test,
                       num_classes=len(ds.class_names), class_names=list(ds.class_names), input_stats=stats,
-                      unlabelled=unlabelled)
+                      unlabelled=unlabelled, validation=validation)
+
+
+def hold_out_validation(clients: ClientIndex, fraction: float, seed: int, exclude: np.ndarray
+                        ) -> tuple[ClientIndex, np.ndarray]:
+    """The clients less their validation samples, and the validation set (``data.validation`` = f).
+
+    Client i gives k_i = ⌊f·n_i⌋ of its n_i samples (at most n_i − 1: at least one stays with it) to the validation
+    set, uniformly among those not in ``exclude`` (D0 and U, which the server trains or distils on: a sample there
+    is never a validation sample; a client with fewer such samples gives them all). The picks are one draw from
+    (seed, ``VALIDATION``): a uniform key per sample, client i's k_i smallest; the clients keep the rest in their
+    order, and the validation set is the picks' pool indices, sorted. f = 0: ``clients`` as given and an empty set,
+    nothing drawn, so a federation without the key is the one built before it existed.
+
+    Raises:
+        PartitionError: f > 0 sets aside nothing (every ⌊f·n_i⌋ is 0).
+    """
+    if fraction <= 0:
+        return clients, np.zeros(0, dtype=np.int64)
+    sizes, idx = clients.own_sizes, clients.indices
+    owners = clients.owners()
+    keys = rng(seed, VALIDATION).random(len(idx))
+    eligible = ~np.isin(idx, exclude)
+    keys[~eligible] = 2.0  # after every drawn key (in [0, 1)): never among a client's k_i smallest
+    k = np.minimum((fraction * sizes.astype(np.float64)).astype(np.int64), np.maximum(sizes - 1, 0))
+    k = np.minimum(k, np.bincount(owners[eligible], minlength=len(sizes)))
+    if not k.sum():
+        raise partition.PartitionError(
+            f"data.validation = {fraction}: sets aside no sample (⌊f·n_i⌋ = 0 for every client, the largest n_i is "
+            f"{int(sizes.max(initial=0))}): expected a larger fraction")
+    order = np.lexsort((keys, owners))  # client by client, each client's samples by key
+    rank = np.arange(len(idx)) - clients.offsets[owners[order]]
+    picked = np.zeros(len(idx), dtype=bool)
+    picked[order[rank < k[owners[order]]]] = True
+    kept = ClientIndex(np.concatenate([[0], np.cumsum(sizes - k)]).astype(np.int64), idx[~picked])
+    return kept, np.sort(idx[picked])
 
 
 def test_subset(labels: np.ndarray, size: int) -> np.ndarray:

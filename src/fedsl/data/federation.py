@@ -46,6 +46,10 @@ class Federation:
             (``data.unlabelled``); empty when the server has none.
         on_demand: makes the clients' samples when they are sampled (a generated benchmark; its pool ``x``, ``y``
             then holds D0 only); None: the clients' samples are in the pool.
+        validation: the validation set, an index array into the pool (int64): ⌊f·n_i⌋ of each client's samples
+            set aside by ``data.validation`` = f (``fedsl.data.datasets.hold_out_validation``), in no client's D_i,
+            not in D0 or U, never trained on; evaluated beside the test set so that a study (hyper-parameter
+            tuning) can choose without reading the test set. Empty when there is none (the default).
     """
 
     x: torch.Tensor
@@ -59,6 +63,7 @@ class Federation:
     input_stats: tuple[list[float], list[float]] | None = None
     unlabelled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     on_demand: OnDemand | None = None
+    validation: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __post_init__(self) -> None:
         self.clients = ClientIndex.from_arrays(self.clients)
@@ -85,7 +90,8 @@ class Federation:
     def to(self, device: torch.device, dtype: torch.dtype) -> "Federation":
         return Federation(self.x.to(device=device, dtype=dtype), self.y.to(device), self.clients, self.server,
                           self.x_test.to(device=device, dtype=dtype), self.y_test.to(device),
-                          self.num_classes, self.class_names, self.input_stats, self.unlabelled, self.on_demand)
+                          self.num_classes, self.class_names, self.input_stats, self.unlabelled, self.on_demand,
+                          self.validation)
 
     def server_histogram(self) -> list[int]:
         return np.bincount(self.y[torch.from_numpy(self.server)].cpu().numpy(), minlength=self.num_classes).tolist() \

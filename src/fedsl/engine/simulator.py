@@ -167,6 +167,7 @@ class Simulator:
         self.num_params = sum(p.numel() for p in fm.module.parameters())
         self._label_counts: LabelCounts | None = None
         self._unlabelled_parts: tuple[np.ndarray, torch.Tensor] | None = None
+        self._validation: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def initial_params(self, pretrain: Pretraining | None = None) -> Params:
         """x_0: the model's initialisation, optionally pretrained on D0 (before round 1)."""
@@ -504,3 +505,19 @@ class Simulator:
         """(accuracy, loss) of the global model on the test set."""
         return evaluate(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test, self.eval_batch_size,
                         self.eval_precision)
+
+    def evaluate_validation(self, params: Params) -> tuple[float, float] | None:
+        """(accuracy, loss) of the global model on the validation set (``Federation.validation``: samples of the
+        clients set aside by ``data.validation``), as ``evaluate`` measures the test set (same function, batch size
+        and precision); None when the federation has none. What a study (hyper-parameter tuning) reads instead of
+        the test set; it reads the model only, so it changes nothing a run trains."""
+        if not len(self.fed.validation):
+            return None
+        if self._validation is None:  # gathered once: the samples are fixed for the run
+            idx = torch.as_tensor(self.fed.validation, dtype=torch.long, device=self.device)
+            x = self.fed.x[idx]
+            if self.channels_last:  # the pool is channels-last here; a gather keeps that, made explicit
+                x = x.contiguous(memory_format=torch.channels_last)
+            self._validation = x, self.fed.y[idx]
+        x, y = self._validation
+        return evaluate(self.fm, self.layout(params), x, y, self.eval_batch_size, self.eval_precision)

@@ -35,6 +35,7 @@ from fedsl.data.synthetic_leaf import MODEL_SEED as SYNTHETIC_MODEL_SEED
 from fedsl.engine.client_state import STORE_DTYPES, STORES, StoreSettings
 from fedsl.engine.executors import COMPILE_MODES
 from fedsl.engine.functional import EVAL_PRECISIONS
+from fedsl.experiments.tune_space import TuneConfig
 
 # Tables that configure one of fedsl's dataclasses take their defaults from it, where they are written once:
 # γ's schedule (server.gamma_*), the robust rule ([robust]), the Byzantine clients ([attack]) and participation
@@ -150,6 +151,8 @@ class DataConfig(_Strict):
     test_size: int | None = Field(None, ge=1, le=SAMPLES_MAX, description="evaluate on this many test samples: a "
                                   "class-balanced subset drawn once, the same for every run and seed (quick looks, "
                                   "quick forms); default: the whole test split, as the paper")
+    validation: float = Field(0.0, ge=0, lt=1, description="fraction of each client's training samples held out as "
+                              "the validation set (0 = none): pooled, evaluated beside the test set, never trained on")
     # local files read with Hugging Face datasets (fedsl.data.hf_files)
     id_column: str | None = Field(None, min_length=1, description="hf_files: the column of each sample's natural id "
                                   "(writer, user, device) that data.partition = 'natural' makes one client each")
@@ -215,6 +218,10 @@ class DataConfig(_Strict):
         if self.synthetic_clusters is not None and abs(sum(self.synthetic_clusters) - 1) > 1e-6:
             raise ValueError(f"data.synthetic_clusters = {self.synthetic_clusters}: expected probabilities summing "
                              "to 1")
+        if self.validation and registry.on_demand(self.dataset):
+            raise ValueError(f"data.validation = {self.validation}: data.dataset = {self.dataset!r} makes each "
+                             "client's samples on demand and holds none to set aside: expected data.validation = 0 "
+                             "(or a dataset of files)")
         check = registry.DATASETS[self.dataset].check_config  # the dataset's own rules (synthetic_chars: its size)
         problem = check(self) if check is not None else None
         if problem:
@@ -723,6 +730,8 @@ class RunConfig(_Strict):
     distill: DistillConfig = Field(DistillConfig(), description="a [distill] table (FedDF's ensemble distillation)")
     client_state: ClientStateConfig = Field(ClientStateConfig(), description="a [client_state] table (how the clients' "
                                             "states are kept: dense tables or the rows of the clients seen)")
+    tune: TuneConfig = Field(TuneConfig(), description="a [tune] table (fedsl tune: trials, rounds per trial, "
+                                                       "search space)")
     variants: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides, one run each, compared side by side")
 

@@ -28,6 +28,9 @@ from fedsl.experiments.checkpoint import Checkpoint, CorruptCheckpoint, atomic_w
 # epsilon: DP's ε after the round at δ (privacy.clip set; fedsl.core.privacy_accounting).
 METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time", "gamma", "cos_theta", "comm_params",
                   "xi2", "G2", "cos_F_f0", "epsilon"]
+# a run with a validation set (data.validation > 0) has these columns too, after the others: the accuracy and loss
+# on the validation set and its rolling accuracy; a run without one has METRIC_COLUMNS only, as before they existed
+VALIDATION_COLUMNS = ["val_accuracy", "val_loss", "rolling_val_accuracy"]
 
 
 class FolderInUse(RuntimeError):
@@ -67,6 +70,7 @@ def is_group(path: str | Path) -> bool:
 class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._columns: list[str] | None = None
 
     config_file = property(lambda self: self.path / "config.json")
     metrics_file = property(lambda self: self.path / "metrics.csv")
@@ -86,18 +90,32 @@ class RunDir:
             p.unlink(missing_ok=True)
         return stale
 
-    def create(self, config: dict) -> None:
+    def create(self, config: dict, validation: bool = False) -> None:
+        """A new run's folder: config.json and metrics.csv's header (with ``validation``: ``VALIDATION_COLUMNS``
+        too)."""
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.config_file, lambda p: p.write_text(json.dumps(config, indent=2, ensure_ascii=False)))
+        self._columns = METRIC_COLUMNS + (VALIDATION_COLUMNS if validation else [])
         with open(self.metrics_file, "w", newline="") as f:
-            csv.writer(f).writerow(METRIC_COLUMNS)
+            csv.writer(f).writerow(self._columns)
+
+    def columns(self) -> list[str]:
+        """metrics.csv's columns: its header's (``METRIC_COLUMNS``, and ``VALIDATION_COLUMNS`` in a run with a
+        validation set), read once; ``METRIC_COLUMNS`` where there is no header yet."""
+        if self._columns is None:
+            header: list[str] = []
+            if self.metrics_file.is_file():
+                with open(self.metrics_file, newline="") as f:
+                    header = next(csv.reader(f), [])
+            self._columns = header or list(METRIC_COLUMNS)
+        return self._columns
 
     def read_config(self) -> dict:
         return json.loads(self.config_file.read_text())
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         with open(self.metrics_file, "a", newline="") as f:
-            csv.writer(f).writerow(["" if row.get(c) is None else row[c] for c in METRIC_COLUMNS])
+            csv.writer(f).writerow(["" if row.get(c) is None else row[c] for c in self.columns()])
             f.flush()
 
     def read_metrics(self) -> list[dict[str, float]]:
@@ -115,12 +133,13 @@ class RunDir:
     def truncate_metrics(self, last_round: int) -> list[dict[str, float]]:
         """Keep the rows up to ``last_round`` (the checkpoint's); returns them."""
         rows = [r for r in self.read_metrics() if r["round"] <= last_round]
+        columns = self.columns()
 
         def write(p: Path) -> None:
             with open(p, "w", newline="") as f:
                 w = csv.writer(f)
-                w.writerow(METRIC_COLUMNS)
-                w.writerows([["" if r.get(c) is None else r[c] for c in METRIC_COLUMNS] for r in rows])
+                w.writerow(columns)
+                w.writerows([["" if r.get(c) is None else r[c] for c in columns] for r in rows])
 
         atomic_write(self.metrics_file, write)
         return rows

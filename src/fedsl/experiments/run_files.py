@@ -127,7 +127,9 @@ def server_data_record(prep: Prepared) -> dict[str, Any]:
 class RunSummary(Callback):
     """summary.json: the run's set-up (data, model, device, hyper-parameters with their sources), x_0's
     accuracy, and at its end the paper's metrics over rounds 1..T (final accuracy, rise time, T_a), DP's ε,
-    the fine-tuning control's accuracy, its status, rounds done and wall time.
+    the fine-tuning control's accuracy, its status, rounds done and wall time. A run with a validation set
+    (``data.validation``) adds its size (``validation_size``) and ``final_val_accuracy``, the rolling validation
+    accuracy at the last round, computed as ``final_accuracy``.
 
     It hears the evaluations as a callback, but ``write`` is called by the run before ``on_run_end``: the
     summary it writes is what every callback's ``on_run_end`` is given.
@@ -149,6 +151,8 @@ class RunSummary(Callback):
             "model_init": cfg.model.init,
             "hyperparameters": {h.symbol: {"value": h.value, "source": h.source} for h in prep.hparams},
         })
+        if len(fed.validation):  # data.validation: the samples set aside (a run without any records nothing of it)
+            self.fields["validation_size"] = len(fed.validation)
         if cfg.attack.kind != "none":  # who was malicious: ⌊f·N⌋ ids, the same every round
             self.fields["attack"] = {"kind": cfg.attack.kind, "fraction": cfg.attack.fraction,
                                      "malicious_count": len(sim.malicious), "malicious": sim.malicious.tolist()}
@@ -156,6 +160,9 @@ class RunSummary(Callback):
         # paper's metrics (rolling, final accuracy, rise time, T_a), which are over rounds 1..T
         self.rounds = [int(r["round"]) for r in history if r["round"] > 0]
         self.accs = [r["accuracy"] for r in history if r["round"] > 0]
+        self.validated = len(fed.validation) > 0
+        valid = [r for r in history if r["round"] > 0 and r.get("val_accuracy") is not None]
+        self.val_rounds, self.val_accs = [int(r["round"]) for r in valid], [r["val_accuracy"] for r in valid]
 
     def on_evaluation(self, round: int, metrics: dict[str, Any]) -> None:
         if round == 0:
@@ -166,10 +173,15 @@ class RunSummary(Callback):
         else:
             self.rounds.append(round)
             self.accs.append(metrics["accuracy"])
+            if "val_accuracy" in metrics:
+                self.val_rounds.append(round)
+                self.val_accs.append(metrics["val_accuracy"])
 
     def write(self, status: str, done: int, wall: float, finetuned: dict[str, Any] | None) -> dict[str, Any]:
         """Close the summary with ``status`` after ``done`` rounds and write summary.json; returns its content."""
         self.fields.update(metrics.summarize(self.rounds, self.accs, self.window))
+        if self.validated:  # the rolling validation accuracy at the last round, as final_accuracy is the test's
+            self.fields["final_val_accuracy"] = metrics.final_accuracy(self.val_rounds, self.val_accs, self.window)
         if self.privacy is not None:  # ε after the rounds done, with δ, z, C, q and the accountant
             self.fields["privacy"] = self.privacy.record(done)
         if finetuned is not None:

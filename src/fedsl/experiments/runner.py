@@ -83,7 +83,7 @@ class RunSession:
                 rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too
             log(f"{cfg.name}: resuming at round {self.start + 1} of {cfg.rounds}")
         else:
-            rd.create(cfg.model_dump())
+            rd.create(cfg.model_dump(), validation=len(prep.fed.validation) > 0)
         fed = prep.fed
         log(f"{cfg.name}: {prep.algorithm.name} on {cfg.data.dataset} — N={fed.num_clients}, n={fed.n}, "
             f"n0={fed.n0}, test={len(fed.y_test)}, {cfg.rounds} rounds, {sim.executor.name} executor on {prep.device}\n"
@@ -92,6 +92,9 @@ class RunSession:
         # the rolling accuracy's window: at most its last w evaluations (distinct rounds), not round 0's
         self.window = deque(((int(r["round"]), r["accuracy"]) for r in history if r["round"] > 0),
                             maxlen=cfg.rolling_window)
+        # the validation accuracy's, alike (data.validation: its rows carry val_accuracy)
+        self.val_window = deque(((int(r["round"]), r["val_accuracy"]) for r in history
+                                 if r["round"] > 0 and r.get("val_accuracy") is not None), maxlen=cfg.rolling_window)
         self.guard = DivergenceGuard(cfg, fed.num_classes, history)
         self.done = self.start
         self.t_start = time.perf_counter()
@@ -117,11 +120,24 @@ class RunSession:
         acc, loss = sim.evaluate(self.state.x)
         self.guard.set_initial(loss)
         diag = asdict(measure(sim.fm, self.state.x, sim.fed)) if cfg.diag_every else {}
+        val = sim.evaluate_validation(self.state.x)
+        valid = {} if val is None else {"val_accuracy": val[0], "val_loss": val[1], "rolling_val_accuracy": val[0]}
         # metrics.csv's row 0, x_0's checkpoint, summary.json's initial accuracy (and diagnostics), ...
-        self.callbacks.on_evaluation(0, {"accuracy": acc, "loss": loss, "rolling_accuracy": acc, **diag,
+        self.callbacks.on_evaluation(0, {"accuracy": acc, "loss": loss, "rolling_accuracy": acc, **valid, **diag,
                                          **self._epsilon(0)})
         if self.prep.pretrain is not None:
             self.log(f"{cfg.name}: pretrained on D0, test accuracy {acc:.4f}")
+
+    def _validation(self, done: int, state: RunState) -> dict[str, float]:
+        """metrics.csv's ``val_accuracy``, ``val_loss`` and ``rolling_val_accuracy`` of the model after round
+        ``done`` (the rolling mean over the window of ``rolling_accuracy``); empty without a validation set."""
+        val = self.sim.evaluate_validation(state.x)
+        if val is None:
+            return {}
+        self.val_window.append((done, val[0]))
+        roll = metrics.rolling([r for r, _ in self.val_window], [a for _, a in self.val_window],
+                               self.cfg.rolling_window)[-1]
+        return {"val_accuracy": val[0], "val_loss": val[1], "rolling_val_accuracy": float(roll)}
 
     def _epsilon(self, done: int) -> dict[str, float]:
         """metrics.csv's ``epsilon``: DP's ε after ``done`` rounds at δ (empty without privacy)."""
@@ -155,7 +171,7 @@ class RunSession:
             self.window.append((done, acc))
             roll = metrics.rolling([r for r, _ in self.window], [a for _, a in self.window], cfg.rolling_window)[-1]
             diag = cfg.diag_every and done % cfg.diag_every == 0
-            scores = {"accuracy": acc, "loss": loss, "rolling_accuracy": float(roll),
+            scores = {"accuracy": acc, "loss": loss, "rolling_accuracy": float(roll), **self._validation(done, state),
                       **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})}
             self.callbacks.on_evaluation(done, scores)
             measured.update(scores)

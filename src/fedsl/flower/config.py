@@ -331,6 +331,9 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
     if registry.on_demand(cfg.data.dataset):  # a node would make its partition's samples: not built there
         raise ConfigError(f"data.dataset = {cfg.data.dataset!r} makes each client's samples on demand, which runs in "
                           "`fedsl run`; a Flower node trains on data it holds: expected a dataset of files")
+    if cfg.data.validation:  # the server's strategy records the test set's evaluations only
+        raise ConfigError(f"data.validation = {cfg.data.validation}: a validation set is evaluated by `fedsl run`; a "
+                          "Flower run's server evaluates the test set only: expected data.validation = 0")
     if cfg.attack.kind != "none":  # robust rules run on Flower (server_round.aggregate); attacks are simulated
         raise ConfigError(f"attack.kind = {cfg.attack.kind!r}: Byzantine clients are simulated by `fedsl run`; a "
                           "Flower run's clients are real nodes: expected attack.kind = 'none'")

@@ -1,0 +1,167 @@
+"""fedsl tune: an Optuna study per variant on validation data, the same budget each; it never reads the test set,
+bad input stops before any trial, and a study killed with kill -9 resumes to what it would have been."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("optuna")
+
+from fedsl.experiments import tune as T  # noqa: E402
+from fedsl.experiments.config import ConfigError, validate  # noqa: E402
+from fedsl.experiments.tune_space import default_space  # noqa: E402
+
+TOML = """
+name = "tiny"
+rounds = 8
+threads = 1
+checkpoint_every = 2
+[data]
+dataset = "synthetic_chars"
+num_clients = 10
+classes_per_client = 2
+server_size = 50
+train_per_class = 60
+test_per_class = 10
+[model]
+name = "mlp"
+[algorithm]
+name = "fsl"
+clients_per_round = 3
+local_lr = 0.05
+batch_size = 10
+[tune]
+trials = 3
+startup_trials = 1
+[variants.FedAvg.algorithm]
+name = "fedavg"
+[variants.FSL.algorithm]
+name = "fsl"
+"""
+
+
+def _cfg(text: str = TOML, **tune):
+    import tomllib
+    data = tomllib.loads(text)
+    data["tune"].update(tune)
+    return validate(data)
+
+
+def _values(out: Path) -> dict[str, list]:
+    """Each variant's finished trials in order: (state, value, values drawn)."""
+    import optuna
+    storage = f"sqlite:///{out / T.STUDY_FILE}"
+    return {v: [(t.state.name, t.value, t.params) for t in optuna.load_study(study_name=v, storage=storage).trials
+                if "rerun" not in t.user_attrs]
+            for v in json.loads((out / T.TUNE_FILE).read_text())["variants"]}
+
+
+def test_each_rule_searches_what_it_reads():
+    base = {"rounds": 1, "data": {"dataset": "synthetic_chars", "server_size": 20}}
+    space = {name: set(default_space(validate({**base, "algorithm": {"name": name}})))
+             for name in ("fedavg", "fsl", "fedprox", "fedadam", "feddu", "d0_only", "feddyn", "feddf")}
+    assert space["fedavg"] == {"algorithm.local_lr", "algorithm.global_lr"}
+    assert space["fsl"] == {"algorithm.local_lr", "algorithm.global_lr", "server.gamma"}
+    assert space["fedprox"] == {"algorithm.local_lr", "algorithm.global_lr", "algorithm.mu"}
+    assert space["fedadam"] == {"algorithm.local_lr", "algorithm.global_lr", "algorithm.tau"}  # β fixed, as Reddi
+    assert space["feddu"] == {"algorithm.local_lr", "algorithm.global_lr", "algorithm.feddu_decay"}  # sets γ_t
+    assert space["d0_only"] == {"algorithm.local_lr", "server.gamma"}  # the clients' updates are dropped: no η_g
+    assert space["feddyn"] == {"algorithm.local_lr", "algorithm.alpha"}  # no η_g
+    assert space["feddf"] == {"algorithm.local_lr", "algorithm.global_lr", "distill.lr", "distill.steps"}
+    fedadam = default_space(validate({**base, "algorithm": {"name": "fedadam"}}))["algorithm.global_lr"]
+    assert (fedadam.low, fedadam.high, fedadam.log) == (1e-3, 1.0, True)
+
+
+@pytest.mark.parametrize("tune, set_, expected", [
+    ({"trails": 3}, {}, "unknown key 'tune.trails': did you mean 'tune.trials'?"),
+    ({"space": {"algorithm.local_lr": {"low": 0.1, "high": 0.01}}}, {}, "expected low < high"),
+    ({"metric": "test_accuracy"}, {}, "tune.metric = 'test_accuracy'"),
+    ({"space": {"algorithm.mu": {"low": 0.001, "high": 0.1}}}, {}, "tune.space.'algorithm.mu'"),
+    ({"space": {"algorithm.local_rate": 0.1}}, {}, "tune.space.'algorithm.local_rate': not a key"),
+    ({}, {"sweep": {"server.gamma": [0.5, 1.0]}}, "sweep: a config with a [sweep] is not tuned"),
+])
+def test_bad_input_stops_in_one_line_before_any_trial(tmp_path, tune, set_, expected):
+    import tomllib
+    data = tomllib.loads(TOML)
+    data["tune"].update(tune)
+    data.update(set_)
+    with pytest.raises(ConfigError) as e:
+        T.start(validate(data), tmp_path / "out", log=lambda s: None)
+    assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "out" / T.STUDY_FILE).exists()
+
+
+def test_a_folder_that_holds_a_study_is_not_overwritten(tmp_path):
+    out = tmp_path / "out"
+    T.start(_cfg(trials=1), out, log=lambda s: None).run()
+    with pytest.raises(ConfigError, match=r"is not empty: choose a new folder, or continue it with `fedsl resume"):
+        T.start(_cfg(trials=2), out, log=lambda s: None)
+
+
+def test_a_study_never_reads_the_test_set(tmp_path, monkeypatch):
+    """The same study with the test set's labels scrambled and its images zeroed draws and scores every trial
+    alike: neither the objective nor the pruning reads the test set (trials still evaluate it, as any run)."""
+    import torch
+
+    from fedsl.experiments import build
+
+    said: list[str] = []
+    T.start(_cfg(), tmp_path / "a", log=said.append).run()
+    real = build.build_federation
+
+    def poisoned(d, seed):
+        fed = real(d, seed)
+        fed.y_test = torch.randint(0, fed.num_classes, fed.y_test.shape, generator=torch.Generator().manual_seed(1))
+        fed.x_test = torch.zeros_like(fed.x_test)
+        return fed
+
+    monkeypatch.setattr(build, "build_federation", poisoned)
+    T.start(_cfg(), tmp_path / "b", log=lambda s: None).run()
+    a, b = _values(tmp_path / "a"), _values(tmp_path / "b")
+    assert a == b and len(a["FSL"]) == 3 and len(a["FedAvg"]) == 3, (a, b)
+    assert any(state == "COMPLETE" for state, _, _ in a["FSL"]), a
+    summary = json.loads((tmp_path / "a" / "FSL" / "trial-0000" / "summary.json").read_text())
+    assert 0 <= summary["final_val_accuracy"] <= 1 and summary["validation_size"] > 0
+    assert any("FSL: trial 3/3" in s for s in said), said
+
+
+KILLER = """
+import os, signal, sys
+from fedsl.experiments import tune as T
+from fedsl.experiments.loading import load
+on_evaluation = T._Pruning.on_evaluation
+
+def die_in_trial_1(self, round, metrics):  # kill -9 in the middle of FSL's second trial, after its checkpoint at 4
+    if self.trial.study.study_name == "FSL" and self.trial.number == 1 and round == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    on_evaluation(self, round, metrics)
+
+T._Pruning.on_evaluation = die_in_trial_1
+T.start(load(sys.argv[1]), sys.argv[2], print).run()
+"""
+
+
+def test_kill_9_mid_trial_then_resume_keeps_finished_trials_and_ends_as_uninterrupted(tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text(TOML)
+    T.start(_cfg(), tmp_path / "whole", log=lambda s: None).run()
+    killed = subprocess.run([sys.executable, "-c", KILLER, str(config), str(tmp_path / "cut")], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    before = _values(tmp_path / "cut")
+    assert [s for s, _, _ in before["FSL"]] == ["COMPLETE", "RUNNING"]  # trial 0 finished, trial 1 cut
+    said: list[str] = []
+    T.reopen(tmp_path / "cut", said.append).run()
+    assert any("FSL: trial 1 was interrupted: it runs again with the same values" in s for s in said), said
+    after = _values(tmp_path / "cut")
+    assert after["FSL"][0] == before["FSL"][0]  # the finished trial is kept, not run again
+    assert after == _values(tmp_path / "whole")  # every trial drawn and scored as without the kill
+    metrics = (tmp_path / "cut" / "FSL" / "trial-0001" / "metrics.csv").read_text().splitlines()
+    assert len(metrics) == 1 + 9  # header, rounds 0..8: the cut trial continued its run folder from round 5
