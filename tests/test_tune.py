@@ -165,3 +165,38 @@ def test_kill_9_mid_trial_then_resume_keeps_finished_trials_and_ends_as_uninterr
     assert after == _values(tmp_path / "whole")  # every trial drawn and scored as without the kill
     metrics = (tmp_path / "cut" / "FSL" / "trial-0001" / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 1 + 9  # header, rounds 0..8: the cut trial continued its run folder from round 5
+
+
+def test_trials_in_two_processes_share_the_studies_and_keep_the_budget(tmp_path):
+    """--parallel 2: two spawned workers ask for trials under a lock: the variant ends with exactly its budget of
+    finished trials, none left running, each in its own run folder."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(TOML)
+    done = subprocess.run([sys.executable, "-m", "fedsl.cli", "tune", str(config), "--variants", "FSL", "--parallel",
+                           "2", "--quiet", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    values = _values(tmp_path / "out")
+    assert {v: len(t) for v, t in values.items()} == {"FSL": 3}
+    assert all(state in ("COMPLETE", "PRUNED") for trials in values.values() for state, _, _ in trials), values
+    assert sorted(p.name for p in (tmp_path / "out" / "FSL").iterdir()) == ["trial-0000", "trial-0001", "trial-0002"]
+
+
+def test_run_tuned_runs_each_variants_seeds_at_the_values_its_study_chose(tmp_path):
+    """`fedsl run --tuned`: the studies in OUT/tune, then the group in OUT at each variant's best values, trained
+    on the whole training data (the study's validation split is its own) and judged on the test set."""
+    from fedsl.cli import main
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(TOML.replace("trials = 3", "trials = 2"))
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--tuned", "--quiet", "--set", "seeds=[5, 6]", "--out", str(out)]) == 0
+    best = {r["variant"]: r["params"] for r in T.results(out / "tune")}
+    for variant in ("FSL", "FedAvg"):
+        for seed in (5, 6):
+            run = json.loads((out / f"{variant}-seed{seed}" / "config.json").read_text())
+            assert run["seed"] == seed and run["data"]["validation"] == 0
+            for key, value in best[variant].items():
+                section, name = key.split(".")
+                assert run[section][name] == value, (variant, key)
+            assert json.loads((out / f"{variant}-seed{seed}" / "summary.json").read_text())["status"] == "completed"
+    assert best["FSL"] != best["FedAvg"]

@@ -146,14 +146,40 @@ def test_a_fraction_that_sets_nothing_aside_stops_in_one_line():
 @pytest.mark.parametrize("sets, message", [
     (("data.validation=1",), "data.validation"),
     (("data.validation=-0.1",), "data.validation"),
-    (("data.dataset=synthetic_fedprox", "data.chars=0123456789", "data.validation=0.1"),
-     "data.validation = 0.1: data.dataset = 'synthetic_fedprox' makes each client's samples on demand"),
 ])
 def test_bad_values_stop_in_one_line(sets, message):
     with pytest.raises(ConfigError) as e:
         loading.load(base={"rounds": 1, "data": {"dataset": "synthetic_chars"}, "algorithm": {"name": "fedavg"}},
                      overrides=list(sets))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dataset", ["synthetic_leaf", "synthetic_fedprox"])
+def test_a_generated_federation_sets_aside_a_share_of_each_client_and_pools_that_of_its_validation_clients(dataset):
+    """Clients made on demand: each trains on t_k − ⌊f·t_k⌋ of its t_k = ⌊0.9·n_k⌋ samples; the share set aside of
+    ``synthetic_test_clients`` clients (drawn from the seed) is made from a stream of its own and appended to the
+    pool after D0. The test set, D0 and, with f = 0, the whole federation are as without the key."""
+    from fedsl.data import generated
+
+    base = {"rounds": 1, "data": {"dataset": dataset, "num_clients": 200, "server_size": 30,
+                                  "synthetic_test_clients": 40}, "model": {"name": "logreg"},
+            "algorithm": {"name": "fedavg", "batch_size": 2}}
+    plain = build_federation(loading.load(base=base).data, 0)
+    assert len(plain.validation) == 0
+    fed = build_federation(loading.load(base=base, overrides=["data.validation=0.2"]).data, 0)
+    t = plain.clients.own_sizes
+    assert (fed.clients.own_sizes == t - np.minimum((0.2 * t).astype(np.int64), t - 1)).all()
+    assert torch.equal(fed.x_test, plain.x_test) and torch.equal(fed.x[fed.server], plain.x[plain.server])
+    assert (fed.validation == 30 + np.arange(len(fed.validation))).all() and len(fed.x) == 30 + len(fed.validation)
+    held = generated.validation_sizes(t, 0.2)
+    assert 0 < len(fed.validation) <= np.sort(held)[-40:].sum()  # the share of 40 clients at most
+    again = build_federation(loading.load(base=base, overrides=["data.validation=0.2"]).data, 0)
+    assert torch.equal(again.x, fed.x) and (again.validation == fed.validation).all()
+    big = np.argsort(t)[-2:].tolist()  # the largest clients: they set aside ⌊0.2·t_k⌋ > 0
+    x_new, _ = fed.on_demand.samples(big)  # a client's training samples: the first of its stream, fewer now
+    x_old, _ = plain.on_demand.samples(big)
+    assert len(x_new) == fed.clients.sizes_of(big).sum() < len(x_old)
+    assert np.array_equal(x_new[:10], x_old[:10])  # the same stream, cut shorter
 
 
 def test_a_flower_run_refuses_a_validation_set_in_one_line():

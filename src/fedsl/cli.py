@@ -165,7 +165,9 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP,
                                                     show_default=False),
         track: List[str] = typer.Option([], "--track", help="follow each run in 'tensorboard' or 'mlflow' too "
-                                                            "(repeatable; sets tracking = [...])")) -> None:
+                                                            "(repeatable; sets tracking = [...])"),
+        tuned: bool = typer.Option(False, "--tuned", help="first tune each variant on validation data (its [tune] "
+                                   "table; OUT/tune, as fedsl tune), then run its seeds at the chosen values")) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
     backend = _backend(parallel, ray, ray_resources, quiet)
     if track:  # a TOML list of strings, as --set tracking=[...] would give it
@@ -178,6 +180,10 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
             raise UserError(f"--variants {variants!r}: expected names from "
                             f"{list(cfg.variants) or 'none (the config has no variants)'}")
         cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
+    if out is None:
+        out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if tuned:
+        cfg = _tune_first(cfg, out, parallel, quiet)
     from fedsl.experiments.build import check_all
     from fedsl.experiments.sweep import expand_variants
     runs = expand_variants(cfg)
@@ -201,9 +207,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
             from fedsl.experiments.parallel import LocalPool
             say(f"running the {len(runs)} runs {side} side by side, one core each (--parallel 1: one after another)")
             backend = LocalPool(side, quiet=quiet)
-    if out is None:
-        out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name not in (".lock", *(("tune",) if tuned else ())) for p in out.iterdir()):
         raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with "
                         f"`fedsl resume {out}`")
     from fedsl.experiments.compare import run_group
@@ -231,6 +235,8 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
          out: Optional[Path] = typer.Option(None, "--out", "-o", help="study folder (default runs/NAME-tune-TIME)"),
          data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="dataset folder (sets data.data_dir)"),
          quick: bool = typer.Option(False, "--quick", help="the config's quick form (few rounds, small subsets)"),
+         parallel: int = typer.Option(1, "--parallel", "-j", help="trials side by side in N processes on this "
+                                      "machine, sharing the studies (0 = one per core)"),
          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Tune each variant on validation data, the same budget each: an Optuna study per variant in OUT/study.db."""
     from fedsl.experiments import tune as T
@@ -253,8 +259,34 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
         tuner = T.start(cfg, out, say)
         say(f"tuning {len(tuner.studies)} variant{'s' if len(tuner.studies) > 1 else ''}, {cfg.tune.trials} trials "
             f"each, into {out}")
-        tuner.run()
+        tuner.run(_tune_workers(parallel))
     _print_tune(out)
+
+
+def _tune_first(cfg, out: Path, parallel: Optional[int], quiet: bool):
+    """`fedsl run --tuned`: each variant's study in OUT/tune (started, or continued where it stopped), then ``cfg``
+    at the values each chose (``tune.apply_best``): the runs on its seeds judge them on the test set."""
+    from fedsl.experiments import tune as T
+    from fedsl.experiments.interrupts import terminate_as_interrupt
+    from fedsl.experiments.results import folder_lock
+    if out.exists() and any(p.name not in (".lock", "tune") for p in out.iterdir()):
+        raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with "
+                        f"`fedsl resume {out}`")
+    say = (lambda s: None) if quiet else _print_line
+    study = out / "tune"
+    with folder_lock(out), terminate_as_interrupt():
+        tuner = T.reopen(study, say) if T.is_tune_folder(study) else T.start(cfg, study, say)
+        say(f"tuning {len(tuner.studies)} variant(s), {cfg.tune.trials} trials each, into {study}")
+        tuner.run(_tune_workers(parallel or 1))
+    _print_tune(study)
+    return T.apply_best(cfg, study)
+
+
+def _tune_workers(parallel: int) -> int:
+    if not 0 <= parallel <= 1024:
+        raise UserError(f"--parallel {parallel}: expected a number of processes from 0 (one per core) to 1024")
+    from fedsl.experiments.parallel import default_workers
+    return parallel or default_workers()
 
 
 def _print_tune(path: Path) -> None:
@@ -285,16 +317,26 @@ def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
                                                        show_default=False)) -> None:
     """Continue an interrupted run, group of runs or study (fedsl tune) from its last checkpoint."""
     from fedsl.experiments import tune as T
+    from fedsl.experiments.compare import group_config, group_runs, is_group, run_group
     if T.is_tune_folder(path):
         from fedsl.experiments.interrupts import terminate_as_interrupt
         from fedsl.experiments.results import folder_lock
         with folder_lock(path), terminate_as_interrupt():
-            T.reopen(path, (lambda s: None) if quiet else _print_line).run()
+            T.reopen(path, (lambda s: None) if quiet else _print_line).run(_tune_workers(parallel or 1))
         _print_tune(path)
+        return
+    if T.is_tune_folder(path / "tune") and group_config(path) is None:  # `fedsl run --tuned` stopped in its studies
+        cfg = _tune_first(T.planned_config(path / "tune"), path, parallel, quiet)
+        from fedsl.experiments.interrupts import terminate_as_interrupt
+        from fedsl.experiments.results import folder_lock
+        from fedsl.report.tables import write_comparison
+        with folder_lock(path), terminate_as_interrupt():
+            run_group(cfg, path, log=(lambda s: None) if quiet else _print_line, progress=None if not quiet else False)
+        write_comparison(path)
+        _print_tables(path, str(path))
         return
     backend = _backend(parallel, ray, ray_resources, quiet)
     from fedsl.experiments import config as C
-    from fedsl.experiments.compare import group_config, group_runs, is_group, run_group
     from fedsl.experiments.interrupts import terminate_as_interrupt
     from fedsl.experiments.runner import run as run_one
     from fedsl.report.tables import write_comparison

@@ -11,6 +11,10 @@ that its training samples come next. From these alone, here:
   training samples too (the samples are i.i.d. given the client, so either way is the split in law);
 - the test set: the held-out samples of ``data.synthetic_test_clients`` clients drawn once from (seed,
   SYNTHETIC_TEST), all N when N is not larger;
+- the validation set (``data.validation`` = f > 0): every client trains on ⌊0.9·n_k⌋ − v_k samples, v_k =
+  ⌊f·⌊0.9·n_k⌋⌋ (at least one left), and the v_k set aside of ``data.synthetic_test_clients`` clients drawn once
+  from (seed, VALIDATION) make the validation set, from a stream of their own, rng(seed, VALIDATION, k) (as the
+  test set's: i.i.d. given the client, so the split in law), appended to the pool after D0;
 - the server's D0 (``data.server_source``), drawn as the FSL paper's sources are: ``iid``, n0 fresh samples of the
   clients' mixture (a position of the n training samples drawn uniformly, one sample of its client's distribution
   from rng(seed, SYNTHETIC_SERVER, k): client k with probability n_k / n, never one of its own samples); or
@@ -29,7 +33,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedsl.core.rng import SERVER_DATA, SYNTHETIC_SERVER, SYNTHETIC_TEST, rng
+from fedsl.core.rng import SERVER_DATA, SYNTHETIC_SERVER, SYNTHETIC_TEST, VALIDATION, rng
 from fedsl.data.clients import ClientIndex
 from fedsl.data.datasets import test_subset
 from fedsl.data.federation import Federation
@@ -91,6 +95,28 @@ def held_out_set(seed: int, sizes: np.ndarray, device_of: DeviceOf, max_clients:
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), ids
 
 
+def validation_sizes(train: np.ndarray, fraction: float) -> np.ndarray:
+    """v_k = ⌊f·t_k⌋ of each client's t_k training samples set aside (at most t_k − 1); zeros when f = 0."""
+    if not fraction:
+        return np.zeros_like(train)
+    return np.minimum((fraction * train.astype(np.float64)).astype(np.int64), np.maximum(train - 1, 0))
+
+
+def validation_set(seed: int, held: np.ndarray, device_of: DeviceOf, max_clients: int, features: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The v_k = ``held`` samples set aside of min(N, ``max_clients``) clients drawn once from (seed, VALIDATION)
+    (all N when N is not larger), each from rng(seed, VALIDATION, k); empty when nothing is held."""
+    n = len(held)
+    if not held.any():
+        return np.zeros((0, features)), np.zeros(0, dtype=np.int64)
+    ids = np.arange(n) if n <= max_clients else np.sort(rng(seed, VALIDATION).choice(n, max_clients, replace=False))
+    parts = [device_of(int(k))[0].draw(rng(seed, VALIDATION, int(k)), int(held[k])) for k in ids if held[k]]
+    if not parts:
+        raise PartitionError("data.validation: the clients drawn for the validation set set aside no sample "
+                             "(⌊f·t_k⌋ = 0 for each): expected a larger fraction")
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
 def server_iid(seed: int, clients: ClientIndex, size: int, device_of: DeviceOf, features: int
                ) -> tuple[np.ndarray, np.ndarray]:
     """n0 = ``size`` fresh samples of the clients' mixture (of the devices ``device_of`` gives: the clients' own,
@@ -137,9 +163,12 @@ def federation(d, seed: int, sizes: np.ndarray, device_of: DeviceOf, server_devi
     """The federation of clients with n_k = ``sizes`` samples each, client k's distribution ``device_of(k)``, D0
     drawn from ``data.server_source`` (``iid``: from the devices ``server_device_of`` gives), the test set from
     ``data.synthetic_test_clients`` clients; their samples made on demand (see the module docstring)."""
-    clients = ClientIndex.from_sizes(train_sizes(sizes))
+    train = train_sizes(sizes)
+    held = validation_sizes(train, d.validation)
+    clients = ClientIndex.from_sizes(train - held)
     x_test, y_test, _ = held_out_set(seed, sizes, device_of, d.synthetic_test_clients)
     del sizes  # the test set was its last reader: the federation keeps only the offsets
+    x_val, y_val = validation_set(seed, held, device_of, d.synthetic_test_clients, features)
     if d.server_source == "clients":
         x0, y0 = server_from_clients(seed, clients, d.server_clients, d.server_samples_per_client, device_of)
         if d.server_size:
@@ -148,13 +177,16 @@ def federation(d, seed: int, sizes: np.ndarray, device_of: DeviceOf, server_devi
     else:
         x0, y0 = server_iid(seed, clients, d.server_size, server_device_of, features)
     server = np.arange(len(y0), dtype=np.int64)
+    validation = len(y0) + np.arange(len(y_val), dtype=np.int64)  # after D0 in the pool
+    x0, y0 = np.concatenate([x0.reshape(len(y0), -1), x_val]), np.concatenate([y0, y_val])
     if d.test_size is not None:  # as for every dataset: a class-balanced subset drawn from a fixed stream
         keep = test_subset(y_test, d.test_size)
         x_test, y_test = x_test[keep], y_test[keep]
     return Federation(torch.from_numpy(x0.astype(np.float32)).reshape(-1, features), torch.from_numpy(y0).long(),
                       clients, server, torch.from_numpy(x_test.astype(np.float32)), torch.from_numpy(y_test).long(),
                       num_classes=classes, class_names=[str(c) for c in range(classes)], input_stats=None,
-                      unlabelled=server, on_demand=OnDemandClients(seed, device_of, clients, features))
+                      unlabelled=server, on_demand=OnDemandClients(seed, device_of, clients, features),
+                      validation=validation)
 
 
 def check_config(d, name: str) -> str | None:

@@ -218,10 +218,6 @@ class DataConfig(_Strict):
         if self.synthetic_clusters is not None and abs(sum(self.synthetic_clusters) - 1) > 1e-6:
             raise ValueError(f"data.synthetic_clusters = {self.synthetic_clusters}: expected probabilities summing "
                              "to 1")
-        if self.validation and registry.on_demand(self.dataset):
-            raise ValueError(f"data.validation = {self.validation}: data.dataset = {self.dataset!r} makes each "
-                             "client's samples on demand and holds none to set aside: expected data.validation = 0 "
-                             "(or a dataset of files)")
         check = registry.DATASETS[self.dataset].check_config  # the dataset's own rules (synthetic_chars: its size)
         problem = check(self) if check is not None else None
         if problem:

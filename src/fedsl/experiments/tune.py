@@ -21,16 +21,20 @@ last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import math
-from collections.abc import Callable
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedsl.algorithms.spec import Range
+from fedsl.core.threads import CONCURRENT_ENV
 from fedsl.experiments.build import check
 from fedsl.experiments.callbacks import Callback
 from fedsl.experiments.config import ConfigError, RunConfig, validate
@@ -191,14 +195,28 @@ class Tuner:
                     study.enqueue_trial(tr.params, user_attrs={"folder": folder})
                     self.log(f"{variant}: trial {tr.number} was interrupted: it runs again with the same values")
 
-    def run(self) -> None:
+    def run(self, workers: int = 1) -> None:
+        """Every variant's trials up to its budget: one after another, or in ``workers`` processes that share the
+        studies (each asks for its next trial under a lock, so the budget is never exceeded)."""
+        if workers > 1:
+            _in_processes(self.out, workers)
+            return
         for variant in self.studies:
-            while self.finished(study := self.study(variant)) < self.cfg.tune.trials:
-                self.trial(variant, study)
+            while (asked := self.ask(variant)) is not None:
+                self.trial(variant, *asked)
 
-    def trial(self, variant: str, study) -> None:
+    def ask(self, variant: str):
+        """(study, the next trial) of ``variant``, or None when its budget is taken (finished and running trials)."""
+        S = self.optuna.trial.TrialState
+        with _locked(self.out / ".ask.lock"):
+            study = self.study(variant)
+            running = sum(tr.state == S.RUNNING and "rerun" not in tr.user_attrs for tr in study.trials)
+            if self.finished(study) + running >= self.cfg.tune.trials:
+                return None
+            return study, study.ask()
+
+    def trial(self, variant: str, study, trial) -> None:
         o, vs = self.optuna, self.studies[variant]
-        trial = study.ask()
         values = {}
         for key, entry in vs.space.items():
             if isinstance(entry, Range):
@@ -237,6 +255,44 @@ class Tuner:
                  f"(best {study.best_value:.4f})")
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` held inside (the processes of one study ask for trials one at a time)."""
+    import fcntl
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _work(out: str, workers: int) -> None:
+    """A worker process of ``run(workers)``: the folder's studies, trial after trial, one torch thread's share."""
+    os.environ[CONCURRENT_ENV] = str(workers)
+    reopen(out, print, rerun=False).run()
+
+
+def _in_processes(out: Path, workers: int) -> None:
+    """``workers`` processes (spawned: no torch state inherited) running the folder's trials; Ctrl-C or SIGTERM stops
+    them (their trials stay running in the study, and ``fedsl resume`` runs them again)."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_work, args=(str(out), workers)) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    if any(p.exitcode for p in procs):
+        raise ConfigError(f"a worker of the study in {out} stopped with exit code "
+                          f"{next(p.exitcode for p in procs if p.exitcode)}: continue with `fedsl resume {out}`")
+
+
 def _short(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -260,22 +316,48 @@ def start(cfg: RunConfig, out: str | Path, log: Log) -> Tuner:
     return tuner
 
 
-def reopen(out: str | Path, log: Log) -> Tuner:
-    """The tuner of an existing tune folder (``fedsl resume``), its interrupted trials queued again."""
-    out = Path(out)
+def planned_config(out: str | Path) -> RunConfig:
+    """The config a tune folder's studies were planned from (its tune.json)."""
     try:
-        record = json.loads((out / TUNE_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{out / TUNE_FILE}: cannot be read ({e}): expected a folder written by `fedsl tune`") \
+        return validate(json.loads((Path(out) / TUNE_FILE).read_text())["config"])
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"{Path(out) / TUNE_FILE}: cannot be read ({e}): expected a folder written by `fedsl tune`") \
             from None
-    cfg = validate(record["config"])
+
+
+def reopen(out: str | Path, log: Log, rerun: bool = True) -> Tuner:
+    """The tuner of an existing tune folder (``fedsl resume``), its interrupted trials queued again (``rerun``; not
+    in a worker of a running study, whose other workers' trials are running, not interrupted)."""
+    out = Path(out)
+    cfg = planned_config(out)
+    record = json.loads((out / TUNE_FILE).read_text())
     studies = plan(cfg)
     tuner = Tuner(out, cfg, studies, log)
     if tuner.key != record.get("fingerprint"):
         raise ConfigError(f"{out / TUNE_FILE}: its studies were planned differently by another fedsl version: "
                           "expected a new `fedsl tune` folder")
-    tuner.rerun_interrupted()
+    if rerun:
+        tuner.rerun_interrupted()
     return tuner
+
+
+def apply_best(cfg: RunConfig, study: str | Path) -> RunConfig:
+    """``cfg`` with each variant at the values its study chose (the best finished trial's), for the runs on fresh
+    seeds that a tuned comparison reports on the test set. The trials' validation split is the study's: these
+    runs train on what ``cfg`` says (``data.validation`` = 0 unless it sets it). A variant without a finished
+    trial is refused in one line."""
+    chosen = {r["variant"]: r for r in results(study)}
+    data = cfg.model_dump()
+    names = list(cfg.variants) or [cfg.name]
+    for v in names:
+        row = chosen.get(v)
+        if row is None or row.get("best") is None:
+            raise ConfigError(f"variant {v!r} has no finished trial in {Path(study) / STUDY_FILE}: expected its "
+                              "study to have run (fedsl resume it)")
+        target = data["variants"].setdefault(v, {}) if cfg.variants else data
+        for key, value in row["params"].items():
+            set_dotted(target, key, value)
+    return validate(data)
 
 
 def is_tune_folder(path: str | Path) -> bool:
