@@ -167,6 +167,35 @@ case "${1:-check}" in
     done
     ls -la "$OUT"
     ;;
+  table1tuned)  # issue 48 item 7: Table 1 tuned on validation data (preset table1-cifar10-tuned): each method's paper grid
+                # (FedDyn alpha, FSL/FSLsyn gamma; 4 points, each once: tune.sampler = 'grid') judged on 10% of each
+                # client's samples held out, at 1,000 rounds on seed 0, then 3 fresh seeds (1-3) at each choice on the
+                # whole training data, judged on the test set (`fedsl run --tuned`: OUT/tune holds the studies).
+                # Trials run one at a time per process, PAR processes side by side (a run alone is host-bound on the
+                # GPU: 0.033-0.040 s a round, RESULTS-gpu.md). fedsl pinned to a commit that has the preset:
+                #   C=$(git rev-parse HEAD); rm -rf .dev/src && git archive $C src | tar -x -C .dev && echo $C >.dev/src/COMMIT
+                # One session, two calls (PARTS FSL = FSL-250, FSL-500, FSLsyn-504, FSLsyn-720; FedDyn):
+                #   run(command="SRC=.dev/src PARTS=FSL bash benchmarks/device_run.sh table1tuned", carry=[".dev"], timeout_s=540)
+                #   run(command="SRC=.dev/src PARTS=FedDyn bash benchmarks/device_run.sh table1tuned", carry=[".dev"], timeout_s=540)
+                # Expected on one H200 (not timed yet): call 1: 16 trials x ~40 s / PAR 4 = ~160 s, then 12 runs
+                # (4 stacks of 3 seeds, ~60 s each) = ~240 s, + ~30 s set-up = ~7 min; call 2: 4 trials / 4 = ~40 s +
+                # 3 seeds stacked ~60 s + ~30 s = ~2.5 min; session ~11 of 15 min. A call cut off resumes: the same call
+                # again continues the study (`fedsl run --tuned` reopens OUT/tune) if the machine stayed warm.
+                # Results: $OUT/t1tuned-PART.tgz (the group, as collect.py keeps it) and t1tuned-PART-tune.tgz (study.db,
+                # tune.json, best.json and the trials' text files). Then here (T: where they were unpacked):
+                #   copy T/t1tuned-FSL and T/t1tuned-FedDyn under reproduction/table1-cifar10-tuned/ (merge.py joins them)
+                # CPU dry run (2 rounds, the quick form; python3 = the venv's; WORK its own):
+                #   PATH=$PWD/.venv/bin:$PATH WORK=/tmp/t48 OUT=/tmp/t48/out ROUNDS=2 EXTRA="--quick --set threads=1" PAR=1 \
+                #     bash benchmarks/device_run.sh table1tuned
+                # took 106 s (FSL part 65 s, FedDyn 25 s: 2 grid points each, then seed 1; both folders collected).
+    unpack_data
+    for part in ${PARTS:-FSL FedDyn}; do
+      case $part in FSL) vs=FSL-250,FSL-500,FSLsyn-504,FSLsyn-720 ;; *) vs=$part ;; esac
+      run_collect "t1tuned-$part" --preset table1-cifar10-tuned --variants "$vs" --tuned --parallel "${PAR:-4}"
+      tar czf "$OUT/t1tuned-$part-tune.tgz" --exclude checkpoint.pt -C "$WORK/runs/t1tuned-$part" tune
+    done
+    ls -la "$OUT"
+    ;;
   check)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
     timeout 170 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 2 2>&1 | tee "$OUT/heatmap_time.md"

@@ -200,3 +200,28 @@ def test_run_tuned_runs_each_variants_seeds_at_the_values_its_study_chose(tmp_pa
                 assert run[section][name] == value, (variant, key)
             assert json.loads((out / f"{variant}-seed{seed}" / "summary.json").read_text())["status"] == "completed"
     assert best["FSL"] != best["FedAvg"]
+
+
+def test_a_grid_tries_each_point_once_and_refuses_ranges_and_keys_a_run_does_not_read(tmp_path):
+    """tune.sampler = 'grid' (the paper's small grids, chosen on validation data): every combination of the lists
+    once, every other key at the config's value; a range, more trials than points, or γ for a rule without
+    server learning stop in one line."""
+    import tomllib
+    data = tomllib.loads(TOML)
+    data["tune"] = {"sampler": "grid", "trials": 2}
+    data["variants"] = {"FSL": {"tune": {"space": {"server.gamma": [0.5, 2.0]}}}}
+    T.start(validate(data), tmp_path / "grid", log=lambda s: None).run()
+    tried = _values(tmp_path / "grid")["FSL"]
+    assert sorted(p["server.gamma"] for _, _, p in tried) == [0.5, 2.0] and all(set(p) == {"server.gamma"}
+                                                                                 for _, _, p in tried)
+    for tune, variants, expected in [
+        ({"sampler": "grid", "trials": 3}, {"FSL": {"tune": {"space": {"server.gamma": [0.5, 2.0]}}}},
+         "tune.trials = 3 with tune.sampler = 'grid' (variant FSL): expected at most the grid's 2 combinations"),
+        ({"sampler": "grid", "trials": 2}, {"FSL": {"tune": {"space": {"server.gamma": {"low": 0.5, "high": 2}}}}},
+         "server.gamma has a range, not a list"),
+        ({"trials": 2}, {"FedAvg": {"algorithm": {"name": "fedavg"}, "tune": {"space": {"server.gamma": [1, 2]}}}},
+         "runs without server learning, so a trial would change nothing"),
+    ]:
+        data["tune"], data["variants"] = tune, variants
+        with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+            T.start(validate(data), tmp_path / "bad", log=lambda s: None)

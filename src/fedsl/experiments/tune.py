@@ -99,8 +99,30 @@ def plan(cfg: RunConfig) -> dict[str, VariantStudy]:
                 except ConfigError as e:
                     raise ConfigError(f"tune.space.{key!r} = {value!r}" + (f" (variant {variant})" if cfg.variants
                                                                            else "") + f": {e}") from None
+        if t.sampler == "grid":
+            ranges = [k for k, e in space.items() if isinstance(e, Range)]
+            if ranges:
+                raise ConfigError("tune.sampler = 'grid'" + (f" (variant {variant})" if cfg.variants else "")
+                                  + f": {', '.join(ranges)} has a range, not a list: expected a list of values (or "
+                                  "one value) in [tune.space] for every key a grid searches")
+            size = math.prod(len(e) for e in space.values() if isinstance(e, list))
+            if t.trials > size:
+                raise ConfigError(f"tune.trials = {t.trials} with tune.sampler = 'grid'"
+                                  + (f" (variant {variant})" if cfg.variants else "")
+                                  + f": expected at most the grid's {size} combinations")
         out[variant] = VariantStudy(variant, data, space)
     return out
+
+
+def grid_points(space: dict[str, Any], seed: int, variant: str) -> list[dict[str, Any]]:
+    """Every combination of the space's lists, in an order drawn from (seed, variant): a budget smaller than the
+    grid takes a uniform sample of it."""
+    import itertools
+    import random
+    lists = {k: v for k, v in space.items() if isinstance(v, list)}
+    points = [dict(zip(lists, combo)) for combo in itertools.product(*lists.values())]
+    random.Random(f"{seed}/{variant}").shuffle(points)
+    return points
 
 
 def _flat_keys(data: dict, prefix: str = "") -> list[str]:
@@ -128,11 +150,32 @@ def _with(data: dict, values: dict[str, Any]) -> dict:
 
 def fingerprint(studies: dict[str, VariantStudy], t) -> str:
     """A digest of what the studies ask (trial configs, spaces, budget, metric, sampler): a study file is only
-    continued by the same question."""
-    text = json.dumps({v: [s.trial_config, describe(s.space)] for v, s in studies.items()}, sort_keys=True,
-                      default=str)
-    text += json.dumps([t.trials, t.metric, t.seed, t.prune, t.startup_trials])
+    continued by the same question. A trial config enters by the keys it sets away from their defaults, so that a
+    key a later fedsl adds (at its default, which changes nothing) leaves the question the same."""
+    text = json.dumps({v: [_set_keys(validate(s.trial_config)), describe(s.space)] for v, s in studies.items()},
+                      sort_keys=True, default=str)
+    text += json.dumps([t.trials, t.metric, t.seed, t.prune, t.startup_trials, t.sampler])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _set_keys(cfg: RunConfig) -> dict[str, Any]:
+    """``cfg``'s keys that differ from their defaults, table by table (the [tune] table apart: the digest lists what
+    of it matters)."""
+    from pydantic import BaseModel
+
+    from fedsl.experiments.config import changed
+    out: dict[str, Any] = {}
+    for key, field in type(cfg).model_fields.items():
+        value = getattr(cfg, key)
+        if key == "tune":
+            continue
+        if isinstance(value, BaseModel):
+            table = {k: getattr(value, k) for k in type(value).model_fields if changed(value, k)}
+            if table:
+                out[key] = table
+        elif field.is_required() or value != field.get_default(call_default_factory=True):
+            out[key] = value
+    return out
 
 
 class _Pruning(Callback):
@@ -170,7 +213,13 @@ class Tuner:
         # (marked "rerun") does not count, so a resumed study draws what an uninterrupted one would
         n = sum("rerun" not in tr.user_attrs for tr in study.trials)
         seed = int(hashlib.sha256(f"{t.seed}/{variant}/{n}".encode()).hexdigest()[:8], 16)
-        study.sampler = o.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials)
+        if t.sampler == "grid":  # the grid's points queued once, in a seeded order; the sampler then draws nothing
+            study.sampler = o.samplers.RandomSampler(seed=seed)
+            if not study.trials:
+                for point in grid_points(self.studies[variant].space, t.seed, variant)[:t.trials]:
+                    study.enqueue_trial(point)
+        else:
+            study.sampler = o.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials)
         # no pruning in a trial's first quarter: early accuracy says little of where a step size ends
         warmup = self.studies[variant].trial_config["rounds"] // 4
         study.pruner = (o.pruners.MedianPruner(n_startup_trials=t.startup_trials, n_warmup_steps=warmup)

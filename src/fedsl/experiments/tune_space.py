@@ -40,8 +40,12 @@ class TuneConfig(BaseModel):
                                      "validation accuracy at its last round (never the test set)")
     validation: float = Field(0.1, gt=0, lt=1, description="data.validation of the trials when the config leaves it "
                                                           "0: the fraction of each client's samples held out")
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the TPE sampler (each trial's draw follows from it "
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the sampler (each trial's draw follows from it "
                                                           "and the trials before)")
+    sampler: Literal["tpe", "grid"] = Field("tpe", description="'tpe' (Optuna's TPE over the space) or 'grid' (every "
+                                            "combination of [tune.space]'s lists once, in a seeded order, every other "
+                                            "key at the config's value: a small grid such as the paper's, chosen on "
+                                            "validation data)")
     prune: bool = Field(True, description="stop a trial whose rolling validation accuracy trails the median of the "
                                           "trials before it at the same round (Optuna's MedianPruner)")
     startup_trials: int = Field(5, ge=0, le=TRIALS_MAX, description="trials drawn at random before TPE models the "
@@ -99,10 +103,16 @@ def default_space(cfg) -> dict[str, Range]:
 
 
 def run_space(cfg, given: dict[str, Any], read: set[str]) -> dict[str, Range | list | Any]:
-    """Run ``cfg``'s space: its default space with ``given`` (``[tune.space]``) over it. ``read``: the dotted keys
+    """Run ``cfg``'s space: its default space with ``given`` (``[tune.space]``) over it; for a grid
+    (``tune.sampler = 'grid'``) ``given`` alone, every other key at the config's value. ``read``: the dotted keys
     the run reads (a key of another rule, changed, would change nothing: refused in one line)."""
-    space: dict[str, Any] = dict(default_space(cfg))
+    space: dict[str, Any] = {} if cfg.tune.sampler == "grid" else dict(default_space(cfg))
+    learns = SPECS[cfg.algorithm.name].server_mode(cfg.server.learning) != "off"
     for key, entry in given.items():
+        if key.startswith("server.") and not learns:
+            raise ValueError(f"tune.space.{key!r}: algorithm.name = {cfg.algorithm.name!r} runs without server "
+                             "learning, so a trial would change nothing: expected it in the variants that learn on "
+                             "the server")
         if key not in read:
             raise ValueError(f"tune.space.{key!r}: not a key algorithm.name = {cfg.algorithm.name!r} reads "
                              "(a trial would change nothing): expected one of "
