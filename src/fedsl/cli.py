@@ -166,7 +166,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
                                                     show_default=False),
         track: List[str] = typer.Option([], "--track", help="follow each run in 'tensorboard' or 'mlflow' too "
                                                             "(repeatable; sets tracking = [...])"),
-        tuned: bool = typer.Option(False, "--tuned", help="first tune each variant on validation data (its [tune] "
+        tuned: bool = typer.Option(False, "--tuned", help="first tune each variant on validation data (its \\[tune] "
                                    "table; OUT/tune, as fedsl tune), then run its seeds at the chosen values")) -> None:
     """Run a config (or preset); with variants, run each and compare them."""
     backend = _backend(parallel, ray, ray_resources, quiet)
