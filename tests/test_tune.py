@@ -225,3 +225,23 @@ def test_a_grid_tries_each_point_once_and_refuses_ranges_and_keys_a_run_does_not
         data["tune"], data["variants"] = tune, variants
         with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
             T.start(validate(data), tmp_path / "bad", log=lambda s: None)
+
+
+def test_chosen_values_leave_no_template_key_that_no_run_reads(monkeypatch):
+    """A template sets [distill] lr for its FedDF variant; once FedDF's study chose its own, the template's value is
+    read by no run (a config refuses that): apply_best drops it, and every variant runs at its own choice."""
+    import tomllib
+    data = tomllib.loads(TOML)
+    data["distill"] = {"lr": 0.0001}
+    data["data"]["unlabelled"] = "server"
+    data["variants"] = {"FedAvg": {"algorithm": {"name": "fedavg"}}, "FedDF": {"algorithm": {"name": "feddf"}}}
+    cfg = validate(data)
+    chosen = [{"variant": "FedAvg", "best": 0.5, "params": {"algorithm.local_lr": 0.03}},
+              {"variant": "FedDF", "best": 0.4, "params": {"algorithm.local_lr": 0.02, "distill.lr": 0.003}}]
+    monkeypatch.setattr(T, "results", lambda study: chosen)
+    tuned = T.apply_best(cfg, "study")
+    assert tuned.variants["FedDF"]["distill"]["lr"] == 0.003 and tuned.distill.lr != 0.0001
+    assert {v: tuned.variants[v]["algorithm"]["local_lr"] for v in tuned.variants} == {"FedAvg": 0.03, "FedDF": 0.02}
+    chosen[0]["best"] = None
+    with pytest.raises(ConfigError, match="variant 'FedAvg' has no finished trial"):
+        T.apply_best(cfg, "study")
