@@ -10,56 +10,20 @@ from typing import List, Optional
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.table import Table
 
-PRESET_HELP = "a bundled preset instead of CONFIG (see `fedsl presets`)"
-DATA_DIR_HELP = "dataset folder (default: $FEDSL_DATA_DIR, else ~/.cache/fedsl/data)"
+from fedsl.cli_common import DATA_DIR_HELP, PRESET_HELP, UserError, console
+from fedsl.cli_common import clean_errors as _clean_errors
+from fedsl.cli_common import load_config as _load_config
+from fedsl.cli_common import print_line as _print_line
+from fedsl.cli_tune import print_tune, tune, tune_first, tune_workers
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Federated Learning with Server Learning (FSL): simulate, compare, reproduce.")
-# Piped or captured output gets wide lines instead of rich's 80-column wrapping and truncation.
-console = Console() if sys.stdout.isatty() else Console(width=160)
-err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=1000)
 
-
-class UserError(Exception):
-    """Bad input; printed as one line, exit status 2."""
 
 
 BIG_SWEEP = 500  # `fedsl run` asks for --yes beyond this many runs
-
-
-def _clean_errors(fn):
-    """Turn expected errors (config, data, files) into one line on stderr and exit 2."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        import warnings
-
-        from fedsl.data.errors import DataError, DataWarning
-        from fedsl.experiments.config import ConfigError
-        from fedsl.experiments.results import CorruptCheckpoint, FolderInUse
-        shown = warnings.showwarning
-
-        def one_line(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, DataWarning):  # ours: one readable line, not Python's source echo
-                err_console.print(f"warning: {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
-            else:
-                shown(message, category, filename, lineno, file, line)
-        try:
-            with warnings.catch_warnings():
-                warnings.showwarning = one_line
-                return fn(*args, **kwargs)
-        except (UserError, ConfigError, DataError, FolderInUse, CorruptCheckpoint) as e:
-            # one line, whatever the message quotes back (newlines in keys, ':emoji:' codes)
-            msg = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(e))
-            err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt as e:
-            from fedsl.experiments.interrupts import Terminated
-            raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
-    return wrapper
 
 
 PARALLEL_HELP = ("run the sweep's runs side by side in N processes on this machine, one torch thread each "
@@ -69,11 +33,6 @@ RAY_HELP = ("run the sweep's runs as tasks on a Ray cluster: HOST:PORT of its he
             "'local' (Ray on this machine); the --out folder must be on a filesystem all nodes share; "
             "needs the \\[ray] extra")  # help texts are rich markup: "\\[" keeps the '['
 RAY_RESOURCES_HELP = "resources of each run's Ray task, e.g. 'cpus=2,gpus=0.5,memory=4GB' (default: cpus=threads or 1)"
-
-
-def _print_line(line: str) -> None:
-    """A line of the runner's log, printed as is (a run's name may hold brackets: no rich markup)."""
-    console.print(line, markup=False, highlight=False)
 
 
 def _backend(parallel: Optional[int], ray: Optional[str], ray_resources: Optional[str], quiet: bool):
@@ -137,16 +96,6 @@ def _print_tables(path: Path, title: str) -> None:
     console.print(legend(window, [r["rounds_done"] for r in rows]), markup=False, highlight=False)
 
 
-def _load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path],
-                 quick: bool = False, variants: Optional[List[str]] = None):
-    from fedsl.experiments import loading, presets
-    if (config is None) == (preset is None):
-        raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
-    base = presets.load(preset) if preset else None
-    extra = [f"data.data_dir={str(data_dir)!r}"] if data_dir is not None else []
-    return loading.load(config, [*set_, *extra], base=base, quick=quick, variants=variants)
-
-
 @app.command()
 @_clean_errors
 def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", show_default=False),
@@ -183,7 +132,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if tuned:
-        cfg = _tune_first(cfg, out, parallel, quiet)
+        cfg = tune_first(cfg, out, parallel, quiet)
     from fedsl.experiments.build import check_all
     from fedsl.experiments.sweep import expand_variants
     runs = expand_variants(cfg)
@@ -223,88 +172,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         console.print(f"curves: {out / 'comparison.png'}   table: {out / 'comparison.md'}", markup=False)
 
 
-@app.command()
-@_clean_errors
-def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", show_default=False),
-         preset: Optional[str] = typer.Option(None, "--preset", "-p", help="tune a bundled preset's variants"),
-         variants: Optional[str] = typer.Option(None, "--variants", help="tune only these variants, e.g. "
-                                                                        "--variants FedAvg,FSL"),
-         trials: Optional[int] = typer.Option(None, "--trials", "-n", help="trials per variant (sets tune.trials)",
-                                              show_default=False),
-         set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set tune.rounds=50"),
-         out: Optional[Path] = typer.Option(None, "--out", "-o", help="study folder (default runs/NAME-tune-TIME)"),
-         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="dataset folder (sets data.data_dir)"),
-         quick: bool = typer.Option(False, "--quick", help="the config's quick form (few rounds, small subsets)"),
-         parallel: int = typer.Option(1, "--parallel", "-j", help="trials side by side in N processes on this "
-                                      "machine, sharing the studies (0 = one per core)"),
-         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
-    """Tune each variant on validation data, the same budget each: an Optuna study per variant in OUT/study.db."""
-    from fedsl.experiments import tune as T
-    if trials is not None:
-        set_ = [*set_, f"tune.trials={trials}"]
-    names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
-    cfg = _load_config(config, preset, set_, data_dir, quick, names)
-    if names is not None:
-        unknown = [v for v in names if v not in cfg.variants]
-        if unknown or not names:
-            raise UserError(f"--variants {variants!r}: expected names from "
-                            f"{list(cfg.variants) or 'none (the config has no variants)'}")
-        cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
-    if out is None:
-        out = Path("runs") / f"{cfg.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
-    say = (lambda s: None) if quiet else _print_line
-    from fedsl.experiments.interrupts import terminate_as_interrupt
-    from fedsl.experiments.results import folder_lock
-    with folder_lock(out), terminate_as_interrupt():
-        tuner = T.start(cfg, out, say)
-        say(f"tuning {len(tuner.studies)} variant{'s' if len(tuner.studies) > 1 else ''}, {cfg.tune.trials} trials "
-            f"each, into {out}")
-        tuner.run(_tune_workers(parallel))
-    _print_tune(out)
-
-
-def _tune_first(cfg, out: Path, parallel: Optional[int], quiet: bool):
-    """`fedsl run --tuned`: each variant's study in OUT/tune (started, or continued where it stopped), then ``cfg``
-    at the values each chose (``tune.apply_best``): the runs on its seeds judge them on the test set."""
-    from fedsl.experiments import tune as T
-    from fedsl.experiments.interrupts import terminate_as_interrupt
-    from fedsl.experiments.results import folder_lock
-    if out.exists() and any(p.name not in (".lock", "tune") for p in out.iterdir()):
-        raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with "
-                        f"`fedsl resume {out}`")
-    say = (lambda s: None) if quiet else _print_line
-    study = out / "tune"
-    with folder_lock(out), terminate_as_interrupt():
-        tuner = T.reopen(study, say) if T.is_tune_folder(study) else T.start(cfg, study, say)
-        say(f"tuning {len(tuner.studies)} variant(s), {cfg.tune.trials} trials each, into {study}")
-        tuner.run(_tune_workers(parallel or 1))
-    _print_tune(study)
-    return T.apply_best(cfg, study)
-
-
-def _tune_workers(parallel: int) -> int:
-    if not 0 <= parallel <= 1024:
-        raise UserError(f"--parallel {parallel}: expected a number of processes from 0 (one per core) to 1024")
-    from fedsl.experiments.parallel import default_workers
-    return parallel or default_workers()
-
-
-def _print_tune(path: Path) -> None:
-    """Each variant's study: its budget, the best validation accuracy and values, the spread of its top trials."""
-    from fedsl.experiments import tune as T
-    T.write_report(path)
-    table = Table(title=f"{path}  (validation accuracy; the test set is not read)")
-    for c in ("variant", "trials", "pruned", "failed", "best val", "top-3 spread", "best values"):
-        table.add_column(c, justify="left" if c in ("variant", "best values") else "right")
-    for r in T.results(path):
-        best = "—" if r["best"] is None else f"{r['best']:.4f}"
-        spread = "—" if r.get("top_spread") is None else f"{r['top_spread']:.4f}"
-        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in r.get("params", {}).items())
-        table.add_row(r["variant"], f"{r['complete'] + r['pruned'] + r['failed']}/{r.get('budget', '?')}",
-                      str(r["pruned"]), str(r["failed"]), best, spread, values)
-    console.print(table)
-    console.print(f"trials: {path / 'trials.png'}   chosen values: {path / 'best.json'}", markup=False)
+app.command("tune")(tune)  # fedsl.cli_tune: a study per variant on validation data
 
 
 @app.command()
@@ -322,11 +190,11 @@ def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
         from fedsl.experiments.interrupts import terminate_as_interrupt
         from fedsl.experiments.results import folder_lock
         with folder_lock(path), terminate_as_interrupt():
-            T.reopen(path, (lambda s: None) if quiet else _print_line).run(_tune_workers(parallel or 1))
-        _print_tune(path)
+            T.reopen(path, (lambda s: None) if quiet else _print_line).run(tune_workers(parallel or 1))
+        print_tune(path)
         return
     if T.is_tune_folder(path / "tune") and group_config(path) is None:  # `fedsl run --tuned` stopped in its studies
-        cfg = _tune_first(T.planned_config(path / "tune"), path, parallel, quiet)
+        cfg = tune_first(T.planned_config(path / "tune"), path, parallel, quiet)
         from fedsl.experiments.interrupts import terminate_as_interrupt
         from fedsl.experiments.results import folder_lock
         from fedsl.report.tables import write_comparison
@@ -369,7 +237,7 @@ def show(path: Path = typer.Argument(..., help="a run, group or tune folder")) -
     """Summary table of a run, a group of runs or a study (fedsl tune)."""
     from fedsl.experiments import tune as T
     if T.is_tune_folder(path):
-        _print_tune(path)
+        print_tune(path)
         return
     from fedsl.experiments.compare import group_runs
     if not any(rd.summary_file.is_file() or rd.is_run() for rd in group_runs(path).values()):

@@ -1,0 +1,96 @@
+"""``fedsl tune`` and ``fedsl run --tuned`` on the command line: a study per variant on validation data
+(``fedsl.experiments.tune``), its table, and the runs at the values it chose."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from fedsl.cli_common import UserError, clean_errors, console, load_config, print_line
+
+
+@clean_errors
+def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", show_default=False),
+         preset: Optional[str] = typer.Option(None, "--preset", "-p", help="tune a bundled preset's variants"),
+         variants: Optional[str] = typer.Option(None, "--variants", help="tune only these variants, e.g. "
+                                                                        "--variants FedAvg,FSL"),
+         trials: Optional[int] = typer.Option(None, "--trials", "-n", help="trials per variant (sets tune.trials)",
+                                              show_default=False),
+         set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set tune.rounds=50"),
+         out: Optional[Path] = typer.Option(None, "--out", "-o", help="study folder (default runs/NAME-tune-TIME)"),
+         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="dataset folder (sets data.data_dir)"),
+         quick: bool = typer.Option(False, "--quick", help="the config's quick form (few rounds, small subsets)"),
+         parallel: int = typer.Option(1, "--parallel", "-j", help="trials side by side in N processes on this "
+                                      "machine, sharing the studies (0 = one per core)"),
+         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
+    """Tune each variant on validation data, the same budget each: an Optuna study per variant in OUT/study.db."""
+    from fedsl.experiments import tune as T
+    if trials is not None:
+        set_ = [*set_, f"tune.trials={trials}"]
+    names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
+    cfg = load_config(config, preset, set_, data_dir, quick, names)
+    if names is not None:
+        unknown = [v for v in names if v not in cfg.variants]
+        if unknown or not names:
+            raise UserError(f"--variants {variants!r}: expected names from "
+                            f"{list(cfg.variants) or 'none (the config has no variants)'}")
+        cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
+    if out is None:
+        out = Path("runs") / f"{cfg.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
+    say = (lambda s: None) if quiet else print_line
+    from fedsl.experiments.interrupts import terminate_as_interrupt
+    from fedsl.experiments.results import folder_lock
+    with folder_lock(out), terminate_as_interrupt():
+        tuner = T.start(cfg, out, say)
+        say(f"tuning {len(tuner.studies)} variant{'s' if len(tuner.studies) > 1 else ''}, {cfg.tune.trials} trials "
+            f"each, into {out}")
+        tuner.run(tune_workers(parallel))
+    print_tune(out)
+
+
+def tune_first(cfg, out: Path, parallel: Optional[int], quiet: bool):
+    """`fedsl run --tuned`: each variant's study in OUT/tune (started, or continued where it stopped), then ``cfg``
+    at the values each chose (``tune.apply_best``): the runs on its seeds judge them on the test set."""
+    from fedsl.experiments import tune as T
+    from fedsl.experiments.interrupts import terminate_as_interrupt
+    from fedsl.experiments.results import folder_lock
+    if out.exists() and any(p.name not in (".lock", "tune") for p in out.iterdir()):
+        raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with "
+                        f"`fedsl resume {out}`")
+    say = (lambda s: None) if quiet else print_line
+    study = out / "tune"
+    with folder_lock(out), terminate_as_interrupt():
+        tuner = T.reopen(study, say) if T.is_tune_folder(study) else T.start(cfg, study, say)
+        say(f"tuning {len(tuner.studies)} variant(s), {cfg.tune.trials} trials each, into {study}")
+        tuner.run(tune_workers(parallel or 1))
+    print_tune(study)
+    return T.apply_best(cfg, study)
+
+
+def tune_workers(parallel: int) -> int:
+    if not 0 <= parallel <= 1024:
+        raise UserError(f"--parallel {parallel}: expected a number of processes from 0 (one per core) to 1024")
+    from fedsl.experiments.parallel import default_workers
+    return parallel or default_workers()
+
+
+def print_tune(path: Path) -> None:
+    """Each variant's study: its budget, the best validation accuracy and values, the spread of its top trials."""
+    from fedsl.experiments import tune as T
+    T.write_report(path)
+    table = Table(title=f"{path}  (validation accuracy; the test set is not read)")
+    for c in ("variant", "trials", "pruned", "failed", "best val", "top-3 spread", "best values"):
+        table.add_column(c, justify="left" if c in ("variant", "best values") else "right")
+    for r in T.results(path):
+        best = "—" if r["best"] is None else f"{r['best']:.4f}"
+        spread = "—" if r.get("top_spread") is None else f"{r['top_spread']:.4f}"
+        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in r.get("params", {}).items())
+        table.add_row(r["variant"], f"{r['complete'] + r['pruned'] + r['failed']}/{r.get('budget', '?')}",
+                      str(r["pruned"]), str(r["failed"]), best, spread, values)
+    console.print(table)
+    console.print(f"trials: {path / 'trials.png'}   chosen values: {path / 'best.json'}", markup=False)
