@@ -105,6 +105,7 @@ def test_a_folder_that_holds_a_study_is_not_overwritten(tmp_path):
         T.start(_cfg(trials=2), out, log=lambda s: None)
 
 
+@pytest.mark.slow
 def test_a_study_never_reads_the_test_set(tmp_path, monkeypatch):
     """The same study with the test set's labels scrambled and its images zeroed draws and scores every trial
     alike: neither the objective nor the pruning reads the test set (trials still evaluate it, as any run)."""
@@ -148,6 +149,7 @@ T.start(load(sys.argv[1]), sys.argv[2], print).run()
 """
 
 
+@pytest.mark.slow
 def test_kill_9_mid_trial_then_resume_keeps_finished_trials_and_ends_as_uninterrupted(tmp_path):
     config = tmp_path / "tiny.toml"
     config.write_text(TOML)
@@ -167,6 +169,7 @@ def test_kill_9_mid_trial_then_resume_keeps_finished_trials_and_ends_as_uninterr
     assert len(metrics) == 1 + 9  # header, rounds 0..8: the cut trial continued its run folder from round 5
 
 
+@pytest.mark.slow
 def test_trials_in_two_processes_share_the_studies_and_keep_the_budget(tmp_path):
     """--parallel 2: two spawned workers ask for trials under a lock: the variant ends with exactly its budget of
     finished trials, none left running, each in its own run folder."""
@@ -181,6 +184,7 @@ def test_trials_in_two_processes_share_the_studies_and_keep_the_budget(tmp_path)
     assert sorted(p.name for p in (tmp_path / "out" / "FSL").iterdir()) == ["trial-0000", "trial-0001", "trial-0002"]
 
 
+@pytest.mark.slow
 def test_run_tuned_runs_each_variants_seeds_at_the_values_its_study_chose(tmp_path):
     """`fedsl run --tuned`: the studies in OUT/tune, then the group in OUT at each variant's best values, trained
     on the whole training data (the study's validation split is its own) and judged on the test set."""
@@ -245,3 +249,22 @@ def test_chosen_values_leave_no_template_key_that_no_run_reads(monkeypatch):
     chosen[0]["best"] = None
     with pytest.raises(ConfigError, match="variant 'FedAvg' has no finished trial"):
         T.apply_best(cfg, "study")
+
+
+@pytest.mark.slow
+def test_a_study_runs_as_tasks_of_a_ray_cluster_and_keeps_the_budget(tmp_path):
+    """--ray local --parallel 2: two Ray tasks run the study's workers, asking for trials under the folder's lock;
+    the variant ends with exactly its budget, none left running. A bad address stops in one line before any trial."""
+    pytest.importorskip("ray")
+    config = tmp_path / "tiny.toml"
+    config.write_text(TOML)
+    bad = subprocess.run([sys.executable, "-m", "fedsl.cli", "tune", str(config), "--ray", "127.0.0.1:1", "--out",
+                          str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--ray '127.0.0.1:1'" in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad").exists()
+    done = subprocess.run([sys.executable, "-m", "fedsl.cli", "tune", str(config), "--variants", "FSL", "--ray",
+                           "local", "--parallel", "2", "--quiet", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    states = [s for s, _, _ in _values(tmp_path / "out")["FSL"]]
+    assert len(states) == 3 and set(states) <= {"COMPLETE", "PRUNED"}, states

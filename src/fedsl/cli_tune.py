@@ -25,7 +25,12 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
          data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="dataset folder (sets data.data_dir)"),
          quick: bool = typer.Option(False, "--quick", help="the config's quick form (few rounds, small subsets)"),
          parallel: int = typer.Option(1, "--parallel", "-j", help="trials side by side in N processes on this "
-                                      "machine, sharing the studies (0 = one per core)"),
+                                      "machine, sharing the studies (0 = one per core); with --ray, N tasks"),
+         ray: Optional[str] = typer.Option(None, "--ray", help="the study's N workers as tasks of a Ray cluster: "
+                                           "HOST:PORT of its head, 'auto' or 'local'; --out on a filesystem all "
+                                           "nodes share, with working file locks (Optuna's SQLite file)"),
+         ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help="resources of each worker task, "
+                                                     "e.g. 'cpus=2,gpus=0.5' (default: cpus=1)"),
          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Tune each variant on validation data, the same budget each: an Optuna study per variant in OUT/study.db."""
     from fedsl.experiments import tune as T
@@ -42,13 +47,22 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
     if out is None:
         out = Path("runs") / f"{cfg.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
     say = (lambda s: None) if quiet else print_line
+    backend = None
+    if ray is not None:  # Ray installed and its address answering: one line before any trial otherwise
+        from fedsl.experiments.ray_backend import RayBackend, parse_resources
+        backend = RayBackend(ray, parse_resources(ray_resources), quiet=quiet)
+        backend.check()
     from fedsl.experiments.interrupts import terminate_as_interrupt
     from fedsl.experiments.results import folder_lock
     with folder_lock(out), terminate_as_interrupt():
         tuner = T.start(cfg, out, say)
         say(f"tuning {len(tuner.studies)} variant{'s' if len(tuner.studies) > 1 else ''}, {cfg.tune.trials} trials "
             f"each, into {out}")
-        tuner.run(tune_workers(parallel))
+        try:
+            tuner.run(tune_workers(parallel), ray=backend)
+        finally:
+            if backend is not None:
+                backend.close()
     print_tune(out)
 
 

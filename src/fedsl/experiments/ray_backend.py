@@ -103,6 +103,16 @@ def _task(out: str, names: list[str], cfgs: list[dict], token: str, quiet: bool)
     return node, run_unit(Path(out), names, [validate(c) for c in cfgs], resume=True, log=log, progress=False)
 
 
+def _worker(fn: Callable, args: tuple, folder: str, token: str) -> None:
+    """In a Ray worker: ``fn(*args)``, once the shared folder is seen to be the driver's."""
+    import ray
+    if not (Path(folder) / TOKEN.format(token)).is_file():
+        node = ray.get_runtime_context().get_node_id()
+        raise NotShared(f"the folder {folder!r} is not visible on node {node[:12]} ({socket.gethostname()}): --ray "
+                        "needs it on a filesystem shared by all nodes under the same path (--out)")
+    fn(*args)
+
+
 class RayBackend:
     """Run a group's units as tasks on a Ray cluster (``address``: HOST:PORT, 'auto' or 'local')."""
 
@@ -216,6 +226,39 @@ class RayBackend:
         finally:
             token_file.unlink(missing_ok=True)
         return summaries
+
+    def run_workers(self, fn: Callable, args: tuple, count: int, folder: Path, log: Log = print) -> None:
+        """``count`` tasks each calling ``fn(*args)`` (one CPU each, or ``--ray-resources``), which share ``folder``
+        (the shared-filesystem check as for runs); a lost task is retried by Ray. For ``fedsl tune --ray``: the
+        workers of one study, asking for trials under the study folder's lock."""
+        import ray
+        self.connect()
+        token = secrets.token_hex(8)
+        token_file = Path(folder) / TOKEN.format(token)
+        token_file.write_text("fedsl --ray: this folder is visible to the tasks\n")
+        opts = {"num_cpus": 1, "num_gpus": 0, "max_retries": self.max_retries, "retry_exceptions": False,
+                **self.resources}
+        remote = ray.remote(_worker)
+        refs = [remote.options(**opts).remote(fn, args, str(folder), token) for _ in range(count)]
+        log(f"{count} worker task{'s' if count != 1 else ''} on the Ray cluster")
+        try:
+            for ref in refs:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayTaskError as e:
+                    if isinstance(e.cause, NotShared):
+                        raise ConfigError(str(e.cause)) from None
+                    raise ConfigError(f"a worker task failed ({type(e.cause).__name__}: {e.cause}): continue with "
+                                      f"`fedsl resume {folder}`") from None
+        except BaseException:
+            for ref in refs:
+                try:
+                    ray.cancel(ref)
+                except Exception:  # noqa: BLE001 — finished or lost already
+                    pass
+            raise
+        finally:
+            token_file.unlink(missing_ok=True)
 
     def close(self) -> None:
         import ray

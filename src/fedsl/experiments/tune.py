@@ -244,9 +244,13 @@ class Tuner:
                     study.enqueue_trial(tr.params, user_attrs={"folder": folder})
                     self.log(f"{variant}: trial {tr.number} was interrupted: it runs again with the same values")
 
-    def run(self, workers: int = 1) -> None:
+    def run(self, workers: int = 1, ray=None) -> None:
         """Every variant's trials up to its budget: one after another, or in ``workers`` processes that share the
-        studies (each asks for its next trial under a lock, so the budget is never exceeded)."""
+        studies (each asks for its next trial under a lock, so the budget is never exceeded), here or as tasks of a
+        Ray cluster (``ray``: a ``fedsl.experiments.ray_backend.RayBackend``)."""
+        if ray is not None:
+            ray.run_workers(_work, (str(self.out.resolve()), workers), workers, self.out.resolve(), log=self.log)
+            return
         if workers > 1:
             _in_processes(self.out, workers)
             return
