@@ -150,6 +150,26 @@ def test_one_cluster_sweep_spreads_over_both_nodes_and_a_lost_node_loses_nothing
     pytest-xdist worker that runs one)."""
     sweep_spreads_over_both_nodes_into_the_serial_runs_files(cluster, tmp_path / "spread", capsys)
     a_lost_node_loses_nothing(cluster, tmp_path / "lost")
+    a_study_runs_as_tasks_and_keeps_its_budget(cluster, tmp_path / "tune")
+
+
+def a_study_runs_as_tasks_and_keeps_its_budget(cluster, tmp_path):
+    """`fedsl tune --ray --parallel 2`: the study's two workers as tasks, asking for trials under the folder's lock:
+    the variant ends with exactly its budget of finished trials, none left running."""
+    pytest.importorskip("optuna")
+    import optuna
+    tmp_path.mkdir()
+    cfg_file = tmp_path / "tune.toml"
+    cfg_file.write_text("threads = 1\n" + TINY.format(rounds=4, alg="fsl", dtype="float32", executor="sequential")
+                        + "\n[tune]\ntrials = 3\nstartup_trials = 1\nvalidation = 0.2\n")
+    out = tmp_path / "study"
+    r = fedsl("tune", str(cfg_file), "--out", str(out), "--ray", cluster.address, "--parallel", "2", "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    name = loading.load(cfg_file).name
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'study.db'}")
+    assert sorted(t.state.name for t in study.trials) in (["COMPLETE"] * 3, ["COMPLETE", "COMPLETE", "PRUNED"],
+                                                         ["COMPLETE", "PRUNED", "PRUNED"])
+    assert not list(out.glob(".fedsl-ray-*"))  # the driver's visibility token is removed
 
 
 def sweep_spreads_over_both_nodes_into_the_serial_runs_files(cluster, tmp_path, capsys):
@@ -212,6 +232,10 @@ def test_a_bad_address_is_one_line(tmp_path, capsys):
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: --ray {address!r}: ") and expected in lines[0], lines
         assert not (tmp_path / "x").exists()  # refused before any work
+    rc = main(["tune", str(cfg_file), "--out", str(tmp_path / "t"), "--ray", f"127.0.0.1:{port}"])  # fedsl tune too
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "no Ray head answers there" in err, err
+    assert not (tmp_path / "t").exists()
     rc = main(["run", str(cfg_file), "--out", str(tmp_path / "x"), "--ray", "127.0.0.1:1", "--ray-resources", "cpus=0"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "cpus=0" in err, err

@@ -249,22 +249,3 @@ def test_chosen_values_leave_no_template_key_that_no_run_reads(monkeypatch):
     chosen[0]["best"] = None
     with pytest.raises(ConfigError, match="variant 'FedAvg' has no finished trial"):
         T.apply_best(cfg, "study")
-
-
-@pytest.mark.slow
-def test_a_study_runs_as_tasks_of_a_ray_cluster_and_keeps_the_budget(tmp_path):
-    """--ray local --parallel 2: two Ray tasks run the study's workers, asking for trials under the folder's lock;
-    the variant ends with exactly its budget, none left running. A bad address stops in one line before any trial."""
-    pytest.importorskip("ray")
-    config = tmp_path / "tiny.toml"
-    config.write_text(TOML)
-    bad = subprocess.run([sys.executable, "-m", "fedsl.cli", "tune", str(config), "--ray", "127.0.0.1:1", "--out",
-                          str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--ray '127.0.0.1:1'" in bad.stderr, bad.stderr
-    assert not (tmp_path / "bad").exists()
-    done = subprocess.run([sys.executable, "-m", "fedsl.cli", "tune", str(config), "--variants", "FSL", "--ray",
-                           "local", "--parallel", "2", "--quiet", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    states = [s for s, _, _ in _values(tmp_path / "out")["FSL"]]
-    assert len(states) == 3 and set(states) <= {"COMPLETE", "PRUNED"}, states
