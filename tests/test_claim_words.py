@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from test_reproduction import _module
 
 from fedsl.experiments import presets
 from fedsl.report import verdicts
@@ -98,17 +99,6 @@ def test_a_presets_claim_with_a_strong_word_has_a_folder_where_it_stands():
     assert not bad, "\n".join(bad)
 
 
-def _summary_module():
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("summary", REPRO / "summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["summary"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 VERDICT_LINE = re.compile(r"^\*\*(?P<word>[^*]+)\*\*(?: \((?P<note>[^()]*)\))?: (?P<text>.*)$")
 
 
@@ -117,7 +107,7 @@ def test_a_summary_row_with_a_strong_word_cites_a_verdict_standing_after_holm():
     whose claim text has a strong word holds and stands after Holm by its own note; the paper's column is the
     paper's words and is not ours to judge."""
     text = DOC.read_text()
-    rows = _summary_module().in_doc(text, 0).splitlines()[2:]
+    rows = _module("summary").in_doc(text, 0).splitlines()[2:]
     bad, seen = [], 0
     for row in rows:
         cells = row.strip("|").split(" | ")

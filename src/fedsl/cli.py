@@ -12,7 +12,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from fedsl.cli_common import DATA_DIR_HELP, PRESET_HELP, UserError, console
+from fedsl.cli_common import DATA_DIR_HELP, PRESET_HELP, UserError, console, select_variants
 from fedsl.cli_common import clean_errors as _clean_errors
 from fedsl.cli_common import load_config as _load_config
 from fedsl.cli_common import print_line as _print_line
@@ -123,12 +123,7 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         set_ = [*set_, "tracking=[" + ", ".join(json.dumps(t) for t in track) + "]"]
     names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
     cfg = _load_config(config, preset, set_, data_dir, quick, names)  # --set refused where those variants replace it
-    if variants is not None:
-        unknown = [v for v in names if v not in cfg.variants]
-        if unknown or not names:
-            raise UserError(f"--variants {variants!r}: expected names from "
-                            f"{list(cfg.variants) or 'none (the config has no variants)'}")
-        cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
+    cfg = select_variants(cfg, variants, names)
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if tuned:

@@ -66,3 +66,14 @@ def load_config(config: Optional[Path], preset: Optional[str], set_: List[str], 
     base = presets.load(preset) if preset else None
     extra = [f"data.data_dir={str(data_dir)!r}"] if data_dir is not None else []
     return loading.load(config, [*set_, *extra], base=base, quick=quick, variants=variants)
+
+
+def select_variants(cfg, variants: Optional[str], names: Optional[List[str]]):
+    """``cfg`` with only the variants ``--variants`` names (``names``: that option split at commas; None: all),
+    or a UserError of one line naming the variants there are."""
+    if names is None:
+        return cfg
+    if not names or any(v not in cfg.variants for v in names):
+        raise UserError(f"--variants {variants!r}: expected names from "
+                        f"{list(cfg.variants) or 'none (the config has no variants)'}")
+    return cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})

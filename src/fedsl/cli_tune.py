@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from fedsl.cli_common import UserError, clean_errors, console, load_config, print_line
+from fedsl.cli_common import UserError, clean_errors, console, load_config, print_line, select_variants
 
 
 @clean_errors
@@ -38,12 +38,7 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
         set_ = [*set_, f"tune.trials={trials}"]
     names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
     cfg = load_config(config, preset, set_, data_dir, quick, names)
-    if names is not None:
-        unknown = [v for v in names if v not in cfg.variants]
-        if unknown or not names:
-            raise UserError(f"--variants {variants!r}: expected names from "
-                            f"{list(cfg.variants) or 'none (the config has no variants)'}")
-        cfg = cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
+    cfg = select_variants(cfg, variants, names)
     if out is None:
         out = Path("runs") / f"{cfg.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
     say = (lambda s: None) if quiet else print_line

@@ -86,15 +86,10 @@ def _check_address(address: str) -> None:
 
 def _task(out: str, names: list[str], cfgs: list[dict], token: str, quiet: bool) -> tuple[str, dict[str, dict]]:
     """In a Ray worker: run one unit into the shared group folder ``out``."""
-    import ray
 
     from fedsl.experiments.compare import run_unit
     from fedsl.experiments.config import validate
-    node = ray.get_runtime_context().get_node_id()
-    if not (Path(out) / TOKEN.format(token)).is_file():
-        raise NotShared(f"the group folder {out!r} is not visible on node {node[:12]} "
-                        f"({socket.gethostname()}): --ray needs the results folder on a filesystem shared by all "
-                        "nodes under the same path (--out)")
+    node = _seen(out, token, "group folder")
 
     def log(s: str) -> None:
         if not quiet:
@@ -103,14 +98,38 @@ def _task(out: str, names: list[str], cfgs: list[dict], token: str, quiet: bool)
     return node, run_unit(Path(out), names, [validate(c) for c in cfgs], resume=True, log=log, progress=False)
 
 
+def _seen(folder: str, token: str, what: str) -> str:
+    """In a Ray worker: its node's id, once the driver's token file is seen in ``folder`` (NotShared otherwise)."""
+    import ray
+    node = ray.get_runtime_context().get_node_id()
+    if not (Path(folder) / TOKEN.format(token)).is_file():
+        raise NotShared(f"the {what} {folder!r} is not visible on node {node[:12]} ({socket.gethostname()}): --ray "
+                        "needs the results folder on a filesystem shared by all nodes under the same path (--out)")
+    return node
+
+
 def _worker(fn: Callable, args: tuple, folder: str, token: str) -> None:
     """In a Ray worker: ``fn(*args)``, once the shared folder is seen to be the driver's."""
-    import ray
-    if not (Path(folder) / TOKEN.format(token)).is_file():
-        node = ray.get_runtime_context().get_node_id()
-        raise NotShared(f"the folder {folder!r} is not visible on node {node[:12]} ({socket.gethostname()}): --ray "
-                        "needs it on a filesystem shared by all nodes under the same path (--out)")
+    _seen(folder, token, "folder")
     fn(*args)
+
+
+def _token(folder: Path) -> tuple[str, Path]:
+    """A new token and its file in ``folder``, which the tasks look for (is the folder shared?)."""
+    token = secrets.token_hex(8)
+    token_file = Path(folder) / TOKEN.format(token)
+    token_file.write_text("fedsl --ray: this folder is visible to the tasks\n")
+    return token, token_file
+
+
+def _cancel(refs) -> None:
+    """Cancel the tasks ``refs`` (Ctrl-C, SIGTERM, a failure): those running get a KeyboardInterrupt."""
+    import ray
+    for ref in refs:
+        try:
+            ray.cancel(ref)
+        except Exception:  # noqa: BLE001 — finished or lost already
+            pass
 
 
 class RayBackend:
@@ -172,9 +191,7 @@ class RayBackend:
         from fedsl.experiments.parallel import describe
         from fedsl.experiments.results import RunDir
         out = Path(out).resolve()
-        token = secrets.token_hex(8)
-        token_file = out / TOKEN.format(token)
-        token_file.write_text("fedsl --ray: this folder is visible to the tasks\n")
+        token, token_file = _token(out)
         remote = ray.remote(_task)
         total = sum(len(n) for n, _ in units)
         res = ray.cluster_resources()
@@ -216,11 +233,7 @@ class RayBackend:
         except BaseException:
             # Ctrl-C / SIGTERM / a folder the nodes cannot see: the tasks get a KeyboardInterrupt,
             # their runs checkpoint (status 'interrupted'), and `fedsl resume` continues the group
-            for ref in refs:
-                try:
-                    ray.cancel(ref)
-                except Exception:  # noqa: BLE001 — finished or lost already
-                    pass
+            _cancel(refs)
             ray.wait(list(refs), num_returns=len(refs), timeout=60)
             raise
         finally:
@@ -233,9 +246,7 @@ class RayBackend:
         workers of one study, asking for trials under the study folder's lock."""
         import ray
         self.connect()
-        token = secrets.token_hex(8)
-        token_file = Path(folder) / TOKEN.format(token)
-        token_file.write_text("fedsl --ray: this folder is visible to the tasks\n")
+        token, token_file = _token(folder)
         opts = {"num_cpus": 1, "num_gpus": 0, "max_retries": self.max_retries, "retry_exceptions": False,
                 **self.resources}
         remote = ray.remote(_worker)
@@ -251,11 +262,7 @@ class RayBackend:
                     raise ConfigError(f"a worker task failed ({type(e.cause).__name__}: {e.cause}): continue with "
                                       f"`fedsl resume {folder}`") from None
         except BaseException:
-            for ref in refs:
-                try:
-                    ray.cancel(ref)
-                except Exception:  # noqa: BLE001 — finished or lost already
-                    pass
+            _cancel(refs)
             raise
         finally:
             token_file.unlink(missing_ok=True)

@@ -134,10 +134,13 @@ class RunSession:
         val = self.sim.evaluate_validation(state.x)
         if val is None:
             return {}
-        self.val_window.append((done, val[0]))
-        roll = metrics.rolling([r for r, _ in self.val_window], [a for _, a in self.val_window],
-                               self.cfg.rolling_window)[-1]
-        return {"val_accuracy": val[0], "val_loss": val[1], "rolling_val_accuracy": float(roll)}
+        roll = self._rolled(self.val_window, done, val[0])
+        return {"val_accuracy": val[0], "val_loss": val[1], "rolling_val_accuracy": roll}
+
+    def _rolled(self, window: deque, done: int, value: float) -> float:
+        """``value`` of round ``done`` appended to ``window``; the window's rolling mean (``metrics.rolling``)."""
+        window.append((done, value))
+        return float(metrics.rolling([r for r, _ in window], [a for _, a in window], self.cfg.rolling_window)[-1])
 
     def _epsilon(self, done: int) -> dict[str, float]:
         """metrics.csv's ``epsilon``: DP's ε after ``done`` rounds at δ (empty without privacy)."""
@@ -168,10 +171,9 @@ class RunSession:
             if stop := self.guard.not_finite(done, loss):
                 self.log(stop)
                 return False
-            self.window.append((done, acc))
-            roll = metrics.rolling([r for r, _ in self.window], [a for _, a in self.window], cfg.rolling_window)[-1]
             diag = cfg.diag_every and done % cfg.diag_every == 0
-            scores = {"accuracy": acc, "loss": loss, "rolling_accuracy": float(roll), **self._validation(done, state),
+            scores = {"accuracy": acc, "loss": loss, "rolling_accuracy": self._rolled(self.window, done, acc),
+                      **self._validation(done, state),
                       **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})}
             self.callbacks.on_evaluation(done, scores)
             measured.update(scores)

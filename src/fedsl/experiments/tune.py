@@ -68,9 +68,10 @@ class VariantStudy:
     space: dict[str, Any]
 
 
-def plan(cfg: RunConfig) -> dict[str, VariantStudy]:
+def plan(cfg: RunConfig, data_checks: bool = True) -> dict[str, VariantStudy]:
     """Each variant's trial config and space (``tune_space``), checked before any trial: every key of a space is one
-    its run reads and every value in its range validates (a ConfigError of one line otherwise)."""
+    its run reads and every value in its range validates (a ConfigError of one line otherwise). ``data_checks``:
+    also the checks that build the data (``build.check``), which a worker of a study its driver planned skips."""
     if cfg.sweep:
         raise ConfigError("sweep: a config with a [sweep] is not tuned: expected variants (each tuned on its own, "
                           "the same budget each); [tune.space] says which keys a study searches")
@@ -84,7 +85,8 @@ def plan(cfg: RunConfig) -> dict[str, VariantStudy]:
         data["name"] = variant
         trial_cfg = validate(data)
         try:  # what needs the data (a batch larger than a client keeps after the validation split): before any trial
-            check(trial_cfg)
+            if data_checks:
+                check(trial_cfg)
         except ConfigError as e:
             raise ConfigError((f"variants.{variant}: " if cfg.variants else "") + f"{e} (the trials hold out "
                               f"data.validation = {trial_cfg.data.validation} of each client's samples)") from None
@@ -208,7 +210,8 @@ class Tuner:
         if study.user_attrs.get("fingerprint", self.key) != self.key:
             raise ConfigError(f"{self.out / STUDY_FILE}: study {variant!r} was made by another config or budget: "
                               "expected a new --out folder")
-        study.set_user_attr("fingerprint", self.key)
+        if "fingerprint" not in study.user_attrs:  # written once, not at every trial asked
+            study.set_user_attr("fingerprint", self.key)
         # the draw of trial n follows from (seed, variant, n) and the trials before: a trial run again after a kill
         # (marked "rerun") does not count, so a resumed study draws what an uninterrupted one would
         n = sum("rerun" not in tr.user_attrs for tr in study.trials)
@@ -323,7 +326,7 @@ def _locked(path: Path) -> Iterator[None]:
 def _work(out: str, workers: int) -> None:
     """A worker process of ``run(workers)``: the folder's studies, trial after trial, one torch thread's share."""
     os.environ[CONCURRENT_ENV] = str(workers)
-    reopen(out, print, rerun=False).run()
+    reopen(out, print, worker=True).run()
 
 
 def _in_processes(out: Path, workers: int) -> None:
@@ -378,18 +381,19 @@ def planned_config(out: str | Path) -> RunConfig:
             from None
 
 
-def reopen(out: str | Path, log: Log, rerun: bool = True) -> Tuner:
-    """The tuner of an existing tune folder (``fedsl resume``), its interrupted trials queued again (``rerun``; not
-    in a worker of a running study, whose other workers' trials are running, not interrupted)."""
+def reopen(out: str | Path, log: Log, worker: bool = False) -> Tuner:
+    """The tuner of an existing tune folder (``fedsl resume``), its interrupted trials queued again. A ``worker`` of
+    a running study leaves the trials running (its other workers' are running, not interrupted) and the data
+    checks to the driver, which made them."""
     out = Path(out)
     cfg = planned_config(out)
     record = json.loads((out / TUNE_FILE).read_text())
-    studies = plan(cfg)
+    studies = plan(cfg, data_checks=not worker)
     tuner = Tuner(out, cfg, studies, log)
     if tuner.key != record.get("fingerprint"):
         raise ConfigError(f"{out / TUNE_FILE}: its studies were planned differently by another fedsl version: "
                           "expected a new `fedsl tune` folder")
-    if rerun:
+    if not worker:
         tuner.rerun_interrupted()
     return tuner
 
