@@ -150,7 +150,7 @@ def test_dataset_checks_keep_their_messages():
     ("cifar10", {"carve": True}, "'emnist'"),
     ("mnist", {"emnist_split": "digits"}, "'emnist'"),
     ("toy", {"id_column": "writer"}, "'hf_files'"),
-    ("leaf", {"test_fraction": 0.2}, "'hf_files'"),
+    ("leaf", {"test_fraction": 0.2}, "'shakespeare' or 'hf_files'"),
     ("synthetic_fedprox", {"synthetic_model_seed": 1}, "'synthetic_leaf'"),
     ("toy", {"synthetic_max_samples": 100}, "'synthetic_fedprox' or 'synthetic_leaf'"),
     ("cifar10", {"train_per_class": 300}, "'synthetic_chars' or 'emnist'"),

@@ -277,10 +277,10 @@ def test_one_check_of_server_learning_and_what_it_runs():
              ("qfedavg", "parallel", True): f"server.learning = 'parallel' (FSL-p) composes with {listed}; not "
                                             "algorithm.name = 'qfedavg'",
              ("ds", "auto", False): "algorithm.name = 'ds' with server.learning = 'auto' needs server data: expected "
-                                    "data.server_size > 0 or data.server_source = 'clients' / 'dataset'",
+                                    "data.server_size > 0 or data.server_source = 'clients' / 'dataset' / 'other_ids'",
              ("fedavg", "incremental", False): "algorithm.name = 'fedavg' with server.learning = 'incremental' needs "
                                                "server data: expected data.server_size > 0 or data.server_source = "
-                                               "'clients' / 'dataset'"}
+                                               "'clients' / 'dataset' / 'other_ids'"}
     for args, msg in cases.items():
         with pytest.raises(ValueError) as e:
             check(*args)

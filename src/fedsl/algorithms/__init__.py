@@ -103,7 +103,8 @@ def check_server_learning(name: str, learning: str, has_server_data: bool) -> st
     sp = spec(name)
     if (sp.needs_server_data or learning in ("incremental", "parallel")) and not has_server_data:
         raise ValueError(f"algorithm.name = {name!r} with server.learning = {learning!r} needs server data: "
-                         "expected data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
+                         "expected data.server_size > 0 or data.server_source = "
+                         "'clients' / 'dataset' / 'other_ids'")
     if learning == "parallel" and not sp.parallel_ok:
         ok = ", ".join(n for n, s in SPECS.items() if s.parallel_ok and s.server_learning == "off")
         raise ValueError(f"server.learning = 'parallel' (FSL-p) composes with {ok}; not algorithm.name = {name!r}")

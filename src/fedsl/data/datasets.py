@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsl.core.rng import TEST_SUBSET, UNLABELLED, VALIDATION, rng
+from fedsl.core.rng import SERVER_DATA, TEST_SUBSET, UNLABELLED, VALIDATION, rng
 from fedsl.core.threads import one_thread
 from fedsl.data import natural, partition, server_data
 from fedsl.data.arrays import ArrayDataset, ImageSet
@@ -101,7 +101,7 @@ def load_arrays(d) -> ArrayDataset:
     """The dataset of data config ``d`` (train and test splits); memoised per process."""
     key = (d.dataset, d.chars, d.train_per_class, d.test_per_class, d.data_dir, d.download, d.carve, d.carve_test,
            d.emnist_split, tuple(d.classes) if isinstance(d.classes, list) else d.classes, d.id_column,
-           d.label_column, d.test_fraction)
+           d.label_column, d.test_fraction, d.text, d.seq_length, d.stride, d.min_samples)
     if key not in _LOADED:
         if len(_LOADED) >= 2:
             _LOADED.pop(next(iter(_LOADED)))
@@ -212,9 +212,17 @@ def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     return mean, std
 
 
+def is_text(x: np.ndarray) -> bool:
+    """Whether samples ``x`` are text: uint8 [n, L] character indices (images have 3 or 4 dimensions)."""
+    return x.ndim == 2
+
+
 def to_tensor(images: np.ndarray, stats: tuple[list[float], list[float]] | None = None) -> torch.Tensor:
     """uint8 [n, H, W(, C)] -> float32 [n, C, H, W]: pixels / 255, then (x - mean) / std per channel when
-    ``stats`` = (mean, std) are given. One tensor per loaded array and stats, shared between runs."""
+    ``stats`` = (mean, std) are given. One tensor per loaded array and stats, shared between runs. Text, uint8
+    [n, L] character indices, stays as it is (the array's memory, no copy): the model embeds the indices."""
+    if is_text(images):
+        return torch.from_numpy(np.ascontiguousarray(images))
     key = (id(images), None if stats is None else (tuple(stats[0]), tuple(stats[1])))
     hit = _TENSORS.get(key)
     if hit is not None and hit[0] is images:
@@ -248,7 +256,7 @@ def input_stats(d, ds: ArrayDataset) -> tuple[list[float], list[float]] | None:
     standardised pool). D0 — also from STL-10 or fonts — and the test set use the same
     statistics: the server's model must see inputs on the clients' scale.
     """
-    if d.normalize == "unit":
+    if d.normalize == "unit" or is_text(ds.train.x):  # character indices are not scaled
         return None
     fixed = DATASETS[d.dataset].stats
     if fixed is not None:
@@ -281,8 +289,10 @@ def build_federation(d, seed: int) -> Federation:
         if d.server_size > len(pool):
             raise partition.PartitionError(f"data.server_size = {d.server_size}: expected at most the "
                                            f"{len(pool)} training samples")
-        server = server_data.iid_per_class(labels, d.server_size, seed, class_names=train.class_names,
-                                           pool=pool if d.partition == "natural" else None)
+        server = (pool[server_data.uniform_subset(len(pool), d.server_size, seed, stream=(SERVER_DATA, 3))]
+                  if is_text(train.x) else  # windows: a uniform draw (per next character would distort them)
+                  server_data.iid_per_class(labels, d.server_size, seed, class_names=train.class_names,
+                                            pool=pool if d.partition == "natural" else None))
         if not d.server_overlap:
             pool = np.setdiff1d(pool, server)
 
@@ -290,12 +300,15 @@ def build_federation(d, seed: int) -> Federation:
 
     if d.server_source == "clients":
         server = server_data.from_clients(clients, d.server_clients, d.server_samples_per_client, seed)
+    elif d.server_source == "other_ids":
+        server = natural.other_ids(train, d.num_clients, d.server_clients, d.dataset)
     elif d.server_source == "dataset":
         ext = external_server_set(d, train, seed)
         server = n_train + np.arange(len(ext))  # appended to the pool; no client draws from it
         images, y = [*images, ext.x], np.concatenate([y, ext.y])
     if d.server_source != "iid" and d.server_size:
-        server = server[server_data.balanced_subset(y[server], d.server_size, seed)]
+        server = server[server_data.uniform_subset(len(server), d.server_size, seed) if is_text(train.x)
+                        else server_data.balanced_subset(y[server], d.server_size, seed)]
     if d.unlabelled == "server":  # U: D0's images, labels ignored
         unlabelled = server
     else:  # U: another source's images, appended to the pool; no client or D0 draws from them
@@ -312,7 +325,7 @@ def build_federation(d, seed: int) -> Federation:
         test = ImageSet(test.x[keep], test.y[keep], test.class_names)  # the federation's ids' test samples
     x_test, y_test = to_tensor(test.x, stats), torch.from_numpy(test.y).long()
     if d.test_size is not None:
-        keep = torch.from_numpy(test_subset(test.y, d.test_size))
+        keep = torch.from_numpy(test_subset(test.y, d.test_size, uniform=is_text(test.x)))
         x_test, y_test = x_test[keep], y_test[keep]
     # each part converted on its own (the training split's tensor is shared between runs), then joined
     x = torch.cat([to_tensor(part, stats) for part in images]) if len(images) > 1 else to_tensor(images[0], stats)
@@ -356,9 +369,13 @@ def hold_out_validation(clients: ClientIndex, fraction: float, seed: int, exclud
     return kept, np.sort(idx[picked])
 
 
-def test_subset(labels: np.ndarray, size: int) -> np.ndarray:
-    """Positions of the ``data.test_size`` test samples evaluated: class-balanced, drawn once from a fixed
-    stream (not the run's seed), so every run and seed of a comparison is measured on the same images."""
+def test_subset(labels: np.ndarray, size: int, uniform: bool = False) -> np.ndarray:
+    """Positions of the ``data.test_size`` test samples evaluated: class-balanced (``uniform``: drawn uniformly,
+    as text windows are), drawn once from a fixed stream (not the run's seed), so every run and seed of a
+    comparison is measured on the same samples."""
+    if uniform:
+        return server_data.uniform_subset(len(labels), size, 0, stream=(TEST_SUBSET,), setting="data.test_size",
+                                          source="the test split")
     return server_data.balanced_subset(labels, size, 0, stream=(TEST_SUBSET,), setting="data.test_size",
                                        source="the test split")
 

@@ -88,8 +88,10 @@ class Federation:
         return tuple(self.x.shape[1:])
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "Federation":
-        return Federation(self.x.to(device=device, dtype=dtype), self.y.to(device), self.clients, self.server,
-                          self.x_test.to(device=device, dtype=dtype), self.y_test.to(device),
+        """On ``device``, inputs in ``dtype``; text (character indices, an integer dtype) keeps its dtype."""
+        cast = dtype if self.x.is_floating_point() else None
+        return Federation(self.x.to(device=device, dtype=cast), self.y.to(device), self.clients, self.server,
+                          self.x_test.to(device=device, dtype=cast), self.y_test.to(device),
                           self.num_classes, self.class_names, self.input_stats, self.unlabelled, self.on_demand,
                           self.validation)
 

@@ -19,8 +19,12 @@ What the loader returns, for ``data.partition = 'natural'`` (``fedsl.data.natura
 - the test split: every user's test samples pooled (LEAF's global test accuracy), each tagged with its user's
   client (-1 for a user with no training samples).
 
-A user listed in several files of a split has its samples joined in file order (files sorted by name). Text data
-(LEAF's Shakespeare: x a string of 80 characters, y the next one) is refused in one line: fedsl has no text model.
+A user listed in several files of a split has its samples joined in file order (files sorted by name).
+
+LEAF's Shakespeare (x a string of L = 80 characters, y the next one) is text: x becomes uint8 [n, L] indices into
+LEAF's 80-character vocabulary (``fedsl.data.shakespeare.VOCABULARY``; another character is read as a space), y
+the next character's index; the classes are that vocabulary's characters, and the text models read it
+(``char_lstm``, ``char_lstm_small``). A folder holds images or text, not both; every window has one length.
 Decoded arrays are cached (``cached_arrays``), keyed on the files' names, sizes and modification times.
 """
 
@@ -34,6 +38,7 @@ import numpy as np
 
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
 from fedsl.data.errors import DataError
+from fedsl.data.shakespeare import VOCABULARY, encode
 
 _CACHE_VERSION = 2
 FEMNIST_CLASSES = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # LEAF's labels 0..61
@@ -55,8 +60,7 @@ def _user_arrays(path: Path, user: str, data: object) -> tuple[np.ndarray, np.nd
     if len(xs) != len(ys):
         raise DataError(f"{path}: user {user!r} has {len(xs)} x but {len(ys)} y; expected one label per sample")
     if xs and isinstance(xs[0], str):
-        raise DataError(f"{path}: user {user!r}'s samples are text (LEAF's Shakespeare: next-character prediction); "
-                        "fedsl has no text model: expected images (FEMNIST: 784 floats in [0, 1] per sample)")
+        return _text_arrays(path, user, xs, ys)
     try:
         x = np.asarray(xs, dtype=np.float64)
         y = np.asarray(ys, dtype=np.float64)
@@ -75,8 +79,22 @@ def _user_arrays(path: Path, user: str, data: object) -> tuple[np.ndarray, np.nd
     return (255 - np.rint(x * 255)).astype(np.uint8), y.astype(np.int64)  # bright strokes on black, as EMNIST's
 
 
-def _read_split(files: list[Path]) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
-    """Every user's (images, labels) parts of one split, in file order."""
+def _text_arrays(path: Path, user: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
+    """One user's windows (uint8 [k, L] character indices) and next characters (int64 [k]): LEAF's Shakespeare."""
+    if not all(isinstance(x, str) for x in xs) or not all(isinstance(y, str) and len(y) == 1 for y in ys):
+        raise DataError(f"{path}: user {user!r}'s samples mix text and other values; expected LEAF's Shakespeare: x "
+                        "strings of L characters, y one character each")
+    lengths = {len(x) for x in xs}
+    if len(lengths) != 1 or 0 in lengths:
+        raise DataError(f"{path}: user {user!r}'s windows have lengths {sorted(lengths)[:4]}; expected one length L "
+                        "> 0 (LEAF's Shakespeare: 80)")
+    x = encode("".join(xs)).reshape(len(xs), lengths.pop())
+    return x, encode("".join(ys)).astype(np.int64)
+
+
+def _read_split(files: list[Path], kinds: set[bool]) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+    """Every user's (images, labels) parts of one split, in file order; ``kinds`` gains whether each user's
+    non-empty samples are text."""
     users: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for path in files:
         try:
@@ -95,6 +113,12 @@ def _read_split(files: list[Path]) -> dict[str, list[tuple[np.ndarray, np.ndarra
             if user not in doc["user_data"]:
                 raise DataError(f"{path}: user {user!r} is listed but has no user_data entry")
             x, y = _user_arrays(path, user, doc["user_data"][user])
+            if len(y):
+                text = isinstance(doc["user_data"][user]["x"][0], str)
+                if kinds and text not in kinds:
+                    raise DataError(f"{path}: user {user!r}'s samples are {'text' if text else 'images'}, earlier "
+                                    f"users' {'images' if text else 'text'}; expected one kind in a LEAF folder")
+                kinds.add(text)
             if counts is not None and counts[j] != len(y):
                 raise DataError(f"{path}: user {user!r}: num_samples says {counts[j]}, its user_data holds {len(y)}")
             users.setdefault(user, []).append((x, y))
@@ -103,33 +127,38 @@ def _read_split(files: list[Path]) -> dict[str, list[tuple[np.ndarray, np.ndarra
 
 
 def _join(users: dict[str, list[tuple[np.ndarray, np.ndarray]]], order: dict[str, int],
-          side: int) -> dict[str, np.ndarray]:
-    """One split's arrays: images, labels and each sample's client (``order[user]``, -1 if absent), user after
-    user in client order."""
+          shape: tuple[int, ...], text: bool) -> dict[str, np.ndarray]:
+    """One split's arrays: images [n, side, side] (``text``: windows [n, L]), labels and each sample's client
+    (``order[user]``, -1 if absent), user after user in client order."""
     names = sorted(users, key=lambda u: (order.get(u, len(order)), u))
+    size = math.prod(shape)
     xs, ys, owners = [], [], []
     for u in names:
         for x, y in users[u]:
-            if len(y) and x.shape[1] != side * side:
-                raise DataError(f"data.dataset = 'leaf': user {u!r}'s images have {x.shape[1]} pixels, others "
-                                f"{side * side}; expected one image size")
-            xs.append(x.reshape(len(y), side, side))
+            if len(y) and x.shape[1] != size:
+                what = f"windows of {x.shape[1]} characters, others {size}; expected one window length" if text \
+                    else f"images have {x.shape[1]} pixels, others {size}; expected one image size"
+                raise DataError(f"data.dataset = 'leaf': user {u!r}'s {what}")
+            xs.append(x.reshape(len(y), *shape))
             ys.append(y)
             owners.append(np.full(len(y), order.get(u, -1), dtype=np.int64))
     cat = lambda parts, empty: np.concatenate(parts) if parts else empty
-    return {"x": cat(xs, np.zeros((0, side, side), dtype=np.uint8)), "y": cat(ys, np.zeros(0, dtype=np.int64)),
+    return {"x": cat(xs, np.zeros((0, *shape), dtype=np.uint8)), "y": cat(ys, np.zeros(0, dtype=np.int64)),
             "owners": cat(owners, np.zeros(0, dtype=np.int64))}
 
 
 def _decode(root: Path) -> dict[str, np.ndarray]:
-    train, test = _read_split(_split_files(root, "train")), _read_split(_split_files(root, "test"))
+    kinds: set[bool] = set()
+    train, test = _read_split(_split_files(root, "train"), kinds), _read_split(_split_files(root, "test"), kinds)
+    text = kinds == {True}
     names = sorted(u for u, parts in train.items() if sum(len(y) for _, y in parts) > 0)
     if not names:
         raise DataError(f"data.dataset = 'leaf': no user under {root / 'train'} has a training sample")
-    side = next(math.isqrt(x.shape[1]) for u in names for x, y in train[u] if len(y))
+    width = next(x.shape[1] for u in names for x, y in train[u] if len(y))
+    shape = (width,) if text else (math.isqrt(width),) * 2
     order = {u: i for i, u in enumerate(names)}
-    tr = _join({u: train[u] for u in names}, order, side)
-    te = _join(test, order, side)
+    tr = _join({u: train[u] for u in names}, order, shape, text)
+    te = _join(test, order, shape, text)
     return {"train_x": tr["x"], "train_y": tr["y"], "train_owners": tr["owners"], "test_x": te["x"],
             "test_y": te["y"], "test_owners": te["owners"], "owner_names": np.asarray(names, dtype=str)}
 
@@ -144,7 +173,8 @@ def load(d, root: Path) -> ArrayDataset:
     a = cached_arrays("leaf", recipe, lambda: _decode(root))
     num_classes = int(max(a["train_y"].max(initial=0), a["test_y"].max(initial=0))) + 1
     femnist = a["train_x"].shape[1:] == (28, 28) and num_classes <= len(FEMNIST_CLASSES)
-    classes = list(FEMNIST_CLASSES) if femnist else [str(c) for c in range(num_classes)]
+    text = a["train_x"].ndim == 2  # LEAF's Shakespeare: character indices
+    classes = list(VOCABULARY) if text else list(FEMNIST_CLASSES) if femnist else [str(c) for c in range(num_classes)]
     names = [str(u) for u in a["owner_names"]]
     return ArrayDataset(ImageSet(a["train_x"], a["train_y"], classes, a["train_owners"], names),
-                        ImageSet(a["test_x"], a["test_y"], classes, a["test_owners"], names))
+                        ImageSet(a["test_x"], a["test_y"], classes, a["test_owners"], names), classes_checked=text)

@@ -9,7 +9,8 @@ sorted id names; ``ImageSet.owner_names``). Client i holds exactly the samples o
 - The test split: the test samples of those N ids, pooled (LEAF's global test accuracy).
 - D0: 'iid' draws from the N ids' training samples (with ``data.server_overlap = false`` they leave their
   clients; a client left with no sample is refused), 'clients' takes s samples of c of the N clients, 'dataset'
-  reads another source; every one as for the other partitions.
+  reads another source; every one as for the other partitions; 'other_ids' takes the training samples of the c ids
+  after the N clients' (ids N..N+c−1: people, roles or writers the server holds and no client is).
 """
 
 from __future__ import annotations
@@ -65,3 +66,14 @@ def evaluated(test: ImageSet, num_clients: int, dataset: str) -> np.ndarray | No
     owners = _owners(test, dataset)
     keep = (owners >= 0) & (owners < num_clients)
     return None if keep.all() else np.flatnonzero(keep)
+
+
+def other_ids(train: ImageSet, num_clients: int, count: int, dataset: str) -> np.ndarray:
+    """The training samples of ids N..N+c−1 (``data.server_source = 'other_ids'``: D0 from ids that are not
+    clients), sorted."""
+    u = num_ids(train, dataset)
+    if num_clients + count > u:
+        raise PartitionError(f"data.server_clients = {count}: D0 takes the ids after the N = {num_clients} clients' "
+                             f"and the files hold {u} ids with training samples; expected N + c at most {u}")
+    owners = _owners(train, dataset)
+    return np.flatnonzero((owners >= num_clients) & (owners < num_clients + count))

@@ -132,6 +132,13 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
     DatasetInfo("leaf", lazy("fedsl.data.leaf", "load"), channels=1,
                 note="LEAF's JSON layout (FEMNIST): train/*.json and test/*.json, one client per user",
                 subdirs=("leaf", "femnist/data", "femnist", "."), markers=("train/*.json",), natural=True),
+    DatasetInfo("shakespeare", lazy("fedsl.data.shakespeare", "load"), num_classes=80,
+                note="next-character prediction, one client per role (LEAF): data.text 'works' (the etext's plays) "
+                     "or 'tiny' (tinyshakespeare.txt)",
+                subdirs=("shakespeare", "."), markers=("tinyshakespeare.txt", "complete-works-part.txt", "100.txt",
+                                                       "pg100.txt", "t8.shakespeare.txt"),
+                natural=True, check_config=lazy("fedsl.data.shakespeare", "check_config"),
+                reads=("text", "seq_length", "stride", "min_samples", "test_fraction")),
     DatasetInfo("hf_files", lazy("fedsl.data.hf_files", "load"),
                 note="local parquet/CSV/JSON files or an image folder read with Hugging Face datasets "
                      "(the 'natural' extra)",

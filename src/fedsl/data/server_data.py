@@ -66,3 +66,12 @@ def balanced_subset(labels: np.ndarray, size: int, seed: int, stream: tuple[int,
             if queues[c] and len(picked) < size:
                 picked.append(queues[c].pop())
     return np.sort(np.asarray(picked, dtype=np.int64))
+
+
+def uniform_subset(n: int, size: int, seed: int, stream: tuple[int, ...] = (SERVER_DATA, 2),
+                   setting: str = "data.server_size", source: str = "the server source") -> np.ndarray:
+    """Positions of ``size`` of ``n`` samples drawn uniformly without replacement from ``rng(seed, *stream)``,
+    sorted: the IID sample of text windows, whose 'classes' (next characters) a per-class draw would distort."""
+    if size > n:
+        raise PartitionError(f"{setting} = {size}: {source} has only {n} samples")
+    return np.sort(rng(seed, *stream).permutation(n)[:size]).astype(np.int64)

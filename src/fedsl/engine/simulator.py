@@ -153,7 +153,8 @@ class Simulator:
         self.part = part
         # DS: D'_i = D_i ∪ D0, fixed for the run (D0's indices kept once, appended to each client's when read)
         self.client_data = fed.clients.with_shared(fed.server) if algorithm.share_server_data else fed.clients
-        self.dtype = fed.x.dtype
+        # the run's float dtype: the inputs' (images, features), else the model's (text: character indices)
+        self.dtype = fed.x.dtype if fed.x.is_floating_point() else next(fm.module.parameters()).dtype
         self.device = fed.x.device
         self.tables_device = torch.device("cpu") if tables_on_host or client_store.on_disk else self.device
         self.client_store = client_store

@@ -290,7 +290,7 @@ def assess_server_data(fm: FunctionalModel, x: Params, fed: Federation, server_l
     ``server_steps`` = K0 (the run's steps per round, for the per-round prediction)."""
     if not fed.n0:
         raise ConfigError(f"candidate {name!r}: D0 is empty: expected data.server_size > 0 or "
-                          "data.server_source = 'clients' / 'dataset'")
+                          "data.server_source = 'clients' / 'dataset' / 'other_ids'")
     idx = torch.as_tensor(fed.server, device=fed.x.device)
     g0 = full_gradient(fm, x, fed.x[idx], fed.y[idx])
     gF = side.gF

@@ -36,7 +36,7 @@ from fedsl.experiments.placement import (
     tables_on_host,
 )
 from fedsl.experiments.resolve import Setting, finetune_lr, privacy_budget, resolve
-from fedsl.models import build_model
+from fedsl.models import MODELS, TEXT_MODELS, build_model
 from fedsl.models.flops import train_flops
 
 
@@ -68,6 +68,13 @@ def finetune(sim: Simulator, cfg: RunConfig, x: Params) -> dict | None:
 
 def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
     """The configured model as a pure function; a model the engine cannot run is a ConfigError."""
+    text = fed.x.dim() == 2 and fed.x.dtype == torch.uint8  # character indices (fedsl.data.datasets.is_text)
+    builtin = cfg.model.name in MODELS
+    if builtin and text != (cfg.model.name in TEXT_MODELS):
+        want = "one of " if text else "a model other than "
+        raise ConfigError(f"model.name = {cfg.model.name!r} reads {'images or features' if text else 'text'}, but "
+                          f"data.dataset = {cfg.data.dataset!r} gives {'text' if text else 'images or features'}: "
+                          f"expected {want}{', '.join(TEXT_MODELS)}")
     try:
         return FunctionalModel(build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed, cfg.model.init))
     except ValueError as e:
@@ -157,7 +164,8 @@ def default_side_by_side(runs: dict[str, RunConfig], built: dict[str, Built]) ->
     for name, b in built.items():
         cfg = runs[name]
         gflop += run_train_gflop(cfg, b.fed.num_clients, b.fed.n, train_flops(b.fm.module, b.fed.input_shape))
-        data = (b.fed.x.numel() + b.fed.x_test.numel()) * number_bytes(cfg.dtype)  # the pool and test set, as run
+        size = number_bytes(cfg.dtype) if b.fed.x.is_floating_point() else b.fed.x.element_size()  # text: as held
+        data = (b.fed.x.numel() + b.fed.x_test.numel()) * size  # the pool and test set, as run
         run_bytes = max(run_bytes, data + b.nbytes())
     return side_by_side(len(runs), [c.threads for c in runs.values()], threads.auto_threads(),
                         gflop * len(runs) / len(built), run_bytes, host_memory_available())

@@ -126,8 +126,10 @@ class DataConfig(_Strict):
     shards_per_client: int = Field(2, ge=1, le=10_000, description="shards per client (McMahan et al. partition; "
                                                                      "at most 10,000)")
     quantity_skew: float | None = Field(None, gt=0, description="β: IID labels, client sizes ∝ Dirichlet(β)")
-    server_source: Literal["iid", "clients", "dataset"] = Field(
-        "iid", description="D0 from: 'iid' training samples, 'clients' (c clients × s samples) or another 'dataset'")
+    server_source: Literal["iid", "clients", "dataset", "other_ids"] = Field(
+        "iid", description="D0 from: 'iid' training samples, 'clients' (c clients × s samples), another 'dataset', "
+                           "or 'other_ids' (natural partition: the training samples of the c = data.server_clients "
+                           "ids after the N clients', ids that are not clients)")
     server_size: int = Field(0, ge=0, le=SAMPLES_MAX, description="n0 = |D0| (iid: ≈ n0/L per class; other sources: "
                                                                     "a size budget, 0 = all they give; at most 10^7)")
     server_overlap: bool = Field(True, description="iid D0 drawn from the whole pool (paper) or disjoint from clients")
@@ -158,7 +160,18 @@ class DataConfig(_Strict):
                                   "(writer, user, device) that data.partition = 'natural' makes one client each")
     label_column: str = Field("label", min_length=1, description="hf_files: the column of the class labels")
     test_fraction: float = Field(0.1, gt=0, lt=1, description="hf_files without a test split: the fraction of each "
-                                 "id's samples held out as its test samples (⌊f·n_u⌋, drawn once, seed-free)")
+                                 "id's samples held out as its test samples (⌊f·n_u⌋, drawn once, seed-free); "
+                                 "shakespeare: each role's last windows (LEAF's 1 − tf; the FedAvg paper 0.2)")
+    # Shakespeare by speaking role (fedsl.data.shakespeare)
+    text: Literal["works", "tiny"] = Field("works", description="shakespeare: 'works' (Project Gutenberg's etext "
+                                           "#100 or its first part: one client per (play, role), LEAF's) or 'tiny' "
+                                           "(tinyshakespeare.txt: one client per speaker)")
+    seq_length: int = Field(80, ge=1, le=10_000, description="shakespeare: L, characters per sample's window "
+                                                             "(LEAF, FedAvg paper: 80)")
+    stride: int = Field(1, ge=1, le=10_000, description="shakespeare: keep every s-th window of a line (1: every "
+                                                        "window, LEAF's; larger bounds their overlap)")
+    min_samples: int = Field(64, ge=1, le=SAMPLES_MAX, description="shakespeare: a role with fewer windows is "
+                                                                   "dropped (LEAF's -k)")
     # font-rendered characters (fedsl.data.synthetic)
     chars: str = Field("0123456789", min_length=2, description="characters (classes) of synthetic_chars")
     train_per_class: int = Field(200, ge=1, le=PER_CLASS_MAX, description="training images per class (synthetic_chars, "
@@ -211,6 +224,9 @@ class DataConfig(_Strict):
                              "each client holds its id's samples; expected it unset")
         if self.quantity_skew is not None and self.partition != "iid":
             raise ValueError(f"data.quantity_skew = {self.quantity_skew}: only with data.partition = 'iid'")
+        if self.server_source == "other_ids" and self.partition != "natural":
+            raise ValueError("data.server_source = 'other_ids' takes D0 from ids that are not clients: expected "
+                             f"data.partition = 'natural', not {self.partition!r}")
         if self.server_source == "dataset" and not registry.SERVER_SOURCES[self.server_dataset].labelled:
             raise ValueError(f"data.server_dataset = {self.server_dataset!r} has no labels, and D0 needs them: "
                              f"expected a labelled source, or data.unlabelled = {self.server_dataset!r} (FedDF's "
@@ -799,12 +815,12 @@ class RunConfig(_Strict):
                              f"itself: expected another schedule with algorithm.name = {a.name!r}")
         if self.server.finetune_epochs and not d.has_server_data:
             raise ValueError(f"server.finetune_epochs = {self.server.finetune_epochs} fine-tunes on D0: expected "
-                             "data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
+                             "data.server_size > 0 or data.server_source = 'clients' / 'dataset' / 'other_ids'")
         if self.privacy.enabled:
             self._privacy_checks()
         if self.server.pretrain and not d.has_server_data:
             raise ValueError("server.pretrain = true needs server data: expected data.server_size > 0 "
-                             "or data.server_source = 'clients' / 'dataset'")
+                             "or data.server_source = 'clients' / 'dataset' / 'other_ids'")
         if sp.distills:
             self._distill_checks()
         self._robust_checks()
@@ -836,7 +852,7 @@ class RunConfig(_Strict):
         if not d.has_unlabelled_data:
             raise ValueError(f"algorithm.name = {name!r} distils on the server's unlabelled data, and the server has "
                              "none: expected data.unlabelled = a source (e.g. 'stl10_unlabelled'), or D0's images "
-                             "(data.server_size > 0 or data.server_source = 'clients' / 'dataset')")
+                             "(data.server_size > 0 or data.server_source = 'clients' / 'dataset' / 'other_ids')")
         if self.robust.aggregator != "mean":
             raise ValueError(f"robust.aggregator = {self.robust.aggregator!r} with algorithm.name = {name!r}: its "
                              "distillation reads each client's model, which a robust rule replaces: expected "
@@ -855,7 +871,8 @@ class RunConfig(_Strict):
             s = bucket_count(s, r.bucket)  # Krum's checks below count the ⌈S/s⌉ bucket means
         if r.aggregator == "fltrust" and not self.data.has_server_data:
             raise ValueError("robust.aggregator = 'fltrust' scores the clients against the server's own update on "
-                             "D0: expected data.server_size > 0 or data.server_source = 'clients' / 'dataset'")
+                             "D0: expected data.server_size > 0 or data.server_source = "
+                             "'clients' / 'dataset' / 'other_ids'")
         if r.aggregator == "norm_bound" and r.norm_bound is None:
             raise ValueError("robust.aggregator = 'norm_bound' clips each update to norm τ: expected robust.norm_bound "
                              "= τ > 0")

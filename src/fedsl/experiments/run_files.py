@@ -110,7 +110,8 @@ def uses_server_data(prep: Prepared) -> bool:
 
 
 def server_data_record(prep: Prepared) -> dict[str, Any]:
-    """summary.json's ``server_data``: D0's size and class histogram for a run that reads D0; for one that does not
+    """summary.json's ``server_data``: D0's size, source (``data.server_source``) and class histogram for a run that
+    reads D0; for one that does not
     (SCAFFOLD, FedDyn, FedAvg beside FSL in one preset), size 0, with the size of the D0 its config drew all the
     same (``drawn_unused``: the same seed draws the same D0 for every variant, and D0 drawn IID without overlap
     is kept out of the clients' data whether or not the run reads it). A run that distils (FedDF) adds ``unlabelled``:
@@ -120,7 +121,8 @@ def server_data_record(prep: Prepared) -> dict[str, Any]:
     if prep.algorithm.distillation is not None:
         extra = {"unlabelled": {"size": len(fed.unlabelled), "source": prep.cfg.data.unlabelled}}
     if uses_server_data(prep):
-        return {"size": fed.n0, "class_histogram": fed.server_histogram(), **extra}
+        return {"size": fed.n0, "source": prep.cfg.data.server_source, "class_histogram": fed.server_histogram(),
+                **extra}
     return {"size": 0, "class_histogram": [], **({"drawn_unused": fed.n0} if fed.n0 else {}), **extra}
 
 

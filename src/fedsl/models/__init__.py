@@ -13,6 +13,7 @@ from torch import nn
 
 from fedsl.models.cnn import Classifier, cifar_cnn, emnist_cnn, logreg, mlp, small_cnn
 from fedsl.models.dropout import KeyedDropout, replace_dropout
+from fedsl.models.lstm import CharLSTM, char_lstm, char_lstm_small
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "emnist_cnn": emnist_cnn,
@@ -21,7 +22,10 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": mlp,
     "linear": lambda num_classes, in_features: mlp(num_classes, in_features, hidden=0),
     "logreg": logreg,
+    "char_lstm": char_lstm,
+    "char_lstm_small": char_lstm_small,
 }
+TEXT_MODELS = ("char_lstm", "char_lstm_small")  # inputs: character indices [L] (text datasets: shakespeare)
 
 
 # An imported factory ('package.module:factory') is code that runs: a config (or a results folder
@@ -129,6 +133,12 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed:
         torch.manual_seed(seed)
         if name in ("mlp", "linear", "logreg"):
             model = MODELS[name](num_classes=num_classes, in_features=math.prod(input_shape))
+        elif name in TEXT_MODELS:
+            if len(input_shape) != 1:
+                raise ValueError(f"model.name = {name!r} reads text (character indices [L]), but the dataset gives "
+                                 f"inputs of shape {tuple(input_shape)}: expected a text dataset (shakespeare, LEAF's "
+                                 "Shakespeare JSON)")
+            model = MODELS[name](num_classes=num_classes)
         elif name == "small_cnn":
             model = small_cnn(num_classes=num_classes, in_channels=c, image_size=input_shape[-1])
         else:
@@ -158,4 +168,5 @@ def count_parameters(model: nn.Module) -> int:
 
 __all__ = ["MODELS", "INITS", "ALLOW_IMPORT_ENV", "DENIED_MODULES", "import_problem", "build_model", "keras_init_",
            "count_parameters", "emnist_cnn", "cifar_cnn", "small_cnn", "mlp", "logreg", "KeyedDropout",
-           "replace_dropout", "Classifier", "has_representation"]
+           "replace_dropout", "Classifier", "has_representation", "CharLSTM", "char_lstm", "char_lstm_small",
+           "TEXT_MODELS"]

@@ -22,7 +22,7 @@ def train_flops(module: nn.Module, input_shape: tuple[int, ...]) -> float:
 
 
 def _layer_flops(module: nn.Module, input_shape: tuple[int, ...]) -> list[float]:
-    """FLOPs of one sample's forward pass through ``module``'s convolutions and linear layers (a multiply-add
+    """FLOPs of one sample's forward pass through ``module``'s convolutions, linear and LSTM layers (a multiply-add
     counts 2; element-wise layers, a few percent of a CNN's work, are left out).
 
     Counted from one forward pass of a zero sample with hooks on ``nn.Conv1d/2d/3d`` and ``nn.Linear``, in eval mode
@@ -37,15 +37,22 @@ def _layer_flops(module: nn.Module, input_shape: tuple[int, ...]) -> list[float]
     def linear(m: nn.Linear, _inputs, out: torch.Tensor) -> None:
         flops.append(2.0 * out.numel() * m.in_features)
 
-    hooks = [m.register_forward_hook(conv if isinstance(m, nn.modules.conv._ConvNd) else linear)
-             for m in module.modules() if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))]
+    def lstm(m: nn.LSTM, _inputs, out: tuple) -> None:  # per step and layer: 4 gates of (input + hidden) products
+        steps = out[0].numel() // m.hidden_size
+        flops.append(sum(2.0 * steps * 4 * m.hidden_size * ((m.input_size if k == 0 else m.hidden_size)
+                                                             + m.hidden_size) for k in range(m.num_layers)))
+
+    layer = {nn.Linear: linear, nn.LSTM: lstm}
+    hooks = [m.register_forward_hook(conv if isinstance(m, nn.modules.conv._ConvNd) else layer[type(m)])
+             for m in module.modules() if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear, nn.LSTM))]
     p = next(module.parameters(), None)
     was_training = module.training
     try:
         module.eval()
         with torch.no_grad():
-            module(torch.zeros(1, *input_shape, dtype=p.dtype if p is not None else torch.float32,
-                               device=p.device if p is not None else "cpu"))
+            embeds = any(isinstance(m, nn.Embedding) for m in module.modules())  # reads indices (text), not values
+            dtype = torch.long if embeds else p.dtype if p is not None else torch.float32
+            module(torch.zeros(1, *input_shape, dtype=dtype, device=p.device if p is not None else "cpu"))
     finally:
         module.train(was_training)
         for h in hooks:
