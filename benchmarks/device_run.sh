@@ -196,6 +196,23 @@ case "${1:-check}" in
     done
     ls -la "$OUT"
     ;;
+  shakespeare)  # Shakespeare's full-size form (preset shakespeare-full: 663 roles, LEAF's char-LSTM 2 x 256, S = 10, K = 50)
+                # on the GPU, a stack of the variant's 3 seeds at a time (the vectorised executor vmaps the plain LSTM).
+                # The texts travel packed (4 MB; the device has no internet):
+                #   python benchmarks/device_data.py pack ../shared/data/shakespeare .dev/shakespeare.npz
+                #   run(command="VARIANTS=FSL,FedAvg bash benchmarks/device_run.sh shakespeare", carry=[".dev"], timeout_s=540)
+                # ROUNDS (default 1000) as every entry; a call holds about 8 minutes of runs, so 1,000 rounds of two
+                # variants need the timing first: ROUNDS=20 once, then the rounds that fit. CUDA graphs capture the
+                # K local steps when CUDA is there; EXTRA="--set compile=off" if a capture fails.
+                # CPU dry run (2 rounds, the quick form; python3 = the venv's; WORK its own):
+                #   python benchmarks/device_data.py pack ../shared/data/shakespeare .dev/shakespeare.npz
+                #   PATH=$PWD/.venv/bin:$PATH WORK=/tmp/sk49 OUT=/tmp/sk49/out ROUNDS=2 \
+                #     EXTRA="--quick --set threads=1 --set executor=vectorised" bash benchmarks/device_run.sh shakespeare
+                # took 53 s on 2 loaded cores (FSL and FedAvg, seed 0, stacked alone; both collected).
+    [ -f .dev/shakespeare.npz ] && [ ! -d "$WORK/data/shakespeare" ] && \
+      python3 benchmarks/device_data.py unpack .dev/shakespeare.npz "$WORK/data/shakespeare"
+    run_collect shakespeare-full --preset shakespeare-full --variants "${VARIANTS:-FSL,FedAvg}" --set stack=3
+    ;;
   check)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py 2>&1 | tail -4 | tee "$OUT/cuda_tests.txt"
     timeout 170 python3 benchmarks/heatmap_time.py --device cuda --stack 1,20,60 --rounds 2 2>&1 | tee "$OUT/heatmap_time.md"

@@ -134,6 +134,29 @@ def test_algorithms_on_flower_match_the_simulator(one_thread, name, extra):
                 assert max_diff(row, {n: v[pid] for n, v in table.items()}) == 0.0
 
 
+@pytest.mark.parametrize("name", ["fsl", "scaffold"])
+def test_text_and_the_char_lstm_on_flower_match_the_simulator(one_thread, tmp_path, name):
+    """Shakespeare's roles (a small etext written here) and the character LSTM: the ClientApp and the strategy run
+    the simulator's code unchanged, bit for bit, with D0 from roles that are not clients."""
+    from test_shakespeare import WORKS
+    (tmp_path / "complete-works-part.txt").write_text(WORKS)
+    rc = {**BASE, "algorithm.name": name, "rounds": 3, "data.dataset": "shakespeare", "data.data_dir": str(tmp_path),
+          "data.partition": "natural", "data.num_clients": 3, "data.seq_length": 8, "data.min_samples": 1,
+          "data.server_source": "other_ids", "data.server_clients": 1, "data.server_size": 0,
+          "model.name": "char_lstm_small", "algorithm.batch_size": 3, "algorithm.local_steps": 2,
+          "algorithm.local_lr": 0.5}
+    for key in ("data.chars", "data.train_per_class", "data.test_per_class", "data.classes_per_client",
+                "data.samples_per_client"):
+        rc.pop(key)
+    strategy, _ = run_flower(rc)
+    expected, infos = run_simulator(rc)
+    assert [h["trained"] for h in strategy.history] == [i.clients.tolist() for i in infos]
+    assert max_diff(strategy.state.x, expected.x) == 0.0
+    assert [h["server_steps"] > 0 for h in strategy.history] == [name == "fsl"] * 3
+    x0 = prepare(parse_run_config(rc)[0]).sim.initial_state().x
+    assert max_diff(strategy.state.x, x0) > 1e-3  # it trained
+
+
 def test_feddu_gamma_and_finetune_match_the_simulator(one_thread, tmp_path):
     """FedDU's γ_t on Flower are the simulator's; server.finetune_epochs fine-tunes the final model on D0 in
     ``finish`` and writes its accuracy to done.json, as ``fedsl run`` writes it to summary.json."""
