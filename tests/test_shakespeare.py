@@ -229,6 +229,20 @@ def test_an_iid_d0_and_a_test_subset_of_windows_are_uniform_draws(tmp_path):
     assert counts.max() > 30 // len(np.unique(ds.train.y)) + 1  # not per-class balanced: the space dominates
 
 
+def test_the_validation_windows_are_each_clients_last(tmp_path):
+    """Windows overlap: a uniform draw would validate on windows whose targets the clients train on."""
+    root = _text_dir(tmp_path / "d")
+    whole = build_federation(_fed_cfg(root, server_size=4).data, 0)
+    held = build_federation(_fed_cfg(root, server_size=4, validation=0.25).data, 0)
+    expected = []
+    for i in range(2):
+        mine = [j for j in whole.clients[i] if j not in set(whole.server)]
+        k = int(0.25 * len(whole.clients[i]))
+        expected += mine[len(mine) - k:]
+        assert list(held.clients[i]) == [j for j in whole.clients[i] if j not in set(mine[len(mine) - k:])]
+    assert list(held.validation) == sorted(expected) and len(expected) > 0
+
+
 # --------------------------------------------------------------------------------------------------- the models
 
 def test_the_plain_lstm_equals_nn_lstm():

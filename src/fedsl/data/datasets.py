@@ -317,7 +317,7 @@ def build_federation(d, seed: int) -> Federation:
         images, y = [*images, ext.x], np.concatenate([y, ext.y])
     unlabelled = unlabelled[unlabelled_subset(len(unlabelled), d.unlabelled_size, seed)]
     clients, validation = hold_out_validation(ClientIndex.from_arrays(clients), d.validation, seed,
-                                              np.union1d(server, unlabelled))
+                                              np.union1d(server, unlabelled), by_position=is_text(train.x))
 
     stats = input_stats(d, ds)
     test = ds.test
@@ -334,8 +334,8 @@ def build_federation(d, seed: int) -> Federation:
                       unlabelled=unlabelled, validation=validation)
 
 
-def hold_out_validation(clients: ClientIndex, fraction: float, seed: int, exclude: np.ndarray
-                        ) -> tuple[ClientIndex, np.ndarray]:
+def hold_out_validation(clients: ClientIndex, fraction: float, seed: int, exclude: np.ndarray,
+                        by_position: bool = False) -> tuple[ClientIndex, np.ndarray]:
     """The clients less their validation samples, and the validation set (``data.validation`` = f).
 
     Client i gives k_i = ⌊f·n_i⌋ of its n_i samples (at most n_i − 1: at least one stays with it) to the validation
@@ -345,6 +345,11 @@ def hold_out_validation(clients: ClientIndex, fraction: float, seed: int, exclud
     order, and the validation set is the picks' pool indices, sorted. f = 0: ``clients`` as given and an empty set,
     nothing drawn, so a federation without the key is the one built before it existed.
 
+    ``by_position`` (text): client i's last k_i eligible samples in its order instead of a draw. Text windows overlap
+    (a window shifted by one character is its neighbour's input with the next character appended), so a uniform
+    draw would score windows whose targets the clients train on; the last ones share only their first L − 1
+    characters' worth of neighbours with the training part.
+
     Raises:
         PartitionError: f > 0 sets aside nothing (every ⌊f·n_i⌋ is 0).
     """
@@ -352,9 +357,10 @@ def hold_out_validation(clients: ClientIndex, fraction: float, seed: int, exclud
         return clients, np.zeros(0, dtype=np.int64)
     sizes, idx = clients.own_sizes, clients.indices
     owners = clients.owners()
-    keys = rng(seed, VALIDATION).random(len(idx))
+    # a client's k_i smallest keys are picked: a uniform draw, or (by position) its last samples first
+    keys = -np.arange(len(idx), dtype=np.float64) if by_position else rng(seed, VALIDATION).random(len(idx))
     eligible = ~np.isin(idx, exclude)
-    keys[~eligible] = 2.0  # after every drawn key (in [0, 1)): never among a client's k_i smallest
+    keys[~eligible] = np.inf  # after every other key: never among a client's k_i smallest
     k = np.minimum((fraction * sizes.astype(np.float64)).astype(np.int64), np.maximum(sizes - 1, 0))
     k = np.minimum(k, np.bincount(owners[eligible], minlength=len(sizes)))
     if not k.sum():
