@@ -74,6 +74,20 @@ def random_federation(sizes, n0=12, num_classes=4, shape=(1, 8, 8), dtype=torch.
         torch.device("cpu"), dtype)
 
 
+def random_text_federation(sizes, n0=12, length=10, vocab=80, seed=0, n_test=40) -> Federation:
+    """A small federation of random text windows (uint8 character indices [n, length]); client i holds
+    ``sizes[i]`` windows, each labelled with a next character."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(sizes) + n0
+    x = torch.randint(0, vocab, (n, length), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, vocab, (n,), generator=g)
+    bounds = np.cumsum([0, *sizes])
+    clients = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
+    xt = torch.randint(0, vocab, (n_test, length), generator=g, dtype=torch.uint8)
+    yt = torch.randint(0, vocab, (n_test,), generator=g)
+    return Federation(x, y, clients, np.arange(bounds[-1], n), xt, yt, vocab, [str(c) for c in range(vocab)])
+
+
 def shared_data_dir():
     """The offline datasets (../shared/data from the repo, or $FEDSL_SHARED_DATA)."""
     default = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -150,6 +150,29 @@ def test_cuda_graphs_replay_the_eager_rounds(name):
         _assert_states_close(a, b, tol=1e-12)
 
 
+def _text_sim(name, fed, executor, seed=11, dtype=torch.float64):
+    fm = FunctionalModel(build_model("char_lstm_small", 80, (10,), seed=3).to(device=fed.x.device, dtype=dtype))
+    alg = make_algorithm(name, LocalTraining(0.5, 4), 1.0, ServerLearning(gamma=1.0, lr=0.5, batch_size=4, epochs=1))
+    return Simulator(fm, fed, alg, executor(fm), 3, seed=seed)
+
+
+@pytest.mark.parametrize("name", ["fsl", "scaffold"])
+def test_cuda_char_lstm_vectorised_and_graphs_equal_cpu_sequential(name):
+    """Text on the GPU: the vmapped plain LSTM (eager, then its K steps captured as CUDA graphs) equals nn.LSTM's
+    kernel on the CPU, the windows kept as uint8 indices on the device."""
+    from conftest import random_text_federation
+    cpu = random_text_federation([9, 14, 11, 8])
+    gpu = cpu.to(CUDA, torch.float64)
+    assert gpu.x.dtype == torch.uint8 and gpu.x.device.type == "cuda"
+    a, _ = run_rounds(_text_sim(name, cpu, SequentialExecutor), 3)
+    b, _ = run_rounds(_text_sim(name, gpu, VectorisedExecutor), 3)
+    _assert_states_close(a, b, tol=1e-9)
+    sim = _text_sim(name, gpu, lambda fm: VectorisedExecutor(fm, "cuda-graphs"))
+    c, _ = run_rounds(sim, 3)
+    assert sim.executor._graphs
+    _assert_states_close(b, c, tol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["scaffold", "fednova"])  # fednova: τ_eff was float()-ed every round
 def test_cuda_stacked_round_does_not_wait_for_the_gpu(name):
     """A stacked round queues its work without one stream synchronisation (plans, ids, weights, K_i

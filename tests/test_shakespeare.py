@@ -12,14 +12,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import random_text_federation, run_rounds
 from torch import nn
 from torch.func import functional_call, vmap
 
+from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.cli import main
 from fedsl.data import shakespeare
 from fedsl.data.datasets import build_federation, load_arrays
 from fedsl.data.errors import DataError
 from fedsl.data.partition import PartitionError
+from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
+from fedsl.engine.functional import FunctionalModel
+from fedsl.engine.simulator import Simulator
+from fedsl.engine.stacked import StackedSimulator
 from fedsl.experiments.build import prepare
 from fedsl.experiments.config import ConfigError, validate
 from fedsl.models import build_model
@@ -315,6 +321,38 @@ def test_the_vectorised_executor_equals_the_sequential_on_text(tmp_path, algorit
     assert max((seq[n] - vec[n]).abs().max().item() for n in seq) < 1e-5
     assert max((seq[n] - build_model("char_lstm_small", 80, (8,), 3).state_dict()[n]).abs().max().item()
                for n in seq) > 1e-3  # it trained
+
+
+def _text_sim(name, fed, executor, seed=11):
+    fm = FunctionalModel(build_model("char_lstm_small", 80, (10,), seed=3).to(dtype=torch.float64))
+    alg = make_algorithm(name, LocalTraining(0.5, 4), 1.0, ServerLearning(gamma=1.0, lr=0.5, batch_size=4, epochs=1))
+    return Simulator(fm, fed, alg, executor(fm), 3, seed=seed)
+
+
+@pytest.mark.parametrize("name", ["fsl", "scaffold"])
+def test_in_float64_the_vmapped_lstm_equals_nn_lstm_to_1e9(name):
+    fed = random_text_federation([9, 14, 11, 8])
+    a, _ = run_rounds(_text_sim(name, fed, SequentialExecutor), 3)
+    b, _ = run_rounds(_text_sim(name, fed, VectorisedExecutor), 3)
+    assert max((a.x[n] - b.x[n]).abs().max().item() for n in a.x) < 1e-9
+
+
+def test_stacked_text_runs_equal_the_runs_one_by_one():
+    fed = random_text_federation([9, 14, 11, 8])
+    other = random_text_federation([12, 7, 10, 9], seed=1)
+    sims = lambda: [_text_sim("fsl", fed, VectorisedExecutor, seed=1), _text_sim("fsl", fed, VectorisedExecutor,
+                                                                                 seed=2),
+                    _text_sim("fsl", other, VectorisedExecutor, seed=3)]
+    stacked = StackedSimulator(sims())
+    states = stacked.initial_states()
+    for t in range(3):
+        states, _ = stacked.round(states, t)
+    evals = stacked.evaluate([s.x for s in states])
+    for r, sim in enumerate(sims()):
+        alone, _ = run_rounds(sim, 3)
+        assert max((alone.x[n] - states[r].x[n]).abs().max().item() for n in alone.x) < 1e-10
+        acc, loss = sim.evaluate(alone.x)
+        assert evals[r][0] == pytest.approx(acc, abs=1e-12) and evals[r][1] == pytest.approx(loss, rel=1e-9)
 
 
 def test_the_process_pool_equals_the_sequential_on_text(tmp_path):
