@@ -196,7 +196,7 @@ case "${1:-check}" in
     done
     ls -la "$OUT"
     ;;
-  shakespeare)  # Shakespeare's full-size form (preset shakespeare-full: 663 roles, LEAF's char-LSTM 2 x 256, S = 10, K = 50)
+  shakespeare)  # Shakespeare's full-size form (preset shakespeare-full: 644 roles, LEAF's char-LSTM 2 x 256, S = 10, K = 50)
                 # on the GPU, a stack of the variant's 3 seeds at a time (the vectorised executor vmaps the plain LSTM).
                 # The texts travel packed (4 MB; the device has no internet):
                 #   python benchmarks/device_data.py pack ../shared/data/shakespeare .dev/shakespeare.npz

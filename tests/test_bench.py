@@ -78,6 +78,97 @@ def test_the_fsl_workload_and_its_loop_are_the_engines_fsl(one_thread):
     assert max((theirs[n] - avg[n]).abs().max().item() for n in avg) > 1e-3  # the server's steps moved it
 
 
+def test_shakespeare_workloads_are_the_presets_round_on_uint8_windows():
+    """shakespeare-small / shakespeare: the preset shakespeare.toml's round (S = 10, K = 20 steps of B = 10, a
+    10,000-window test set) on N = 100 clients of 200 windows, with char_lstm_small and LEAF's char_lstm; not
+    in the default list; their data are uint8 character indices < 80 [n, 80] (images stay floats in [0, 1)),
+    and the smoke form stays text, tiny."""
+    from harness.workloads import TEXT_MODELS, is_heavy
+    w = workloads()
+    for name, model in (("shakespeare-small", "char_lstm_small"), ("shakespeare", "char_lstm")):
+        s = w[name]
+        assert (s.model, s.num_clients, s.samples_per_client, s.clients_per_round, s.batch_size, s.steps,
+                s.test_size, s.evaluate) == (model, 100, 200, 10, 10, 20, 10_000, False)
+        assert w[name + "+eval"].evaluate and name not in DEFAULT_WORKLOADS and name + "+eval" not in DEFAULT_WORKLOADS
+        assert (s.input_shape, s.num_classes) == ((80,), 80) and s.model in TEXT_MODELS
+    assert is_heavy(w["shakespeare"]) and not is_heavy(w["shakespeare-small+eval"])
+    small = workloads(smoke=True)["shakespeare"]
+    assert (small.model, small.num_clients, small.samples_per_client, small.test_size) == ("char_lstm_small", 6, 12, 40)
+    data = make_data(small)
+    for x in (data.x, data.x_test):
+        assert x.dtype == torch.uint8 and x.shape[1:] == (80,) and int(x.max()) < 80 and int(x.max()) > 40
+    assert data.x.shape[0] == 6 * 12 and data.y.max() < 80
+    img = make_data(workloads(smoke=True)["s2-cifar10"]).x
+    assert img.dtype == torch.float32 and 0 <= img.min() and img.max() < 1
+
+
+def test_lstm_flops_are_counted_and_the_rates_take_text_inputs(one_thread):
+    """FlopCounterMode counts nothing in nn.LSTM's fused kernel; the harness counts the LSTM as its plain-operations
+    form: char_lstm_small's forward is exactly the matmuls L·2·4H·(in + H) per layer + the dense layer's 2·H·V;
+    backward twice that, less the products with the zero initial state. The best rates run on uint8 windows."""
+    from harness import machine
+    from harness.peers import plain_model
+    from harness.workloads import random_inputs
+    w = workloads()["shakespeare-small"]
+    m = plain_model(w, 0, torch.device("cpu"))
+    make = lambda n: random_inputs(w.model, n)  # noqa: E731
+    L, E, H, V = 80, 8, 64, 80
+    fwd = L * 2 * 4 * H * (E + H) + L * 2 * 4 * H * (H + H) + 2 * H * V
+    assert machine.flops_per_sample(m, (80,), 80, False, make_input=make) == fwd
+    assert machine.flops_per_sample(m, (80,), 80, True, make_input=make) == 3 * fwd - 2 * (2 * 4 * H * H)
+    assert not m.lstm._forward_hooks  # the counting hooks are gone
+    r = machine.best_rates(lambda: plain_model(w, 0, torch.device("cpu")), (80,), 80, torch.device("cpu"),
+                           train_batches=(4,), eval_batches=(4,), repeats=1, make_input=make)
+    assert r.train_flops == 3 * fwd - 4 * 4 * H * H and r.train_samples_s > 0 and r.eval_samples_s > 0
+
+
+def test_engine_and_plain_loop_give_the_same_char_lstm_model(one_thread):
+    """On uint8 character windows, the engine's FedAvg round (sequential executor, nn.LSTM's kernel) and the
+    plain loop (the module called on the uint8 batches) on the same clients and batches agree to float32
+    rounding; the vectorised executor (the plain-operations LSTM under vmap) agrees too."""
+    from harness.peers import VectorisedPeer, plain_model
+    w = replace(workloads(smoke=True)["shakespeare-small"], num_clients=6, clients_per_round=2, samples_per_client=6,
+                batch_size=3, lr=0.5, test_size=8)
+    data = make_data(w)
+    cpu = torch.device("cpu")
+    engine, vec, loop = EnginePeer(w, data, cpu), VectorisedPeer(w, data, cpu), LoopPeer(w, data, cpu, share_plan=True)
+    for p in (engine, vec, loop):
+        p.setup()  # one round
+        p.run(1)
+    assert engine.sims[0].executor.name == "sequential" and vec.sims[0].executor.name == "vectorised"
+    assert engine.sims[0].fed.x.dtype == torch.uint8
+    mine, theirs, vectorised = engine.params(), loop.models[0].state_dict(), vec.params()
+    assert set(mine) == set(theirs)
+    for n in mine:
+        torch.testing.assert_close(mine[n], theirs[n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(vectorised[n], theirs[n], rtol=1e-5, atol=1e-6)
+    init = plain_model(w, 0, cpu).state_dict()
+    assert max((mine[n] - init[n]).abs().max().item() for n in mine) > 1e-3
+
+
+def test_smoke_run_of_the_shakespeare_workloads(one_thread):
+    """Both char-LSTM workloads, with and without evaluation, through fedsl (sequential), fedsl vectorised (an
+    optional peer, not in the default list) and the plain loop: every row timed, its ratios and FLOPs (the LSTM's
+    counted) reported."""
+    from harness import OPTIONAL_PEERS, PEERS
+    from harness.command import parser
+    assert "vectorised" in OPTIONAL_PEERS and "vectorised" not in PEERS
+    assert "vectorised" in " ".join(parser().format_help().split())
+    names = ["shakespeare-small", "shakespeare-small+eval", "shakespeare", "shakespeare+eval"]
+    rep = run_benchmarks(names, rounds=1, reps=1, smoke=True, peers=("fedsl", "vectorised", "loop"),
+                         footprint_clients=None, threads=1, log=lambda s: None)
+    got = {(r.workload, r.peer): r for r in rep.rows}
+    for name in names:
+        for peer in ("fedsl", "fedsl vectorised", "plain loop"):
+            r = got[(name, peer)]
+            assert r.seconds and r.seconds > 0 and r.gflops > 0, (name, peer, r.note)
+        assert got[(name, "fedsl vectorised")].ratios["fedsl"] > 0
+        assert "sequential executor" in got[(name, "fedsl")].settings
+        assert "vectorised executor" in got[(name, "fedsl vectorised")].settings
+        assert got[(name, "fedsl")].flops > 3 * 12 * 1e6  # the LSTM's FLOPs, not only the dense layer's
+    assert "| char_lstm_small | 24.5 | 8.2 |" in rep.markdown()
+
+
 @pytest.fixture
 def conv_workload(monkeypatch):
     """A tiny dropout-free CNN (torch layers only, so worker processes unpickle it without importing this

@@ -43,6 +43,17 @@ WORKS = """Project Gutenberg's header, ignored.
   PROLOGUE. Not a play's line: before any play.
 
 
+1609
+
+THE SONNETS
+
+by William Shakespeare
+
+  From fairest creatures we desire increase,
+  When your sweet issue your sweet form should bear.{TRAILING}
+    (a poem's lines: no role)
+
+
 1603
 
 THE FIRST PLAY
@@ -72,7 +83,7 @@ DROMIO. I am a slave.
 to my master.
 <<copyright notice>>
 ADRIANA. Neither my husband
-"""
+""".replace("{TRAILING}", "  ")  # the etext's trailing spaces: without them no sonnet line reads as a speech
 
 TINY = """First Citizen:
 Before we proceed any further, hear me speak.
@@ -213,6 +224,21 @@ def test_d0_from_roles_that_are_not_clients(tmp_path):
     assert len(capped.server) == 10 and set(capped.server) <= set(fed.server)
     with pytest.raises(PartitionError, match="data.server_clients = 4: .*expected N \\+ c at most 5"):
         build_federation(_fed_cfg(root, server_source="other_ids", server_clients=4).data, 0)
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"server_source": "dataset", "server_dataset": "fslsyn"}, "data.server_source = 'dataset' reads images "
+                                                               "('fslsyn'), but data.dataset = 'shakespeare' is text"),
+    ({"server_size": 4, "unlabelled": "stl10"}, "data.unlabelled = 'stl10' reads images, but data.dataset = "
+                                                "'shakespeare' is text"),
+])
+def test_image_sources_for_text_are_refused_in_one_line(tmp_path, data, needle):
+    root = _text_dir(tmp_path / "d")
+    d = validate({"rounds": 1, "data": _data(root, min_samples=1, **data), "model": {"name": "char_lstm_small"},
+                  "algorithm": {"name": "feddf", "clients_per_round": 2, "batch_size": 4}}).data
+    with pytest.raises(DataError, match=re.escape(needle)) as e:
+        build_federation(d, 0)
+    assert "\n" not in str(e.value)
 
 
 def test_other_ids_needs_a_natural_partition():

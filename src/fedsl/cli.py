@@ -310,8 +310,9 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
     from fedsl.data.datasets import load_arrays
     from fedsl.report.plots import contact_sheet
     ds = load_arrays(_data_config(name, data_dir, False, split, carve))
-    console.print(f"{name}: {len(ds.train)} train / {len(ds.test)} test, image {tuple(ds.train.x.shape[1:])}",
-                  markup=False, highlight=False)
+    text = ds.train.x.ndim == 2  # windows of character indices (fedsl.data.datasets.is_text)
+    shape = f"windows of {ds.train.x.shape[1]} characters" if text else f"image {tuple(ds.train.x.shape[1:])}"
+    console.print(f"{name}: {len(ds.train)} train / {len(ds.test)} test, {shape}", markup=False, highlight=False)
     table = Table()
     for col in ("class", "train", "test"):
         table.add_column(col, justify="right" if col != "class" else "left")
@@ -319,8 +320,15 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
     tr = np.bincount(ds.train.y, minlength=len(ds.class_names))
     te = np.bincount(ds.test.y, minlength=len(ds.class_names))
     for c, cname in enumerate(ds.class_names):
-        table.add_row(cname, str(tr[c]), str(te[c]))
+        table.add_row(repr(cname) if text else cname, str(tr[c]), str(te[c]))
     console.print(table)
+    if text:  # a contact sheet of text is its lines: the last window of each of the first clients, and its target
+        chars = np.asarray(ds.class_names)
+        for i, owner in enumerate((ds.train.owner_names or [])[:5]):
+            last = np.flatnonzero(ds.train.owners == i)[-1]
+            console.print(f"{owner}: {''.join(chars[ds.train.x[last]])!r} -> {str(chars[ds.train.y[last]])!r}",
+                          markup=False, highlight=False)
+        return
     contact_sheet(ds.train.x, ds.train.y, ds.class_names, out, title=name)
     console.print(f"samples: {out}", markup=False)
 

@@ -303,6 +303,9 @@ def build_federation(d, seed: int) -> Federation:
     elif d.server_source == "other_ids":
         server = natural.other_ids(train, d.num_clients, d.server_clients, d.dataset)
     elif d.server_source == "dataset":
+        if is_text(train.x):
+            raise DataError(f"data.server_source = 'dataset' reads images ({d.server_dataset!r}), but "
+                            f"data.dataset = {d.dataset!r} is text: expected 'other_ids', 'iid' or 'clients'")
         ext = external_server_set(d, train, seed)
         server = n_train + np.arange(len(ext))  # appended to the pool; no client draws from it
         images, y = [*images, ext.x], np.concatenate([y, ext.y])
@@ -312,6 +315,9 @@ def build_federation(d, seed: int) -> Federation:
     if d.unlabelled == "server":  # U: D0's images, labels ignored
         unlabelled = server
     else:  # U: another source's images, appended to the pool; no client or D0 draws from them
+        if is_text(train.x):
+            raise DataError(f"data.unlabelled = {d.unlabelled!r} reads images, but data.dataset = {d.dataset!r} is "
+                            "text: expected 'server' (D0's windows)")
         ext = external_unlabelled_set(d, train, seed)
         unlabelled = len(y) + np.arange(len(ext))
         images, y = [*images, ext.x], np.concatenate([y, ext.y])

@@ -6,9 +6,9 @@ Built from a plain text, as LEAF's preprocessing builds it from Project Gutenber
   ``complete-works-part.txt``, the first found): a play starts at a line holding "by William Shakespeare", its title
   the nearest non-empty line above; a speech starts at ``  ROLE. text`` (two spaces, a name of letters and spaces, a
   full stop) and goes on over lines indented by four spaces. The Comedy of Errors, whose indentation the etext
-  lost, is read without indentation, as LEAF reads it. Every play is kept (the Sonnets have no roles, so none of
-  theirs); a client is a (play, role) pair named ``PLAY_ROLE`` (upper case, non-alphanumerics as ``_``, LEAF's user
-  names).
+  lost, is read without indentation, as LEAF reads it. Every play is kept; the poems (the Sonnets, and at the
+  etext's end A Lover's Complaint and the others: ``POEMS``) give no client, as in LEAF; a client is a (play,
+  role) pair named ``PLAY_ROLE`` (upper case, non-alphanumerics as ``_``, LEAF's user names).
 - **The tiny corpus** (``data.text = 'tiny'``: ``tinyshakespeare.txt``): blocks ``Speaker:`` then its lines,
   separated by blank lines; a client is a speaker (its plays are not marked in that file).
 
@@ -40,12 +40,18 @@ import numpy as np
 from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
 from fedsl.data.errors import DataError
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 # LEAF's ALL_LETTERS (models/utils/language_utils.py): the newline, the space and 78 printable characters
 VOCABULARY = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 SPACE = VOCABULARY.index(" ")
 WORKS_FILES = ("100.txt", "pg100.txt", "t8.shakespeare.txt", "complete-works-part.txt")
 TINY_FILE = "tinyshakespeare.txt"
+
+# Works the etext heads "by William Shakespeare" that are poems, not plays: their indented lines would read as
+# speeches ("  When your sweet issue your sweet form should bear." as role WHEN YOUR SWEET ISSUE...), so they give no
+# client (LEAF's script skips the Sonnets by starting at the next header and stops before the poems at the end)
+POEMS = frozenset({"THE SONNETS", "A LOVER'S COMPLAINT", "A LOVERS COMPLAINT", "THE RAPE OF LUCRECE",
+                   "VENUS AND ADONIS", "THE PHOENIX AND THE TURTLE", "THE PASSIONATE PILGRIM"})
 
 _ROLE = re.compile(r"^  ([a-zA-Z][a-zA-Z ]*)\. (.*)")
 _CONTINUED = re.compile(r"^    (.*)")
@@ -92,7 +98,7 @@ def roles_of_works(text: str) -> dict[str, list[str]]:
             if not title:
                 raise DataError(f"line {i + 1}: a play starts ('by William Shakespeare') without a title in the 7 "
                                 "lines above; expected the etext's layout")
-            play, speaker, coe = title, None, title == "THE COMEDY OF ERRORS"
+            play, speaker, coe = (None if title in POEMS else title), None, title == "THE COMEDY OF ERRORS"
             continue
         if play is None:
             continue

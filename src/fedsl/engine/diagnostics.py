@@ -33,9 +33,17 @@ def _dot(a: Params, b: Params) -> torch.Tensor:
     return sum((a[n] * b[n]).sum() for n in a)
 
 
+# Samples a vmapped gradient call takes at once (clients × padded samples); a larger chunk is taken in blocks of
+# samples, each client's gradient their sum (the loss is a weighted sum). Text models keep every step's state for
+# the backward pass, about a hundred times an image's activations per sample: a smaller budget.
+SAMPLES_PER_CALL = 1 << 16
+TEXT_SAMPLES_PER_CALL = 1 << 11
+
+
 def client_gradients_sum(fm: FunctionalModel, x: Params, fed: Federation, clients: list[np.ndarray],
                          chunk: int = 16) -> tuple[Params, Params, torch.Tensor]:
-    """Σ_i ∇f_i, Σ_i (n_i/n)∇f_i and Σ_i ‖∇f_i‖² over ``clients``, vmapped over chunks of clients."""
+    """Σ_i ∇f_i, Σ_i (n_i/n)∇f_i and Σ_i ‖∇f_i‖² over ``clients``, vmapped over chunks of clients (each chunk's
+    padded samples in blocks of at most ``SAMPLES_PER_CALL``, text's ``TEXT_SAMPLES_PER_CALL``, per call)."""
     fm.train(False)
     dtype = next(iter(x.values())).dtype
     n = sum(len(c) for c in clients)
@@ -53,7 +61,13 @@ def client_gradients_sum(fm: FunctionalModel, x: Params, fed: Federation, client
             w[j, :len(c)] = 1.0 / len(c)
         idx_t = torch.as_tensor(idx, device=fed.x.device)
         w_t = torch.as_tensor(w, dtype=dtype, device=fed.x.device)
-        g = per_client(x, fed.x[idx_t], fed.y[idx_t], w_t, None)  # [chunk, ...] per parameter
+        budget = SAMPLES_PER_CALL if fed.x.is_floating_point() else TEXT_SAMPLES_PER_CALL
+        width = max(1, budget // len(part))
+        g = None
+        for a in range(0, m, width):  # one block when it fits: the numbers of a single call
+            cols = slice(a, a + width)
+            block = per_client(x, fed.x[idx_t[:, cols]], fed.y[idx_t[:, cols]], w_t[:, cols], None)
+            g = block if g is None else {k: g[k] + block[k] for k in g}  # [chunk, ...] per parameter
         sizes = torch.as_tensor([len(c) / n for c in part], dtype=dtype, device=fed.x.device)
         for k in x:
             total[k] += g[k].sum(0)

@@ -188,6 +188,11 @@ def candidate_config(base: RunConfig, cand: Candidate) -> RunConfig:
 
 # ---------------------------------------------------------------------------------------------- measurements
 
+def _dtype(params: Params) -> torch.dtype:
+    """The model's float dtype (the inputs' may be text's character indices)."""
+    return next(iter(params.values())).dtype
+
+
 def _chunks(n: int, size: int):
     return ((i, min(i + size, n)) for i in range(0, n, size))
 
@@ -198,7 +203,7 @@ def mean_loss(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torch.Ten
     total = 0.0
     with torch.no_grad():
         for a, b in _chunks(len(x), batch_size):
-            w = torch.full((b - a,), 1.0 / len(x), dtype=x.dtype, device=x.device)
+            w = torch.full((b - a,), 1.0 / len(x), dtype=_dtype(params), device=x.device)
             total += float(fm.loss(params, x[a:b], y[a:b], w, None))
     return total
 
@@ -209,7 +214,7 @@ def hessian_vector(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torc
     fm.train(False)
     out = {k: torch.zeros_like(p) for k, p in params.items()}
     for a, b in _chunks(len(x), batch_size):
-        w = torch.full((b - a,), 1.0 / len(x), dtype=x.dtype, device=x.device)
+        w = torch.full((b - a,), 1.0 / len(x), dtype=_dtype(params), device=x.device)
         g = grad(fm.loss)
         _, hv = jvp(lambda p: g(p, x[a:b], y[a:b], w, None), (params,), (v,))  # noqa: B023 (called right here)
         for k in out:

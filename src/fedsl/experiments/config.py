@@ -252,7 +252,8 @@ class DataConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = Field("small_cnn", description="model: the paper's emnist_cnn / cifar_cnn, small_cnn, mlp, linear, "
-                                                "logreg (FedProx's for synthetic_fedprox), "
+                                                "logreg (FedProx's for synthetic_fedprox), char_lstm / "
+                                                "char_lstm_small (text: LEAF's 2 x 256 LSTM, a 2 x 64 one), "
                                                 "or 'package.module:factory' for your own torch.nn.Module (runs that "
                                                 "code: only with FEDSL_ALLOW_IMPORT=1 in the environment)")
     init: Literal["auto", "keras", "torch"] = Field(

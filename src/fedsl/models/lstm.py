@@ -4,10 +4,11 @@
 LSTM layers of 256 units, and a dense layer from the last step's output to the V = 80 characters' logits (the
 softmax is folded into the cross-entropy loss). ``char_lstm_small`` has two layers of 64, for CPU runs.
 
-The LSTM layers are ``nn.LSTM``'s (its fused kernels), but under ``torch.func.vmap`` (the vectorised and
-stacked executors vmap the model over clients, where ``nn.LSTM`` has no batching rule and falls back to a loop)
-the same parameters run through ``lstm``, the LSTM written from plain operations, which vmaps: equal to
-``nn.LSTM`` to float rounding (tested to 1e-5).
+The LSTM layers are ``nn.LSTM``'s (its fused kernels) under plain autograd (the sequential executor and the
+process pool), but under a ``torch.func`` transform the same parameters run through ``lstm``, the LSTM written from
+plain operations: the vectorised and stacked executors vmap the model over clients, where ``nn.LSTM`` has no
+batching rule (it falls back to a loop), and ``fedsl data assess`` takes Hessian-vector products by forward-mode
+autodiff, which ``nn.LSTM``'s kernel does not implement. The two are equal to float rounding (tested to 1e-5).
 """
 
 from __future__ import annotations
@@ -38,14 +39,9 @@ def lstm(x: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor, torch.T
     return x
 
 
-def vmapped(t: torch.Tensor) -> bool:
-    """Whether ``t`` is seen through ``torch.func.vmap`` (at any level of nested transforms)."""
-    functorch = torch._C._functorch
-    while functorch.is_functorch_wrapped_tensor(t):
-        if functorch.is_batchedtensor(t):
-            return True
-        t = functorch.get_unwrapped(t)
-    return False
+def transformed(t: torch.Tensor) -> bool:
+    """Whether ``t`` is seen through a torch.func transform (vmap, grad, jvp)."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 class CharLSTM(nn.Module):
@@ -67,7 +63,7 @@ class CharLSTM(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         e = self.embed(x.long())
-        if vmapped(e):  # under vmap: the plain-operations LSTM, which vmaps (nn.LSTM's kernel has no batching rule)
+        if transformed(e):  # torch.func: plain operations (nn.LSTM's kernel has no batching rule, no forward AD)
             return lstm(e, self._layers())[:, -1]
         return self.lstm(e)[0][:, -1]
 
