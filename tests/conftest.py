@@ -1,6 +1,9 @@
 import contextlib
 import gzip
 import os
+import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -86,6 +89,53 @@ def random_text_federation(sizes, n0=12, length=10, vocab=80, seed=0, n_test=40)
     xt = torch.randint(0, vocab, (n_test, length), generator=g, dtype=torch.uint8)
     yt = torch.randint(0, vocab, (n_test,), generator=g)
     return Federation(x, y, clients, np.arange(bounds[-1], n), xt, yt, vocab, [str(c) for c in range(vocab)])
+
+
+# A `fedsl` process that pauses, interruptibly, at a point of its work, and says so in the file READY: a test
+# signals or kills it only then. A poll of the run's files instead races the run on a loaded machine (the run may
+# finish first). AT: "round:N", right after its first run records round N (its metrics.csv row written, a
+# checkpoint there if one was due); "unit:K", before the K-th unit of its group starts (0: group.json written,
+# no run begun; 1: the first run finished, the next not begun).
+PAUSED_FEDSL = """
+import pathlib, sys, time
+from fedsl.cli import main
+from fedsl.experiments import compare, runner
+ready, (kind, at) = pathlib.Path(sys.argv.pop(1)), sys.argv.pop(1).split(":")
+at = int(at)
+def pause():
+    if not ready.exists():
+        ready.write_text(str(at))
+        PAUSE
+if kind == "round":
+    record = runner.RunSession.record
+    def paused(self, t, *args, **kwargs):
+        ok = record(self, t, *args, **kwargs)
+        if t + 1 == at:
+            pause()
+        return ok
+    runner.RunSession.record = paused
+else:
+    run_unit, started = compare.run_unit, []
+    def paused(*args, **kwargs):
+        if len(started) == at:
+            pause()
+        started.append(1)
+        return run_unit(*args, **kwargs)
+    compare.run_unit = paused
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def start_paused(args: list[str], ready: Path, at: str, pause: str = "while True: time.sleep(0.05)",
+                 **popen) -> subprocess.Popen:
+    """``fedsl ARGS`` in a child process that pauses at ``at`` ("round:N" or "unit:K", ``PAUSED_FEDSL``;
+    ``pause``: the statement it pauses with), and waits until it does (or ends, or 120 s pass)."""
+    code = PAUSED_FEDSL.replace("PAUSE", pause)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ready), at, *args], **popen)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ready.is_file() and proc.poll() is None:
+        time.sleep(0.02)
+    return proc
 
 
 def shared_data_dir():

@@ -10,12 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, start_paused
 
 from fedsl.experiments import config as C
 from fedsl.experiments import loading
@@ -67,17 +66,10 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def metric_lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.is_file() else 0
-
-
-def kill_when(cmd: list[str], ready, deadline_s: float = 120) -> None:
-    """Start ``cmd``, SIGKILL it as soon as ``ready()`` holds."""
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def kill_at(cmd: list[str], at: str, ready: Path) -> None:
+    """Run ``fedsl CMD`` paused at ``at`` (conftest's ``start_paused``), then SIGKILL it there."""
+    proc = start_paused(cmd, ready, at, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + deadline_s
-        while time.time() < deadline and proc.poll() is None and not ready():
-            time.sleep(0.005)
         assert proc.poll() is None, "the run ended before the kill point"
     finally:
         proc.kill()
@@ -105,12 +97,9 @@ def first_run(out: Path) -> Path | None:
 
 
 POINTS = {
-    # the group's folder and group.json exist, no run has begun
-    "before_any_run": lambda out: (out / "group.json").is_file(),
-    # the first run is half-way
-    "mid_run": lambda out: (r := first_run(out)) is not None and metric_lines(r / "metrics.csv") >= 5,
-    # the first run has finished (summary.json), the next has not yet written a row
-    "between_runs": lambda out: (r := first_run(out)) is not None and (r / "summary.json").is_file(),
+    "before_any_run": "unit:0",  # the group's folder and group.json exist, no run has begun
+    "mid_run": "round:4",  # the first run is half-way (4 of 8 rounds)
+    "between_runs": "unit:1",  # the first run has finished (summary.json), the next has not begun
 }
 
 
@@ -122,8 +111,8 @@ def test_killed_group_resumes_into_the_uninterrupted_files(tmp_path, tmp_path_fa
     from fedsl.cli import main
     ref = reference(kind, tmp_path_factory)
     out = tmp_path / "out"
-    kill_when([sys.executable, "-m", "fedsl.cli", "run", str(write_config(tmp_path, kind)), "--out", str(out),
-               "--quiet"], lambda: POINTS[point](out))
+    kill_at(["run", str(write_config(tmp_path, kind)), "--out", str(out), "--quiet"], POINTS[point],
+            tmp_path / "ready")
     statuses = [json.loads((out / r / "summary.json").read_text()).get("status") if (out / r / "summary.json").is_file()
                 else None for r in json.loads((out / "group.json").read_text())["runs"]]
     assert statuses.count("completed") < len(statuses), "killed before the end"
@@ -139,12 +128,10 @@ def test_sigterm_checkpoints_and_resumes(tmp_path, one_thread):
     from fedsl.cli import main
     out = tmp_path / "out"
     cfg = write_config(tmp_path, "sweep", rounds=16)
-    proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg), "--out", str(out), "--quiet"],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not POINTS["mid_run"](out):
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGTERM)
+    proc = start_paused(["run", str(cfg), "--out", str(out), "--quiet"], tmp_path / "ready", "round:4", env=ENV,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.poll() is None, "the run ended before round 4"
+    proc.send_signal(signal.SIGTERM)  # paused after round 4 of the first run: its handler is installed
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert "Traceback" not in err
@@ -228,6 +215,10 @@ def test_spike_that_recovers_is_not_diverged(tmp_path):
     divergence: 4 rounds, where a loss that stayed above the bound would stop the run at round 3."""
     s = run(blow_up("server.gamma=100", rounds=4), tmp_path / "r", log=lambda s: None, progress=False)
     assert s["status"] == "completed"
+    with open(tmp_path / "r" / "metrics.csv") as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f)]
+    bound = blow_up("server.gamma=100").diverge_loss
+    assert losses[1] > bound and all(x < bound for x in losses[2:]), losses  # the spike happened, then passed
 
 
 def test_data_warnings_print_as_one_line(tmp_path, capsys):

@@ -183,7 +183,18 @@ def test_report_judges_the_claims_and_states_the_time_resolution(tmp_path, capsy
     row = next(line for line in judged.splitlines() if line.startswith("| FSL beats FedAvg |"))
     # both sides ran seeds 0 and 1: the test pairs them, and Holm's p (one test: the same p) stands beside it
     assert "(2; 2 seeds)" in row and "paired t (seeds 0, 1)" in row and "(SE)" in row and "(Holm " in row
-    assert any(f"**{v}**" in row for v in ("holds", "not shown", "contradicted"))
+    # the verdict and p of that row, recomputed here from the runs' summaries: scipy's paired t on the per-seed
+    # differences of final accuracy, one-sided each way
+    from scipy import stats
+    acc = {(v, s): json.loads((out / f"{v}-seed{s}" / "summary.json").read_text())["final_accuracy"]
+           for v in ("FSL", "FedAvg") for s in (0, 1)}
+    d = [acc["FSL", s] - acc["FedAvg", s] for s in (0, 1)]
+    p_for = stats.ttest_1samp(d, 0.0, alternative="greater").pvalue
+    p_against = stats.ttest_1samp(d, 0.0, alternative="less").pvalue
+    verdict = "holds" if p_for < 0.05 else "contradicted" if p_against < 0.05 else "not shown"
+    p_shown = p_against if verdict == "contradicted" else p_for
+    assert f"**{verdict}**" in row, (d, p_for, row)
+    assert ("p < 0.001" if p_shown < 0.001 else f"p = {p_shown:.3f}") in row, (p_shown, row)
     assert "Rule: one-sided tests at the 5% level" in judged
     assert "found to within 5 rounds" in md
     capsys.readouterr()

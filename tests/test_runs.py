@@ -5,13 +5,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, start_paused
 
 from fedsl.cli import main
 from fedsl.experiments import config as C
@@ -159,18 +157,13 @@ def test_sigkilled_run_resumes_bit_identically(tmp_path, one_thread):
     assert main(["run", str(cfg_file), "--out", str(tmp_path / "full"), "--quiet"]) == 0
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "fedsl.cli", "run", str(cfg_file), "--out", str(killed), "--quiet"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = killed / "tiny" / "metrics.csv"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 9:  # header + 8 rounds
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
+    proc = start_paused(["run", str(cfg_file), "--out", str(killed), "--quiet"], tmp_path / "ready", "round:8", env=env,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert proc.poll() is None, "the run ended before round 8"
+    proc.send_signal(signal.SIGKILL)  # paused after round 8: checkpoints at 3 and 6, the store written since
     proc.wait()
     n_rows = len(rows(killed / "tiny"))
-    assert 8 <= n_rows < 21, "the run must be killed in the middle"
+    assert n_rows == 9, "killed after round 8"
     assert not (killed / "tiny" / "summary.json").exists() or \
         json.loads((killed / "tiny" / "summary.json").read_text())["status"] != "completed"
 
@@ -182,27 +175,6 @@ def test_sigkilled_run_resumes_bit_identically(tmp_path, one_thread):
     assert json.loads((killed / "tiny" / "summary.json").read_text())["status"] == "completed"
 
 
-# The child of the Ctrl-C test: ``fedsl run`` whose round 5 waits (interruptibly) once recorded, and says
-# so in a file. The test sends SIGINT only then: the handler is installed (the run loop is running) and
-# the run cannot finish first, however the machine schedules the two processes.
-PAUSED_RUN = """
-import pathlib, sys, time
-from fedsl.cli import main
-from fedsl.experiments import runner
-ready = pathlib.Path(sys.argv.pop(1))
-record = runner.RunSession.record
-def paused(self, t, *args, **kwargs):
-    ok = record(self, t, *args, **kwargs)
-    if t + 1 == 5:
-        ready.write_text("5")
-        while True:
-            time.sleep(0.05)
-    return ok
-runner.RunSession.record = paused
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.slow
 def test_ctrl_c_checkpoints_and_resumes(tmp_path, one_thread):
     """Ctrl-C at round 5 of 8 (after round 3's checkpoint): status interrupted, a checkpoint at round 5;
@@ -212,13 +184,10 @@ def test_ctrl_c_checkpoints_and_resumes(tmp_path, one_thread):
     out, ready = tmp_path / "int", tmp_path / "ready"
     # A shell starts background jobs with SIGINT ignored, children inherit that, and Python then
     # keeps it ignored: the child would run to the end (rc 0). Restore the default, as a terminal has.
-    proc = subprocess.Popen([sys.executable, "-c", PAUSED_RUN, str(ready), "run", str(cfg_file), "--out", str(out),
-                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 120
-    while time.time() < deadline and not ready.is_file() and proc.poll() is None:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
+    proc = start_paused(["run", str(cfg_file), "--out", str(out), "--quiet"], ready, "round:5", stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True,
+                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc.send_signal(signal.SIGINT)  # paused after round 5: the handler is installed, the run cannot finish first
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
@@ -235,13 +204,9 @@ def test_ignored_sigint_is_kept_ignored_as_nohup_asks(tmp_path):
     """A run started with SIGINT ignored (``nohup``, a shell's background job) keeps it ignored: SIGINT
     does not stop it (SIGTERM does, like Ctrl-C; README)."""
     cfg_file = tiny(tmp_path, rounds=8)
-    proc = subprocess.Popen([sys.executable, "-c", PAUSED_RUN.replace("while True:", "for _ in range(20):"),
-                             str(tmp_path / "ready"), "run", str(cfg_file), "--out", str(tmp_path / "o"), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    deadline = time.time() + 120
-    while time.time() < deadline and not (tmp_path / "ready").is_file() and proc.poll() is None:
-        time.sleep(0.02)
+    proc = start_paused(["run", str(cfg_file), "--out", str(tmp_path / "o"), "--quiet"], tmp_path / "ready", "round:5",
+                        pause="time.sleep(1)", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
