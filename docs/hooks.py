@@ -6,6 +6,7 @@ reference walks typer's click commands, so neither can drift from the code.
 
 from __future__ import annotations
 
+import re
 import typing
 
 from mkdocs.structure.files import File
@@ -19,7 +20,7 @@ def _type_name(annotation) -> str:
         return " \\| ".join(f"`{a!r}`" if isinstance(a, str) else f"`{a}`" for a in typing.get_args(annotation))
     if isinstance(annotation, type):
         return annotation.__name__
-    text = str(annotation).replace("typing.", "").replace("fedsl.experiments.config.", "")
+    text = re.sub(r"fedsl\.experiments\.\w+\.", "", str(annotation).replace("typing.", ""))  # config's modules
     return text.replace("|", "\\|")
 
 
