@@ -92,6 +92,11 @@ class Pretraining:
     batch_size: int
 
 
+def round_steps(steps: int | None, epochs: int, n0: int, batch_size: int) -> int:
+    """K0 of line 10: ``steps`` when given, else E_s·⌈n0/B0⌉ (the batch plan's count): the formula, written once."""
+    return steps if steps is not None else epochs * math.ceil(n0 / batch_size)
+
+
 def server_steps(sl: ServerLearning, n0: int) -> int:
-    """K0 of line 10: ``steps``, else E_s·⌈n0/B0⌉ (the batch plan's count)."""
-    return sl.steps if sl.steps is not None else sl.epochs * math.ceil(n0 / sl.batch_size)
+    """K0 of ``sl``'s line 10 on n0 server samples (``round_steps``)."""
+    return round_steps(sl.steps, sl.epochs, n0, sl.batch_size)

@@ -56,11 +56,11 @@ def finetune(sim: Simulator, cfg: RunConfig, x: Params) -> dict | None:
     """The 'FedAvg, then fine-tune on D0' control: ``server.finetune_epochs`` epochs of SGD on D0 from the
     final model ``x`` (step ``server.finetune_lr``, default η_l; batches of B0 = ``server.batch_size`` or B, at
     most n0), then one test evaluation. The summary fields it gives (None: no fine-tuning configured)."""
-    s, a = cfg.server, cfg.algorithm
+    s = cfg.server
     if not s.finetune_epochs:
         return None
     lr = finetune_lr(cfg)
-    batch = min(s.batch_size or a.batch_size, sim.fed.n0)
+    batch = min(cfg.server_batch_size, sim.fed.n0)
     acc, loss = sim.evaluate(sim.finetune(x, s.finetune_epochs, lr, batch))
     return {"final_accuracy_finetuned": acc, "final_loss_finetuned": loss,
             "finetune": {"epochs": s.finetune_epochs, "lr": lr, "batch_size": batch}}

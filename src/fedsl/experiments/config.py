@@ -202,6 +202,11 @@ class RunConfig(_Strict):
         k = self.attack
         return Attack(k.kind, k.fraction, k.scale, k.noise_std, k.constant)
 
+    @property
+    def server_batch_size(self) -> int:
+        """B0: ``server.batch_size``, else the clients' B (the paper's)."""
+        return self.server.batch_size or self.algorithm.batch_size
+
     def evaluates(self, done: int) -> bool:
         """Whether the model after round ``done`` is evaluated: every ``eval_every`` rounds, the last round, and
         (``eval_final_window``) each round of the final rolling window. The simulator and Flower both ask here."""

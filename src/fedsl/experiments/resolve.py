@@ -4,7 +4,6 @@ from, for the printed table and summary.json."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from fedsl.algorithms import (
 )
 from fedsl.algorithms.distillation import ORIGIN
 from fedsl.algorithms.robust import bucket_count, default_bulyan_f, default_krum_f
+from fedsl.algorithms.server_learning import round_steps
 from fedsl.core import privacy_accounting
 from fedsl.core.privacy_accounting import AccountingUnavailable, Budget, CalibrationError
 from fedsl.data.federation import Federation
@@ -85,7 +85,7 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     server = None
     mode = sp.server_mode(s.learning)
     if mode != "off":
-        b0 = s.batch_size or a.batch_size
+        b0 = cfg.server_batch_size
         if b0 > n0:
             raise ConfigError(f"server.batch_size = {b0}: expected at most data.server_size n0 = {n0}")
         note("n0", "server samples |D0|", n0, True)
@@ -93,10 +93,10 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         note("B0", "server batch size", b0, s.batch_size, "paper default B")
         e_s = note("E_s", "server epochs per round", s.epochs or defaults.server_epochs(n, N, n0, a.local_epochs),
                    s.epochs, "paper default ⌈n/(N·n0)·E_c⌉")
-        k0 = s.steps if s.steps is not None else e_s * math.ceil(n0 / b0)
+        k0 = round_steps(s.steps, e_s, n0, b0)
         note("K0", "server steps per round", k0, s.steps, "derived: E_s·⌈n0/B0⌉")
         if sp.server_lr == "local_lr":  # the rule's server steps take the clients' step size (FedDU)
-            eta0 = note("η0", "server base step size", s.lr or a.local_lr, s.lr, f"{sp.display} default η_l")
+            eta0 = note("η0", "server base step size", or_local_lr(cfg, s.lr), s.lr, f"{sp.display} default η_l")
         else:
             eta0 = s.lr or (defaults.server_lr(S, a.local_lr, k, k0) if k0 > 0 else 0.0)
             note("η0", "server base step size", eta0, s.lr, "paper default √S·η_l·K/K0")
@@ -171,9 +171,15 @@ def distill_settings(cfg: RunConfig, fed: Federation, note: Callable[..., Any]) 
     return dc.settings()
 
 
+def or_local_lr(cfg: RunConfig, lr: float | None) -> float:
+    """A server-side step size that defaults to the clients' η_l (FedDU's η0, the fine-tuning's, FLTrust's): ``lr``
+    when set, else ``algorithm.local_lr``."""
+    return lr if lr is not None else cfg.algorithm.local_lr
+
+
 def finetune_lr(cfg: RunConfig) -> float:
     """η_ft, the step size of the 'fine-tune on D0 after round T' control: ``server.finetune_lr``, default η_l."""
-    return cfg.server.finetune_lr or cfg.algorithm.local_lr
+    return or_local_lr(cfg, cfg.server.finetune_lr)
 
 
 def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any]) -> Robust | None:
@@ -188,7 +194,7 @@ def robust_rule(cfg: RunConfig, fed: Federation, k: int, note: Callable[..., Any
     if r.aggregator == "fltrust":
         if fed.n0 == 0:
             raise ConfigError("robust.aggregator = 'fltrust' needs server data: D0 came out empty")
-        lr = note("η_tr", "FLTrust server update: step size", r.trust_lr or a.local_lr, r.trust_lr, "default η_l")
+        lr = note("η_tr", "FLTrust server update: step size", or_local_lr(cfg, r.trust_lr), r.trust_lr, "default η_l")
         steps = note("K_tr", "FLTrust server update: steps on D0", r.trust_steps or k, r.trust_steps,
                      "default K (the clients')")
         root = LocalTraining(lr, min(a.batch_size, fed.n0), steps=steps)
