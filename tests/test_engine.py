@@ -51,6 +51,27 @@ def test_vectorised_equals_sequential_float32(alg):
         assert ((a[n] - b[n]).abs().max() / scale).item() < 1e-4, n
 
 
+@pytest.mark.parametrize("executor_cls", [SequentialExecutor, VectorisedExecutor])
+def test_server_epochs_set_k0_in_the_simulator(executor_cls):
+    """K0 = E_s·⌈n0/B0⌉ at the simulator: E_s = 3 server epochs of n0 = 14 in batches of 6 are 9 steps a round
+    (not E_s = 1's 3), equal to asking for K0 = 9 steps, and they change the model."""
+    def run(epochs, steps=None):
+        fed = random_federation(SIZES, n0=14, dtype=torch.float64)
+        fm = FunctionalModel(build_model("small_cnn", 4, (1, 8, 8), seed=3).to(torch.float64))
+        alg = make_algorithm("fsl", LocalTraining(0.1, 8), 1.7, ServerLearning(0.8, 0.05, 6, epochs, steps))
+        sim = Simulator(fm, fed, alg, executor_cls(fm), clients_per_round=5, seed=11)
+        st = sim.initial_state()
+        for t in range(2):
+            st, info = sim.round(st, t)
+        return st.x, info
+    three, info3 = run(3)
+    one, info1 = run(1)
+    as_steps, info_k = run(1, steps=9)
+    assert (info3.server_steps, info1.server_steps, info_k.server_steps) == (9, 3, 9)
+    assert max((three[n] - one[n]).abs().max().item() for n in three) > 1e-6
+    assert all(torch.equal(three[n], as_steps[n]) for n in three)
+
+
 def test_executors_agree_with_local_steps_and_epochs():
     a, info = _run(SequentialExecutor, "fsl", torch.float64, epochs=2)
     b, _ = _run(VectorisedExecutor, "fsl", torch.float64, epochs=2)
