@@ -32,13 +32,24 @@ from dataclasses import dataclass, field
 import torch
 
 from harness import machine
-from harness.peers import ChannelsLastLoopPeer, EnginePeer, LoopPeer, Peer, ProcessesPeer, StackedPeer, median
+from harness.peers import (
+    ChannelsLastLoopPeer,
+    EnginePeer,
+    LoopPeer,
+    Peer,
+    ProcessesPeer,
+    StackedPeer,
+    VectorisedPeer,
+    median,
+)
 from harness.table import Row, add_ratios, floors, markdown
 from harness.workloads import (
     DEFAULT_WORKLOADS,
+    TEXT_MODELS,
     Workload,
     is_heavy,
     make_data,
+    random_inputs,
     timed_rounds,
     workloads,
 )
@@ -46,6 +57,13 @@ from harness.workloads import (
 # processes: fedsl with the process-pool executor; loop-cl: the plain loop in channels-last format;
 # loop-percore: that loop with the round's clients in one process per core
 PEERS = ("fedsl", "loop", "flower", "pfl", "processes", "loop-cl", "loop-percore")
+# peers run only when asked for (not in the default ``PEERS``): vectorised: fedsl with the vectorised executor
+# beside the ``fedsl`` row's (``--executor``, on a CPU by default the sequential one)
+OPTIONAL_PEERS = ("vectorised",)
+# a char-LSTM's best rates: its fused LSTM ran fastest per sample at batch 32 (cache-resident; 2 x 64: 1,995
+# training samples/s at 32, 1,142 at 128, 969 at 512, one thread), and an evaluation batch of 2,000 windows of
+# the 2 x 256 LSTM takes seconds for no better rate
+TEXT_RATE_BATCHES = dict(train_batches=(32, 128, 512), eval_batches=(32, 100, 500))
 
 
 @dataclass
@@ -165,6 +183,8 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
                 peers.append(StackedPeer(w, data, device, executor))
         elif name == "processes":
             peers.append(_cpu_only(ProcessesPeer(w, data, device), device, "CPU only"))
+        elif name == "vectorised":
+            peers.append(VectorisedPeer(w, data, device))
         elif name == "loop":
             peers.append(LoopPeer(w, data, device))
         elif name == "loop-cl":
@@ -182,7 +202,7 @@ def _make_peers(w: Workload, data, device: torch.device, names: Sequence[str], e
             from harness.pfl_peer import PflPeer
             peers.append(PflPeer(w, data, device))
         else:
-            raise ValueError(f"peer {name!r}: expected one of {PEERS}")
+            raise ValueError(f"peer {name!r}: expected one of {PEERS + OPTIONAL_PEERS}")
     return peers
 
 
@@ -224,7 +244,7 @@ def run_benchmarks(names: Sequence[str] | None = None, rounds: int = 3, reps: in
             w0 = chosen[0]
             cands = tuple(sorted({1, max(1, cores // 2), cores}))
             threads = machine.choose_threads(lambda: plain_model(w0, 0, dev), w0.input_shape, w0.num_classes,
-                                             cands, log=log)
+                                             cands, log=log, make_input=lambda n: random_inputs(w0.model, n))
             notes.append(f"threads chosen by measurement: {threads} (of {list(cands)}, on {w0.model}'s "
                          "small-batch steps)")
     threads_before = torch.get_num_threads()
@@ -245,10 +265,12 @@ def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_a
     for model in dict.fromkeys(w.model for w in chosen):
         w0 = next(w for w in chosen if w.model == model)
         log(f"best rates of {model} ...")
-        kw = dict(train_batches=(16,), eval_batches=(32,), repeats=1) if smoke else {}
+        kw = dict(train_batches=(16,), eval_batches=(32,), repeats=1) if smoke else TEXT_RATE_BATCHES if (
+            model in TEXT_MODELS) else {}
         # the factory is called inside best_rates, before w0 moves on
         rates[model] = machine.best_rates(lambda: plain_model(w0, 0, torch.device("cpu")), w0.input_shape,  # noqa: B023
-                                          w0.num_classes, dev, **kw)
+                                          w0.num_classes, dev, make_input=lambda n: random_inputs(model, n),  # noqa: B023
+                                          **kw)
 
     rows: list[Row] = []
     settings: dict[str, str] = {}
@@ -322,4 +344,4 @@ def _run(chosen, rounds, reps, heavy_reps, dev, smoke, peers, executor, flower_a
                   time.perf_counter() - t_start, notes)
 
 
-__all__ = ["PEERS", "Report", "Row", "Workload", "run_benchmarks", "state_footprint", "workloads"]
+__all__ = ["OPTIONAL_PEERS", "PEERS", "Report", "Row", "Workload", "run_benchmarks", "state_footprint", "workloads"]

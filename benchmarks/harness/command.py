@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness import PEERS, run_benchmarks
+from harness import OPTIONAL_PEERS, PEERS, run_benchmarks
 from harness.workloads import DEFAULT_WORKLOADS, workloads
 
 
@@ -22,10 +22,11 @@ def parser() -> argparse.ArgumentParser:
                     help="repetitions of heavy workloads (Scenario 1, seed sweeps); default --reps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--peers", default=",".join(PEERS),
-                    help=f"comma-separated, from: {', '.join(PEERS)} (loop: the plain PyTorch loop; loop-cl: it in "
-                         "channels-last format on this process's threads; loop-percore: loop-cl with the round's "
-                         "clients over one worker process per core, 1 thread each; processes: fedsl's "
-                         "process-pool executor)")
+                    help=f"comma-separated, from: {', '.join(PEERS + OPTIONAL_PEERS)} (loop: the plain PyTorch loop; "
+                         "loop-cl: it in channels-last format on this process's threads; loop-percore: loop-cl with "
+                         "the round's clients over one worker process per core, 1 thread each; processes: fedsl's "
+                         "process-pool executor; vectorised: fedsl's vectorised executor beside --executor's, not "
+                         "in the default list)")
     ap.add_argument("--executor", default="auto", help="the engine's executor: auto, sequential, vectorised")
     ap.add_argument("--threads", default="auto",
                     help="torch intra-op threads: a number, 'auto' (chosen by measurement) or 'torch' "

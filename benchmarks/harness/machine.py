@@ -3,7 +3,9 @@
 - ``flops_per_sample``: ``torch.utils.flop_counter.FlopCounterMode`` counts the FLOPs of
   one forward (evaluation) or forward + backward (training: gradients of the parameters,
   not of the input) of the model on a batch, divided by the batch size. Only matmuls and
-  convolutions are counted (as FlopCounterMode does); ReLU, pooling and the loss are not.
+  convolutions are counted (as FlopCounterMode does); ReLU, pooling and the loss are not. An
+  ``nn.LSTM`` (whose fused kernel FlopCounterMode does not count) is counted as the same LSTM
+  written from plain operations: its input and hidden matmuls.
 - ``best_rates``: the model's best training rate (forward + backward + nothing else, at a
   large batch, in the better of contiguous and channels-last layouts) and best inference
   rate (forward under ``inference_mode``), in samples/s and GFLOP/s, and a large float32
@@ -35,23 +37,61 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+InputMaker = Callable[[int], torch.Tensor]  # n -> a batch of n random inputs of the model (on the CPU)
+
+
+def _rand_inputs(input_shape: tuple[int, ...]) -> InputMaker:
+    return lambda n: torch.rand(n, *input_shape)
+
+
+def _count_lstm_as_plain_ops(model: nn.Module) -> list:
+    """Forward hooks that replace each ``nn.LSTM``'s output (batch-first, one direction, no projection, zero
+    initial state: fedsl's char-LSTMs) by the same LSTM from plain operations (``fedsl.models.lstm.lstm``, equal
+    to float rounding), so that ``FlopCounterMode`` sees its matmuls: it counts no FLOPs in the fused LSTM kernel
+    (``aten.lstm`` / oneDNN's ``mkldnn_rnn_layer`` on a CPU). Returns the hooks' handles (``.remove()`` them)."""
+    handles = []
+    for m in model.modules():
+        if isinstance(m, nn.LSTM):
+            assert m.batch_first and not m.bidirectional and not m.proj_size, m
+
+            def hook(mod, args, out):
+                from fedsl.models.lstm import lstm
+                layers = [tuple(getattr(mod, f"{w}_l{k}") for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+                          for k in range(mod.num_layers)]
+                return lstm(args[0], layers), out[1]
+            handles.append(m.register_forward_hook(hook))
+    return handles
+
+
 def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, train: bool,
-                     batch: int = 8) -> float:
-    """FLOPs of one sample: forward (``train=False``) or forward + backward (``train=True``)."""
+                     batch: int = 8, make_input: InputMaker | None = None) -> float:
+    """FLOPs of one sample: forward (``train=False``) or forward + backward (``train=True``).
+
+    ``make_input``: a batch of random inputs (default ``torch.rand`` of ``input_shape``, in the model's dtype;
+    a text model's are character indices). An ``nn.LSTM`` is counted as its plain-operations form (its fused
+    kernel counts 0): the matmuls of its input and hidden products, forward and backward.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
     p = next(model.parameters())
-    x = torch.rand(batch, *input_shape, dtype=p.dtype, device=p.device)
+    x = (make_input or _rand_inputs(input_shape))(batch).to(p.device)
+    if x.is_floating_point():
+        x = x.to(p.dtype)
     y = torch.randint(0, num_classes, (batch,), device=p.device)
     was = model.training
     model.train(train)
     counter = FlopCounterMode(display=False)
-    with counter:
-        if train:
-            F.cross_entropy(model(x), y).backward()
-        else:
-            with torch.no_grad():
-                model(x)
+    handles = _count_lstm_as_plain_ops(model)
+    try:
+        with counter:
+            if train:
+                F.cross_entropy(model(x), y).backward()
+            else:
+                with torch.no_grad():
+                    model(x)
+    finally:
+        for h in handles:
+            h.remove()
     model.zero_grad(set_to_none=True)
     model.train(was)
     return counter.get_total_flops() / batch
@@ -106,16 +146,19 @@ def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 5) -> floa
 
 def best_rates(model_factory: Callable[[], nn.Module], input_shape: tuple[int, ...], num_classes: int,
                device: torch.device, train_batches: tuple[int, ...] = (128, 512),
-               eval_batches: tuple[int, ...] = (100, 500, 2000), repeats: int = 3) -> Rates:
-    """The model's best fwd+bwd and fwd rates over the given batches and both memory layouts.
+               eval_batches: tuple[int, ...] = (100, 500, 2000), repeats: int = 3,
+               make_input: InputMaker | None = None) -> Rates:
+    """The model's best fwd+bwd and fwd rates over the given batches and both memory layouts (images).
 
     Training: ``cross_entropy(model(x), y).backward()`` (what any training step must do, no
     optimiser). Evaluation: ``model(x)`` under ``torch.inference_mode``. ``model_factory``
-    builds a fresh plain module (torch's own dropout).
+    builds a fresh plain module (torch's own dropout). ``make_input``: a batch of random inputs (default
+    ``torch.rand`` of ``input_shape``; a text model's: character indices).
     """
+    make_input = make_input or _rand_inputs(input_shape)
     model = model_factory().to(device)
-    f_train = flops_per_sample(model, input_shape, num_classes, True)
-    f_eval = flops_per_sample(model, input_shape, num_classes, False)
+    f_train = flops_per_sample(model, input_shape, num_classes, True, make_input=make_input)
+    f_eval = flops_per_sample(model, input_shape, num_classes, False, make_input=make_input)
     layouts = (False, True) if len(input_shape) == 3 else (False,)
     best_t, best_e = (0.0, ""), (0.0, "")
     for cl in layouts:
@@ -124,7 +167,7 @@ def best_rates(model_factory: Callable[[], nn.Module], input_shape: tuple[int, .
             m = m.to(memory_format=torch.channels_last)
         tag = "channels-last" if cl else "contiguous"
         for b in train_batches:
-            x = _layout(torch.rand(b, *input_shape, device=device), cl)
+            x = _layout(make_input(b).to(device), cl)
             y = torch.randint(0, num_classes, (b,), device=device)
             m.train(True)
 
@@ -136,7 +179,7 @@ def best_rates(model_factory: Callable[[], nn.Module], input_shape: tuple[int, .
                 best_t = (rate, f"batch {b}, {tag}")
         m.train(False)
         for b in eval_batches:
-            x = _layout(torch.rand(b, *input_shape, device=device), cl)
+            x = _layout(make_input(b).to(device), cl)
 
             def fwd() -> None:  # timed right here, in this iteration
                 with torch.inference_mode():
@@ -149,7 +192,7 @@ def best_rates(model_factory: Callable[[], nn.Module], input_shape: tuple[int, .
 
 def choose_threads(model_factory: Callable[[], nn.Module], input_shape: tuple[int, ...], num_classes: int,
                    candidates: tuple[int, ...], batch: int = 10, eval_batch: int = 100, rounds: int = 3,
-                   log: Callable[[str], None] | None = None) -> int:
+                   log: Callable[[str], None] | None = None, make_input: InputMaker | None = None) -> int:
     """The intra-op thread count (of ``candidates``) that runs this model's small-batch work fastest.
 
     Probe: 20 SGD-sized fwd+bwd steps at ``batch`` plus 5 forward passes at ``eval_batch``
@@ -158,12 +201,13 @@ def choose_threads(model_factory: Callable[[], nn.Module], input_shape: tuple[in
     shared with other work, 2 threads were measured 10x slower than 1 (both threads must
     be scheduled at every op); on a quiet one, 2 threads are faster.
     """
+    make_input = make_input or _rand_inputs(input_shape)
     m = model_factory()
     if len(input_shape) == 3:
         m = m.to(memory_format=torch.channels_last)
-    x = _layout(torch.rand(batch, *input_shape), True)
+    x = _layout(make_input(batch), True)
     y = torch.randint(0, num_classes, (batch,))
-    xe = _layout(torch.rand(eval_batch, *input_shape), True)
+    xe = _layout(make_input(eval_batch), True)
 
     def probe() -> None:
         m.train(True)

@@ -145,6 +145,18 @@ class ProcessesPeer(EnginePeer):
                           "warm-up round, not counted)")
 
 
+class VectorisedPeer(EnginePeer):
+    """fedsl's engine with the vectorised executor (``torch.func.vmap`` over the round's clients), whatever
+    ``--executor`` says: beside the ``fedsl`` row (the CPU's default, sequential) in one interleaved run. A
+    char-LSTM runs its plain-operations LSTM under vmap (``nn.LSTM``'s fused kernel has no batching rule)."""
+
+    name = "fedsl vectorised"
+
+    def __init__(self, w: Workload, data: Data, device: torch.device, executor: str = "vectorised",
+                 eval_batch_size: int = 100) -> None:
+        super().__init__(w, data, device, "vectorised", eval_batch_size)
+
+
 class StackedPeer(Peer):
     """``fedsl.engine.stacked.StackedSimulator`` over the seeds' simulators (all seeds per call)."""
 

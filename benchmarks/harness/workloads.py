@@ -1,10 +1,12 @@
-"""The benchmark workloads: the paper's Scenario 1 and 2 shapes on random data.
+"""The benchmark workloads: the paper's Scenario 1 and 2 shapes, and Shakespeare's, on random data.
 
 Speed does not depend on the pixel values, so every workload draws its images and
 labels at random (a seeded ``torch.Generator``): no dataset files are needed and every
-peer sees exactly the same tensors. A workload fixes the model, N, n_i, S, B, the local
-epochs (so K = E·⌈n_i/B⌉ steps per client per round), the test-set size, and whether the
-global model is evaluated on the test set after every round (the paper's protocol).
+peer sees exactly the same tensors. A text model's (``TEXT_MODELS``: the char-LSTMs) inputs are
+windows of character indices instead, ``uint8`` [n, 80] as fedsl's Shakespeare data holds them.
+A workload fixes the model, N, n_i, S, B, the local epochs (so K = E·⌈n_i/B⌉ steps per
+client per round), the test-set size, and whether the global model is evaluated on the test set
+after every round (the paper's protocol).
 """
 
 from __future__ import annotations
@@ -15,13 +17,30 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-# model name -> (input shape (C, H, W), classes)
+# model name -> (input shape: (C, H, W) of an image, (L,) characters of a text window; classes)
 MODEL_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
     "cifar_cnn": ((3, 32, 32), 10),
     "emnist_cnn": ((1, 28, 28), 45),
     "small_cnn": ((1, 12, 12), 4),
     "mlp": ((1, 6, 6), 4),
+    "char_lstm": ((80,), 80),  # windows of L = 80 characters -> the next of V = 80
+    "char_lstm_small": ((80,), 80),
 }
+# models whose inputs are character indices < VOCAB (uint8), not images in [0, 1)
+TEXT_MODELS = frozenset({"char_lstm", "char_lstm_small"})
+VOCAB = 80
+# models whose rounds take many seconds on a small CPU whatever their sample count (``is_heavy``)
+HEAVY_MODELS = frozenset({"char_lstm"})
+
+
+def random_inputs(model: str, n: int, generator: torch.Generator | None = None,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """``n`` random inputs of ``model``: images ``torch.rand`` [n, C, H, W] (float32), or for a text model
+    (``TEXT_MODELS``) character indices ``torch.randint(0, VOCAB)`` [n, L] in ``uint8``."""
+    shape = MODEL_SHAPES[model][0]
+    if model in TEXT_MODELS:
+        return torch.randint(0, VOCAB, (n, *shape), dtype=torch.uint8, generator=generator, device=device)
+    return torch.rand(n, *shape, generator=generator, device=device)
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,9 @@ class Workload:
 def _base() -> dict[str, Workload]:
     # The fedsl presets scenario{1,2}-{cifar10,emnist}.toml; EMNIST's test set is the paper's
     # 45 Balanced classes x 400 = 18,000 images.
+    # Shakespeare: the preset shakespeare.toml's FedAvg round (S = 10 roles, K = 20 steps of B = 10 windows, a
+    # 10,000-window test set) on N = 100 clients of n_i = 200 windows (E = 1: K = 20), with its model
+    # char_lstm_small (2 x 64) and with LEAF's char_lstm (2 x 256).
     return {
         "s1-cifar10": Workload("s1-cifar10", "cifar_cnn", 10, 5000, 4, 50),
         "s2-cifar10": Workload("s2-cifar10", "cifar_cnn", 1000, 50, 10, 10),
@@ -111,6 +133,8 @@ def _base() -> dict[str, Workload]:
         "s2-cifar10-fsl": Workload("s2-cifar10-fsl", "cifar_cnn", 1000, 50, 10, 10, server_samples=500),
         "s1-emnist": Workload("s1-emnist", "emnist_cnn", 45, 2400, 5, 50, test_size=18_000),
         "s2-emnist": Workload("s2-emnist", "emnist_cnn", 450, 240, 5, 50, test_size=18_000),
+        "shakespeare-small": Workload("shakespeare-small", "char_lstm_small", 100, 200, 10, 10),
+        "shakespeare": Workload("shakespeare", "char_lstm", 100, 200, 10, 10),
     }
 
 
@@ -119,12 +143,17 @@ def workloads(smoke: bool = False) -> dict[str, Workload]:
     round, ``eval-cifar10`` / ``eval-emnist`` (evaluation only), and ``s2-cifar10-8seeds+eval`` (a sweep of
     8 seeds, evaluated every round).
 
-    ``smoke``: the same names on a tiny model and data (CI checks the harness, not speed).
+    ``shakespeare-small`` and ``shakespeare`` (char-LSTMs, with and without ``+eval``) are not in
+    ``DEFAULT_WORKLOADS``: ask for them by name.
+
+    ``smoke``: the same names on a tiny model and data (CI checks the harness, not speed); a text workload
+    stays text (``char_lstm_small`` on a few uint8 windows), so that the smoke runs the integer-input path.
     """
     out: dict[str, Workload] = {}
     for name, w in _base().items():
         if smoke:
-            w = replace(w, model="small_cnn", num_clients=min(w.num_clients, 6), samples_per_client=12,
+            w = replace(w, model="char_lstm_small" if w.model in TEXT_MODELS else "small_cnn",
+                        num_clients=min(w.num_clients, 6), samples_per_client=12,
                         clients_per_round=min(w.clients_per_round, 3), batch_size=4, test_size=40,
                         server_samples=min(w.server_samples, 8))
         out[name] = w
@@ -138,8 +167,9 @@ def workloads(smoke: bool = False) -> dict[str, Workload]:
 
 
 def is_heavy(w: Workload) -> bool:
-    """Rounds of many seconds on a small CPU: > 5,000 training samples per round, or several seeds."""
-    return w.train_samples_per_round > 5000 or w.seeds > 1
+    """Rounds of many seconds on a small CPU: > 5,000 training samples per round, several seeds, or a heavy
+    model (``HEAVY_MODELS``: LEAF's char-LSTM, ~0.4 GFLOP per training window)."""
+    return w.train_samples_per_round > 5000 or w.seeds > 1 or (w.model in HEAVY_MODELS and w.train)
 
 
 def timed_rounds(w: Workload, rounds: int) -> int:
@@ -169,26 +199,26 @@ class Data:
 def server_tensors(w: Workload, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The server's n0 random images and labels (FSL workloads), a function of (workload, seed) alone."""
     g = torch.Generator().manual_seed(104_729 * seed + 99_991)
-    x = torch.rand(w.server_samples, *w.input_shape, generator=g)
+    x = random_inputs(w.model, w.server_samples, g)
     y = torch.randint(0, w.num_classes, (w.server_samples,), generator=g)
     return x, y
 
 
 def client_tensors(w: Workload, cid: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Client ``cid``'s random images and labels, a function of (workload, seed, cid) alone.
+    """Client ``cid``'s random images (or text windows) and labels, a function of (workload, seed, cid) alone.
 
     This is how each peer gets the same client data without sharing memory: the Flower
     ClientApp (another process) regenerates it from its partition id.
     """
     g = torch.Generator().manual_seed(1_000_003 * seed + cid + 1)
-    x = torch.rand(w.samples_per_client, *w.input_shape, generator=g)
+    x = random_inputs(w.model, w.samples_per_client, g)
     y = torch.randint(0, w.num_classes, (w.samples_per_client,), generator=g)
     return x, y
 
 
 def test_tensors(w: Workload, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7_919 * seed + 12_345)
-    x = torch.rand(w.test_size, *w.input_shape, generator=g)
+    x = random_inputs(w.model, w.test_size, g)
     y = torch.randint(0, w.num_classes, (w.test_size,), generator=g)
     return x, y
 
