@@ -395,3 +395,18 @@ def test_scaffold_server_derives_the_clients_control_variate_changes():
     _, out = rule.server_update(x, sent, finals, HALF, ctx(list(steps)))
     expected = sent["c"]["w"] + sum(n["c_i"]["w"] - o["c_i"]["w"] for n, o in zip(new, old)) / 4
     assert torch.allclose(out["c"]["w"], expected, rtol=0, atol=1e-14)
+
+
+def test_the_server_round_is_its_stages_in_one_order():
+    """``server_round.stages``: which concerns a round has, in the order they run, read off the algorithm."""
+    from fedsl.algorithms import DifferentialPrivacy, Robust, ServerLearning
+    from fedsl.algorithms import server_round as R
+    local = LocalTraining(0.1, 4)
+    sl = lambda **kw: ServerLearning(1.0, 0.1, 4, 1, **kw)
+    assert R.stages(make_algorithm("fedavg", local, 1.0, None)) == (R.weigh, R.rule)
+    assert R.stages(make_algorithm("fsl", local, 1.0, sl())) == (R.weigh, R.rule)  # line 10 follows the stages
+    assert R.stages(make_algorithm("feddu", local, 1.0, sl())) == (R.weigh, R.rule, R.rule_gamma)
+    every = make_algorithm("fsl_p", local, 1.0, sl(log_angle=True), robust=Robust("median"),
+                           privacy=DifferentialPrivacy(1.0, 0.5, 4))
+    assert R.stages(every) == (R.robust, R.private, R.weigh, R.beside, R.measure_angle, R.rule)
+    assert R._rule_alone(make_algorithm("fsl", local, 1.0, sl())) and not R._rule_alone(every)

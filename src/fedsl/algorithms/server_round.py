@@ -1,5 +1,9 @@
 """The server's round for any rule: its update, then server learning on D0 (Algorithm 1, lines 8-10).
 
+Lines 8-9 are ``stages(alg)``: small functions over a ``Round``, each present or not by the algorithm's settings,
+in one order (robust rule, private aggregate, weights, FSL-p's row, cos θ_t, the rule's update, the rule's γ_t).
+The whole round:
+
     {x_i}   = robust_results(x_t, {x_i})                           a robust server rule, if any (robust.py)
     x̄_t     = rule.server_update(x_t, {x_i})                       lines 8-9 (FedAvg: x + η_g·mean Δ_i)
     x̄_t     ← distil {x_i} into x̄_t on unlabelled data U           FedDF, if the algorithm distils (distillation.py)
@@ -97,9 +101,104 @@ def initial_gamma(alg: Algorithm) -> float | None:
     return sl.gamma if sl is not None and sl.gamma_schedule.kind == "adaptive" else None
 
 
+@dataclass
+class Round:
+    """Round t on the server as far as the stages have taken it (``stages``)."""
+
+    x: Params  # x_t
+    algo: State  # the rule's server state: x_t's, then (after ``rule``) the new one
+    results: ClientResults  # the replies, as the stages so far left them (robust rule, private aggregate)
+    gamma: float | None  # γ_t (None without server learning)
+    clip: float | None  # DP's clip: C_t's state, then C_{t+1}
+    finals: Params | None = None  # the models the rule averages (``weigh``: the clients'; FSL-p adds its row)
+    weights: torch.Tensor | None = None  # their weights
+    cos: float | None = None  # cos θ_t, when measured
+    server_steps: int = 0  # K0 taken so far (FSL-p's server "client")
+    x_bar: Params | None = None  # x̄_t (``rule``)
+
+
+Stage = Callable[[Algorithm, Round, int, "ServerSide"], Round]
+
+
+def robust(alg: Algorithm, r: Round, t: int, server: ServerSide) -> Round:
+    """A robust server rule replaces the clients' models (``robust_step``)."""
+    r.results = robust_step(alg, r.x, r.results, t, server)
+    return r
+
+
+def private(alg: Algorithm, r: Round, t: int, server: ServerSide) -> Round:
+    """DP-FedAvg: the private aggregate replaces the clients' models at C_t; adaptive clipping gives C_{t+1} from
+    round t's noised count. What follows reads the private aggregate only."""
+    c = alg.privacy.clip if r.clip is None else r.clip  # C_t
+    if alg.privacy.adaptive is not None:
+        r.clip = next_clip(r.x, r.results, alg.privacy, c, server.seed, t)
+    r.results = privatize(r.x, r.results, alg.privacy, server.seed, t, c)
+    return r
+
+
+def weigh(alg: Algorithm, r: Round, t: int, server: ServerSide) -> Round:
+    """The models the rule averages and their weights (plain 1/S, or n_i/Σn: ``client_weights``)."""
+    device = next(iter(r.x.values())).device
+    r.finals = r.results.params
+    r.weights = to_device(client_weights(r.results.sizes, alg.weighted), device)  # queued, no GPU sync
+    return r
+
+
+def beside(alg: Algorithm, r: Round, t: int, server: ServerSide) -> Round:
+    """FSL-p: the server trains from x_t like one more client; its model joins the mean with weight w0."""
+    sl = alg.server_learning
+    x0, r.server_steps = server.train(r.x, t, r.gamma * sl.lr)
+    w0 = sl.parallel_weight(server.n0, r.results.sizes)
+    r.finals = {n: torch.cat([r.finals[n], x0[n].unsqueeze(0)]) for n in r.finals}
+    r.weights = torch.cat([(1.0 - w0) * r.weights, tensor_on([w0], r.weights.device, r.weights.dtype)])
+    return r
+
+
+def measure_angle(alg: Algorithm, r: Round, t: int, server: ServerSide) -> Round:
+    """cos θ_t between -∇f0(x_t) and the clients' mean update (their rows, not FSL-p's)."""
+    s = len(r.results.sizes)
+    r.cos = angle(r.x, {n: v[:s] for n, v in r.finals.items()}, r.weights[:s] / r.weights[:s].sum(),
+                  server.f0_grad(r.x))
+    return r
+
+
+def rule(alg: Algorithm, r: Round, t: int, server: ServerSide) -> Round:
+    """Lines 8-9: the rule's server update (FedAvg: x̄ = x + η_g·Σ w_i Δ_i) and its new server state."""
+    device = next(iter(r.x.values())).device
+    steps = tensor_on(r.results.steps, device)
+    losses = tensor_on(r.results.start_losses, device, torch.float64) if r.results.start_losses else None  # q-FedAvg
+    r.x_bar, r.algo = alg.rule.server_update(r.x, r.algo, r.finals, r.weights,
+                                             RoundContext(alg.local.lr, steps, server.num_clients, losses))
+    return r
+
+
+def rule_gamma(alg: Algorithm, r: Round, t: int, server: ServerSide) -> Round:
+    """The rule's own γ_t for line 10, from x̄_t and the round's clients (FedDU)."""
+    r.gamma = dynamic_gamma(alg, r.gamma, r.x_bar, r.results, t, server)
+    return r
+
+
+def stages(alg: Algorithm) -> tuple[Stage, ...]:
+    """Lines 8-9 of ``alg``'s round as stages, in the order they run: a robust rule's models, DP's private
+    aggregate, the weights, FSL-p's server row, cos θ_t, the rule's update, the rule's γ_t. The one place that
+    says which concerns a round has and in what order; the server learning that follows (FedDF's distillation,
+    line 10, γ's adaptation) runs over a stack of runs in ``server_updates``."""
+    sl = alg.server_learning
+    on = sl is not None and sl.active
+    return tuple(stage for stage, present in (
+        (robust, alg.robust is not None and alg.robust.active),
+        (private, alg.privacy is not None),
+        (weigh, True),
+        (beside, on and sl.mode == "parallel"),
+        (measure_angle, on and sl.measures_angle),
+        (rule, True),
+        (rule_gamma, on and dynamic(alg)),
+    ) if present)
+
+
 def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t: int, server: ServerSide,
               updated: tuple[Params, State] | None = None) -> Aggregated:
-    """Lines 8-9 of round t: γ_t, FSL-p's server update beside the clients', cos θ_t, the rule's update.
+    """Lines 8-9 of round t: γ_t, then the algorithm's ``stages``.
 
     ``results`` None: no client update reached the server this round; x̄ = x_t and the rule's state
     stays (a deployment's round whose replies were all lost or unusable). ``updated``: the rule's update
@@ -115,34 +214,10 @@ def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t:
         return Aggregated(state.x, state.algo, gamma, None, 0, incremental, state.clip)
     if updated is not None:
         return Aggregated(*updated, gamma, None, 0, incremental, state.clip)
-    results = robust_step(alg, state.x, results, t, server)  # the clients' rows only: FSL-p's joins below
-    clip = state.clip
-    if alg.privacy is not None:  # DP-FedAvg: the rule, FSL-p and cos θ_t read the private aggregate only
-        c = alg.privacy.clip if clip is None else clip  # C_t
-        if alg.privacy.adaptive is not None:  # adaptive clipping: C_{t+1} from round t's noised count
-            clip = next_clip(state.x, results, alg.privacy, c, server.seed, t)
-        results = privatize(state.x, results, alg.privacy, server.seed, t, c)
-    x, finals = state.x, results.params
-    device = next(iter(x.values())).device
-    weights = to_device(client_weights(results.sizes, alg.weighted), device)  # queued, no GPU sync
-    server_steps = 0
-    if on and sl.mode == "parallel":
-        # FSL-p: the server trains from x_t like one more client; its update joins the mean with weight w0
-        x0, server_steps = server.train(x, t, gamma * sl.lr)
-        w0 = sl.parallel_weight(server.n0, results.sizes)
-        finals = {n: torch.cat([finals[n], x0[n].unsqueeze(0)]) for n in finals}
-        weights = torch.cat([(1.0 - w0) * weights, tensor_on([w0], device, weights.dtype)])
-    cos = None
-    if on and sl.measures_angle:
-        s = len(results.sizes)  # the clients' rows (not FSL-p's server row)
-        cos = angle(x, {n: v[:s] for n, v in finals.items()}, weights[:s] / weights[:s].sum(), server.f0_grad(x))
-    steps = tensor_on(results.steps, device)
-    losses = tensor_on(results.start_losses, device, torch.float64) if results.start_losses else None  # q-FedAvg
-    x_bar, algo = alg.rule.server_update(x, state.algo, finals, weights, RoundContext(alg.local.lr, steps,
-                                                                                       server.num_clients, losses))
-    if on and dynamic(alg):
-        gamma = dynamic_gamma(alg, gamma, x_bar, results, t, server)
-    return Aggregated(x_bar, algo, gamma, cos, server_steps, incremental, clip)
+    r = Round(state.x, state.algo, results, gamma, state.clip)
+    for stage in stages(alg):
+        r = stage(alg, r, t, server)
+    return Aggregated(r.x_bar, r.algo, r.gamma, r.cos, r.server_steps, incremental, r.clip)
 
 
 def robust_step(alg: Algorithm, x: Params, results: ClientResults, t: int, server: ServerSide) -> ClientResults:
@@ -161,18 +236,12 @@ def robust_step(alg: Algorithm, x: Params, results: ClientResults, t: int, serve
 
 
 def _rule_alone(alg: Algorithm) -> bool:
-    """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone: no robust step before it, no
-    private aggregate (DP-FedAvg replaces the clients' models first), no FSL-p server update beside the
-    clients', no cos θ_t (a full gradient on D0), no clients' losses read (q-FedAvg). Only then may the engine's
-    ``RuleUpdates`` stand in for them."""
-    if alg.robust is not None and alg.robust.active:
+    """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone (its ``stages`` are the weights
+    and the rule) and read no clients' losses (q-FedAvg's: the engine's batched update passes no F_i(x_t)). Only
+    then may the engine's ``RuleUpdates`` stand in for them."""
+    if alg.spec is not None and alg.spec.reads_start_loss:
         return False
-    if alg.spec is not None and alg.spec.reads_start_loss:  # the engine's batched update passes no F_i(x_t)
-        return False
-    sl = alg.server_learning
-    if alg.privacy is not None:
-        return False
-    return not (sl is not None and sl.active and (sl.mode == "parallel" or sl.measures_angle or dynamic(alg)))
+    return stages(alg) == (weigh, rule)
 
 
 def dynamic(alg: Algorithm) -> bool:
