@@ -46,7 +46,7 @@ the robust and private aggregates and the composed ``Algorithm`` all build on it
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -78,6 +78,22 @@ class RunState:
     gamma: float | None = None
     clients: State = field(default_factory=dict)
     clip: float | None = None
+
+    def server_part(self) -> "RunState":
+        """The state less the clients' tables: what a deployment's server keeps (its clients keep theirs) and what a
+        checkpoint of a run that nothing resumes holds."""
+        return replace(self, clients={})
+
+    def with_x(self, x: Params) -> "RunState":
+        """The same state at another model x (x_0 given to a deployment, a layout for the engine)."""
+        return replace(self, x=x)
+
+    def moved(self, to: Callable[[torch.Tensor], torch.Tensor], clients: State | None = None) -> "RunState":
+        """The state with ``to`` applied to every tensor of x and of the rule's state (a device, a dtype), and the
+        clients' tables ``clients`` (None: none)."""
+        def tree(d: dict) -> dict:
+            return {k: tree(v) if isinstance(v, dict) else to(v) for k, v in d.items()}
+        return replace(self, x=tree(self.x), algo=tree(self.algo), clients=clients or {})
 
 
 @dataclass

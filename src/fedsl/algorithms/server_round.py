@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -196,6 +196,12 @@ def stages(alg: Algorithm) -> tuple[Stage, ...]:
     ) if present)
 
 
+def initial_state(alg: Algorithm, x: Params, clients: State | None = None) -> RunState:
+    """Round 0's state at x_0: the rule's initial server state, γ_0 (``initial_gamma``), the clients' tables
+    ``clients`` (a deployment's server: none)."""
+    return RunState(x, alg.rule.init_server_state(x), initial_gamma(alg), clients or {})
+
+
 def aggregate(alg: Algorithm, state: RunState, results: ClientResults | None, t: int, server: ServerSide,
               updated: tuple[Params, State] | None = None) -> Aggregated:
     """Lines 8-9 of round t: γ_t, then the algorithm's ``stages``.
@@ -270,7 +276,7 @@ def finish(alg: Algorithm, state: RunState, agg: Aggregated, x_next: Params, ser
     gamma = state.gamma
     if agg.gamma is not None and sl.gamma_schedule.kind == "adaptive" and agg.cos is not None:
         gamma = sl.gamma_schedule.adapt(sl.gamma, agg.gamma, agg.cos)
-    new = RunState(x_next, agg.algo, gamma, state.clients, agg.clip)
+    new = replace(state, x=x_next, algo=agg.algo, gamma=gamma, clip=agg.clip)
     return new, ServerMetrics(agg.gamma, agg.cos, server_steps, agg.distill_steps)
 
 

@@ -31,7 +31,7 @@ from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import ClientResults, LocalTraining, RunState, State
 from fedsl.algorithms.label_counts import LabelCounts, label_counts
 from fedsl.algorithms.server_learning import Pretraining
-from fedsl.algorithms.server_round import ServerMetrics, ServerSide, initial_gamma, server_update
+from fedsl.algorithms.server_round import ServerMetrics, ServerSide, initial_state, server_update
 from fedsl.core import attacks, participation, rng
 from fedsl.core import threads as _threads
 from fedsl.core.attacks import NO_ATTACK, Attack
@@ -214,7 +214,7 @@ class Simulator:
             # since copying N×d numbers (2 GB for 1,000 CIFAR clients) would cost more than the round
             clients = {k: {p: v.to(self.tables_device).unsqueeze(0).expand(n, *v.shape).clone() for p, v in g.items()}
                        for k, g in initial.items()}
-        return RunState(x, rule.init_server_state(x), initial_gamma(self.alg), clients)
+        return initial_state(self.alg, x, clients)
 
     def store_file(self) -> Path | None:
         """The file of a store on disk (``STORE_FILE`` in the run's folder; never outside it), None in memory."""

@@ -213,5 +213,5 @@ def _from_blob(blob: dict[str, Any]) -> Checkpoint:
         raise ValueError("it holds no parameters")
     if not isinstance(clients, SavedStore):
         clients = _tensors(clients, "clients' states")
-    state = RunState(x, _tensors(algo, "server state"), gamma, clients, clip)
+    state = RunState(x=x, algo=_tensors(algo, "server state"), gamma=gamma, clients=clients, clip=clip)
     return Checkpoint(blob["round"], state, extra)

@@ -46,7 +46,7 @@ class MetricsFile(Callback):
 
 def without_tables(state: RunState) -> RunState:
     """``state`` less its clients' tables: what a checkpoint of a run that nothing resumes keeps."""
-    return RunState(state.x, state.algo, state.gamma, clip=state.clip)
+    return state.server_part()
 
 
 class Checkpoints(Callback):

@@ -68,16 +68,12 @@ class RunSession:
             if ckpt is not None:
                 self.start, self.wall0 = ckpt.round, float(ckpt.extra.get("wall_time", 0.0))
 
-                def dev(d, device=prep.device):
-                    return {k: dev(v, device) if isinstance(v, dict) else v.to(device=device, dtype=sim.dtype)
-                            for k, v in d.items()}
-
                 s = ckpt.state  # the clients' states where the simulator keeps them (host memory, a file, ...)
                 try:
                     clients = sim.place_clients(s.clients)
                 except ValueError as e:
                     raise ConfigError(f"{rd.checkpoint_file}: {e}") from None
-                self.state = RunState(dev(s.x), dev(s.algo), s.gamma, clients, s.clip)
+                self.state = s.moved(lambda v: v.to(device=prep.device, dtype=sim.dtype), clients)
                 history = rd.truncate_metrics(self.start)
             elif rd.is_run():
                 rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too

@@ -55,7 +55,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 from fedsl.algorithms.base import ClientResults, LocalSGD, RunState
-from fedsl.algorithms.server_round import ServerMetrics, initial_gamma, server_update
+from fedsl.algorithms.server_round import ServerMetrics, initial_state, server_update
 from fedsl.core import participation, rng
 from fedsl.engine.plan import planned_steps
 from fedsl.experiments import checkpoint
@@ -129,9 +129,9 @@ class FedslStrategy(FedAvg):
         self.setup, self.sim, self.alg = setup, setup.sim, setup.algorithm
         if state is None:
             x = self.sim.initial_params(setup.pretrain)
-            state = RunState(x, self.alg.rule.init_server_state(x), initial_gamma(self.alg))
+            state = initial_state(self.alg, x)
         # the server keeps the server state only: each client keeps its own (``fedsl.flower.client``)
-        self.state = RunState(state.x, state.algo, state.gamma, clip=state.clip)
+        self.state = state.server_part()
         self.assigned: dict[int, int] = dict(setup.options.node_partitions)  # node-partitions (empty: first claim)
         for node, pid in self.assigned.items():
             if not 0 <= pid < setup.num_clients:
@@ -289,7 +289,7 @@ class FedslStrategy(FedAvg):
         t = self.offset + server_round - 1
         first, self._started = not self._started, True
         if first and len(arrays):  # x_0 as given to ``start`` (later rounds: our own x_{t}, after SL)
-            self.state = RunState(self._params(arrays), self.state.algo, self.state.gamma, clip=self.state.clip)
+            self.state = self.state.with_x(self._params(arrays))
         self._refresh_nodes(grid, first=first)
         cfg = self.setup.cfg
         steps: dict[int, int] = {}
@@ -490,7 +490,7 @@ class FedslStrategy(FedAvg):
         F_i(x_t), for a rule that reads them (q-FedAvg). The new state is the caller's to keep (``state``);
         SecAgg+'s rounds (``fedsl.flower.secagg``) call it too."""
         sim = self.sim
-        state = RunState(sim.layout(self.state.x), self.state.algo, self.state.gamma, clip=self.state.clip)
+        state = self.state.with_x(sim.layout(self.state.x))
         results = None
         if ids:
             results = ClientResults({n: torch.stack([finals[i][0][n] for i in ids]) for n in state.x},

@@ -114,11 +114,8 @@ class StrategyCheckpoint:
         if done > cfg.rounds:
             raise ConfigError(f"{self.out_dir}/{CHECKPOINT} is at round {done}, past rounds = {cfg.rounds}")
 
-        def dev(group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return {n: v.to(device=self.device, dtype=self.dtype) for n, v in group.items()}
-
         s = ckpt.state  # the server state only: the clients keep theirs
-        return Resumed(done, RunState(dev(s.x), {k: dev(g) for k, g in s.algo.items()}, s.gamma, clip=s.clip),
+        return Resumed(done, s.moved(lambda v: v.to(device=self.device, dtype=self.dtype)),
                        list(ckpt.extra.get("history", []))[:done],
                        [e for e in ckpt.extra.get("evaluations", []) if e["round"] <= done])
 
