@@ -8,9 +8,9 @@ from fedsl.cli import main
 from fedsl.experiments import loading, presets
 
 PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
-# beyond the paper, on its data, and at cross-device scale (generated: its quick form about 4 CPU-s)
+# beyond the paper, on its data, at cross-device scale (generated: its quick form about 4 CPU-s) and on text
 BEYOND = [n for n in presets.names() if n.startswith(("rivals", "availability", "robustness", "privacy",
-                                                       "cross-device", "serverdata"))]
+                                                       "cross-device", "serverdata", "shakespeare"))]
 
 
 def test_paper_presets_name_their_figure_and_have_quick_forms():
