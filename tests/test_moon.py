@@ -29,7 +29,7 @@ from fedsl.experiments import config as C
 from fedsl.experiments.build import check
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.runner import run
-from fedsl.models import MODELS, build_model, has_representation
+from fedsl.models import MODELS, TEXT_MODELS, build_model, has_representation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -238,11 +238,13 @@ def test_moon_with_a_model_without_representation_is_a_one_line_config_error(tmp
 
 def test_built_in_models_expose_a_representation_that_composes_to_forward():
     for name in MODELS:
-        shape = (3, 32, 32) if name == "cifar_cnn" else (1, 28, 28)
-        model = build_model(name, 10, shape, seed=0).train(False)
+        text = name in TEXT_MODELS  # character indices [L], not images
+        shape = (80,) if text else (3, 32, 32) if name == "cifar_cnn" else (1, 28, 28)
+        model = build_model(name, 80 if text else 10, shape, seed=0).train(False)
         assert has_representation(model) == (name not in ("linear", "logreg")), name
         if name not in ("linear", "logreg"):
-            x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+            g = torch.Generator().manual_seed(0)
+            x = torch.randint(0, 80, (2, *shape), generator=g) if text else torch.randn(2, *shape, generator=g)
             assert torch.equal(model.head(model.features(x)), model(x)), name
     assert build_model("cifar_cnn", 10, (3, 32, 32), seed=0).features(torch.zeros(1, 3, 32, 32)).shape == (1, 128)
     assert not has_representation(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)))
