@@ -307,10 +307,10 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
               carve: bool = typer.Option(False, "--carve", help="carve train/test out of the one local split"),
               out: Path = typer.Option(Path("contact-sheet.png"), "--out", "-o", help="PNG of samples")) -> None:
     """Counts per class and a contact sheet of samples."""
-    from fedsl.data.datasets import load_arrays
+    from fedsl.data.datasets import is_text, load_arrays
     from fedsl.report.plots import contact_sheet
     ds = load_arrays(_data_config(name, data_dir, False, split, carve))
-    text = ds.train.x.ndim == 2  # windows of character indices (fedsl.data.datasets.is_text)
+    text = is_text(ds.train.x)
     shape = f"windows of {ds.train.x.shape[1]} characters" if text else f"image {tuple(ds.train.x.shape[1:])}"
     console.print(f"{name}: {len(ds.train)} train / {len(ds.test)} test, {shape}", markup=False, highlight=False)
     table = Table()

@@ -212,9 +212,10 @@ def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     return mean, std
 
 
-def is_text(x: np.ndarray) -> bool:
-    """Whether samples ``x`` are text: uint8 [n, L] character indices (images have 3 or 4 dimensions)."""
-    return x.ndim == 2
+def is_text(x: np.ndarray | torch.Tensor) -> bool:
+    """Whether samples ``x`` (an array or a tensor) are text: uint8 [n, L] character indices (images have 3 or 4
+    dimensions)."""
+    return x.ndim == 2 and str(x.dtype).endswith("uint8")
 
 
 def to_tensor(images: np.ndarray, stats: tuple[list[float], list[float]] | None = None) -> torch.Tensor:

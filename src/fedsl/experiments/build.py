@@ -18,7 +18,7 @@ from fedsl.algorithms import Algorithm, Pretraining
 from fedsl.core import threads
 from fedsl.core.privacy_accounting import Budget
 from fedsl.core.types import Params
-from fedsl.data.datasets import build_federation
+from fedsl.data.datasets import build_federation, is_text
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
@@ -68,7 +68,7 @@ def finetune(sim: Simulator, cfg: RunConfig, x: Params) -> dict | None:
 
 def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
     """The configured model as a pure function; a model the engine cannot run is a ConfigError."""
-    text = fed.x.dim() == 2 and fed.x.dtype == torch.uint8  # character indices (fedsl.data.datasets.is_text)
+    text = is_text(fed.x)
     builtin = cfg.model.name in MODELS
     if builtin and text != (cfg.model.name in TEXT_MODELS):
         want = "one of " if text else "a model other than "
