@@ -77,6 +77,18 @@ def random_federation(sizes, n0=12, num_classes=4, shape=(1, 8, 8), dtype=torch.
         torch.device("cpu"), dtype)
 
 
+def stacked_and_alone(make_sims, rounds: int):
+    """``rounds`` rounds of the runs ``make_sims()`` builds, stacked (``StackedSimulator``) and each alone: per run
+    (stacked state, stacked (accuracy, loss), the state alone, the simulator alone)."""
+    from fedsl.engine.stacked import StackedSimulator
+    stacked = StackedSimulator(make_sims())
+    states = stacked.initial_states()
+    for t in range(rounds):
+        states, _ = stacked.round(states, t)
+    evals = stacked.evaluate([s.x for s in states])
+    return [(states[r], evals[r], run_rounds(sim, rounds)[0], sim) for r, sim in enumerate(make_sims())]
+
+
 def random_text_federation(sizes, n0=12, length=10, vocab=80, seed=0, n_test=40) -> Federation:
     """A small federation of random text windows (uint8 character indices [n, length]); client i holds
     ``sizes[i]`` windows, each labelled with a next character."""

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from conftest import random_federation, run_rounds, tiny_config
+from conftest import random_federation, run_rounds, stacked_and_alone, tiny_config
 
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
@@ -70,16 +70,10 @@ def test_cuda_stacked_equals_one_by_one():
         return [_sim("scaffold", fed, VectorisedExecutor, seed=1), _sim("scaffold", fed, VectorisedExecutor, seed=2,
                                                                          lr=0.05, gamma=1.5),
                 _sim("scaffold", other, VectorisedExecutor, seed=3)]
-    stacked = StackedSimulator(sims())
-    states = stacked.initial_states()
-    for t in range(3):
-        states, _ = stacked.round(states, t)
-    evals = stacked.evaluate([s.x for s in states])
-    for r, sim in enumerate(sims()):
-        alone, _ = run_rounds(sim, 3)
-        _assert_states_close(states[r], alone)
+    for state, (s_acc, s_loss), alone, sim in stacked_and_alone(sims, 3):
+        _assert_states_close(state, alone)
         acc, loss = sim.evaluate(alone.x)
-        assert evals[r][0] == pytest.approx(acc, abs=1e-12) and evals[r][1] == pytest.approx(loss, rel=1e-9)
+        assert s_acc == pytest.approx(acc, abs=1e-12) and s_loss == pytest.approx(loss, rel=1e-9)
 
 
 def test_cuda_run_resume_and_stacked_sweep(tmp_path):

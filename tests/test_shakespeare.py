@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import random_text_federation, run_rounds
+from conftest import random_text_federation, run_rounds, stacked_and_alone
 from torch import nn
 from torch.func import functional_call, vmap
 
@@ -25,7 +25,6 @@ from fedsl.data.partition import PartitionError
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
-from fedsl.engine.stacked import StackedSimulator
 from fedsl.experiments.build import prepare
 from fedsl.experiments.config import ConfigError, validate
 from fedsl.models import build_model
@@ -369,16 +368,10 @@ def test_stacked_text_runs_equal_the_runs_one_by_one():
     sims = lambda: [_text_sim("fsl", fed, VectorisedExecutor, seed=1), _text_sim("fsl", fed, VectorisedExecutor,
                                                                                  seed=2),
                     _text_sim("fsl", other, VectorisedExecutor, seed=3)]
-    stacked = StackedSimulator(sims())
-    states = stacked.initial_states()
-    for t in range(3):
-        states, _ = stacked.round(states, t)
-    evals = stacked.evaluate([s.x for s in states])
-    for r, sim in enumerate(sims()):
-        alone, _ = run_rounds(sim, 3)
-        assert max((alone.x[n] - states[r].x[n]).abs().max().item() for n in alone.x) < 1e-10
+    for state, (s_acc, s_loss), alone, sim in stacked_and_alone(sims, 3):
+        assert max((alone.x[n] - state.x[n]).abs().max().item() for n in alone.x) < 1e-10
         acc, loss = sim.evaluate(alone.x)
-        assert evals[r][0] == pytest.approx(acc, abs=1e-12) and evals[r][1] == pytest.approx(loss, rel=1e-9)
+        assert s_acc == pytest.approx(acc, abs=1e-12) and s_loss == pytest.approx(loss, rel=1e-9)
 
 
 def test_the_process_pool_equals_the_sequential_on_text(tmp_path):
