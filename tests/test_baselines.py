@@ -473,10 +473,13 @@ def test_qfedavg_clients_report_their_loss_at_the_model_they_received():
     fed = random_federation(SMALL)
     sim = _sim("qfedavg", fed, global_lr=1.0)  # q-FedAvg has no η_g: not read
     x = sim.initial_params()
-    work = sim.sample(0)
+    work = sim.measure_clients(sim.sample(0), x)  # what each sampled client measures at x_t for its rule
     res = sim.results(work, {n: v.unsqueeze(0).expand(len(work.ids), *v.shape) for n, v in x.items()}, x, 0)
     sim.fm.train(False)
     by_hand = [F.cross_entropy(sim.fm.forward(x, fed.x[fed.clients[i]]), fed.y[fed.clients[i]]).item()
                for i in work.ids.tolist()]
-    assert res.start_losses == pytest.approx(by_hand, rel=1e-12) and len(set(res.start_losses)) == len(work.ids)
-    assert _sim("fedavg", fed).results(work, res.params, x, 0).start_losses == ()
+    losses = res.extra["start_loss"].tolist()
+    assert res.extra["start_loss"].dtype == torch.float64 and list(res.extra) == ["start_loss"]
+    assert losses == pytest.approx(by_hand, rel=1e-12) and len(set(losses)) == len(work.ids)
+    fedavg = _sim("fedavg", fed)
+    assert fedavg.results(fedavg.measure_clients(work, x), res.params, x, 0).extra == {}

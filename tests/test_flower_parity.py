@@ -105,7 +105,8 @@ def fedsl_round(alg, state: RunState, t: int, deltas: list[Model], sizes, losses
     """Round t of fedsl's server half from ``state``: the clients' models x_t + Δ_i (ids 0..S−1, one step each)."""
     x = {n: v.numpy() for n, v in state.x.items()}
     finals = {n: torch.from_numpy(np.stack([x[n] + d[n] for d in deltas])) for n in SHAPES}
-    res = ClientResults(finals, list(sizes), (1,) * len(deltas), tuple(range(len(deltas))), tuple(losses))
+    res = ClientResults(finals, list(sizes), (1,) * len(deltas), tuple(range(len(deltas))),
+                        {"start_loss": torch.tensor(losses, dtype=torch.float64)} if losses else {})
     new, _ = server_update(alg, state, res, t, ServerSide(len(deltas), 0, None, None))
     return new
 

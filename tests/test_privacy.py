@@ -438,7 +438,7 @@ def test_what_dp_refuses_and_allows():
     dp = {"clip": 1.0, "noise_multiplier": 1.0}
     for over, message in [({"weighted": True}, "algorithm.weighted = true: expected weighted = false"),
                           ({"name": "feddu"}, "FedDU's γ_t reads the sampled clients' label counts"),
-                          ({"name": "qfedavg"}, "q-FedAvg's server step reads each sampled client's loss F_i(x_t)"),
+                          ({"name": "qfedavg"}, "q-FedAvg's server step reads each sampled client's F_i(x_t)"),
                           ({"availability": 0.5}, "availability = 0.5: the accountant's sampling rate q = S/N")]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             validate({**base, "algorithm": {**base["algorithm"], **over}, "privacy": dp})

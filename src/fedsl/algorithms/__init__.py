@@ -12,6 +12,8 @@
   baselines;
   any of them composes with server learning (``server_learning``), e.g. SCAFFOLD + SL.
 - ``qfedavg``: FedAvg's clients, each also reporting its loss F_k(x_t); the server weighs them by F_k^q (q-FedAvg).
+- ``fedclg``: FSL whose server gradient ∇f0(x_t) corrects the clients' steps (FedCLG-C) or the aggregation of their
+  updates (FedCLG-S); ``feddum``: FedDU with a global momentum on the aggregated update (FedDUM).
 - ``robust``: robust server rules (median, trimmed mean, Krum, Bulyan, norm bounding, FLTrust) in front of any
   rule's mean of the clients' updates.
 
@@ -28,7 +30,7 @@ The modules, from the bottom up (each imports from its own row or the rows above
 - ``server_learning`` (γ, η0, B0, K0, FSL or FSL-p), ``robust``, ``privacy``, ``distillation`` (FedDF's settings
   and its distillation loop): settings and aggregates;
 - the rules: ``fedavg``, ``fedprox``, ``fedopt``, ``scaffold``, ``feddyn``, ``fednova``, ``moon``,
-  ``qfedavg``, ``feddu``, ``feddf``;
+  ``qfedavg``, ``feddu``, ``feddf``, ``fedclg``, ``feddum`` (which builds on ``feddu``);
 - ``algorithm``: ``Algorithm``, a rule composed with the clients' schedule, server learning, a robust rule
   and privacy;
 - ``server_round``: the server's round of an ``Algorithm`` (lines 8-10), what the engines and Flower call;
@@ -39,7 +41,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedsl.algorithms import fedavg, feddf, feddu, feddyn, fednova, fedopt, fedprox, moon, qfedavg, scaffold
+from fedsl.algorithms import (
+    fedavg,
+    fedclg,
+    feddf,
+    feddu,
+    feddum,
+    feddyn,
+    fednova,
+    fedopt,
+    fedprox,
+    moon,
+    qfedavg,
+    scaffold,
+)
 from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import (
     ClientResults,
@@ -67,7 +82,7 @@ from fedsl.algorithms.spec import HyperParam, Spec, registry
 # Every algorithm's spec, by name; a new algorithm adds its module here. ``registry`` refuses a name declared twice
 # and a config key two rules declare differently (a rule's ``momentum = 0.5`` would change FedAvgM's β).
 SPECS: dict[str, Spec] = registry((*fedavg.SPECS, *feddu.SPECS, fedprox.SPEC, *fedopt.SPECS, scaffold.SPEC, feddyn.SPEC,
-                                   fednova.SPEC, moon.SPEC, qfedavg.SPEC, feddf.SPEC))
+                                   fednova.SPEC, moon.SPEC, qfedavg.SPEC, feddf.SPEC, *fedclg.SPECS, *feddum.SPECS))
 ALGORITHMS = tuple(SPECS)
 
 

@@ -103,7 +103,9 @@ class RoundContext:
     local_lr: float | torch.Tensor  # η_l (a 0-d tensor when an engine vmaps the rule over stacked runs)
     steps: torch.Tensor  # K_i, real local steps of each client whose model is aggregated [S]
     num_clients: int  # N
-    losses: torch.Tensor | None = None  # F_i(x_t) of those clients [S], float64, for rules that read them (q-FedAvg)
+    # what the rule's spec declares beyond the models: each client's ``reply`` (one row per client: [S] float64, or
+    # stacked like x) and the server's ``server_measures`` at x_t (shaped like x), by name
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,15 +117,24 @@ class ClientResults:
         sizes: n_i, the clients' data sizes (D_i ∪ D0 for DS), for weighted means and FSL-p's w0.
         steps: K_i, the local steps each client took.
         ids: the clients' ids i (FedDU reads their label counts; empty where the caller does not say).
-        start_losses: F_i(x_t), each client's mean loss on its data at the model it started from, which the
-            clients of a rule whose spec ``reads_start_loss`` report beside x_i (q-FedAvg); empty otherwise.
+        extra: what the clients of a rule whose spec declares a ``reply`` send beside x_i, by the measure's name
+            (``spec.CLIENT_MEASURES``): one number each ([S] float64: q-FedAvg's F_i(x_t)) or a tensor shaped like
+            x each (stacked [S, ...]: FedCLG-S's ∇F_i(x_t)); empty otherwise.
     """
 
     params: Params
     sizes: list[int]
     steps: tuple[int, ...]
     ids: tuple[int, ...] = ()
-    start_losses: tuple[float, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def stack_reply(values: list, device: torch.device | str | None = None):
+    """One declared reply field of S clients stacked as ``ClientResults.extra`` holds it: numbers as [S] float64,
+    parameters (dicts of tensors shaped like x) as [S, ...] per name."""
+    if values and isinstance(values[0], dict):
+        return {n: torch.stack([v[n] for v in values]).to(device) for n in values[0]}
+    return torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
 
 
 @dataclass

@@ -65,6 +65,8 @@ from fedsl.algorithms.spec import HyperParam, Range, Spec
 from fedsl.core.types import Params, State
 
 DECAY = 0.99  # the authors' code's default (--decay)
+DECAY_PARAM = HyperParam("feddu_decay", DECAY, "decay", "FedDU's per-round decay of the server update (0 < decay <= 1)",
+                         gt=0, le=1, search=Range(0.9, 1.0))  # FedDU's and FedDUM's (``feddum``)
 
 
 def label_distribution(counts: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -165,8 +167,7 @@ class D0Only(FedAvg):
 
 
 SPECS = (
-    Spec("feddu", FedDU, (HyperParam("feddu_decay", DECAY, "decay", "FedDU's per-round decay of the server update "
-                                     "(0 < decay <= 1)", gt=0, le=1, search=Range(0.9, 1.0)),),
+    Spec("feddu", FedDU, (DECAY_PARAM,),
          server_learning="incremental", needs_server_data=True, title="FedDU", server_lr="local_lr",
          sets_gamma=True, reads_label_counts=True,
          summary="FedDU (FedDUAP): FedAvg, then K0 steps on D0 of γ_t·η0, γ_t from non-IID degrees and accuracy"),

@@ -54,10 +54,10 @@ class QFedAvg(LocalSGD):
 
     def server_update(self, x: Params, state: State, finals: Params, weights: torch.Tensor,
                       ctx: RoundContext) -> tuple[Params, State]:
-        assert ctx.losses is not None, "q-FedAvg reads each client's F_k(x_t): the engine passes RoundContext.losses"
+        assert "start_loss" in ctx.extra, "q-FedAvg reads each client's F_k(x_t): RoundContext.extra['start_loss']"
         lip = 1.0 / ctx.local_lr  # L = 1/η_l
         d = deltas(x, finals)  # x_k − x_t = −Δw_k / L
-        loss = ctx.losses.to(torch.float64) + LOSS_FLOOR
+        loss = ctx.extra["start_loss"].to(torch.float64) + LOSS_FLOOR
         sq = sum((v.to(torch.float64) ** 2).flatten(1).sum(1) for v in d.values())  # ‖x_k − x_t‖², [S]
         fq = loss ** self.q
         h = self.q * loss ** (self.q - 1) * lip ** 2 * sq + lip * fq  # h_k, with ‖Δw_k‖² = L²‖x_k − x_t‖²
@@ -67,7 +67,7 @@ class QFedAvg(LocalSGD):
 
 SPEC = Spec("qfedavg", QFedAvg, (HyperParam("q", 0.1, "q", "q-FedAvg fairness exponent (0: FedAvg)", ge=0,
                                                   search=Range(0.0, 5.0)),),
-            global_lr=None, reads_start_loss=True, title="q-FedAvg",
+            global_lr=None, reply=("start_loss",), title="q-FedAvg",
             secagg_refused="weights each client's update by its own loss F_k(x_t)^q over Σ h_k, which needs each "
                            "client's update norm",
             summary="q-FedAvg: clients weighted by F_k(x_t)^q, step 1/Σ h_k (fair resource allocation)")

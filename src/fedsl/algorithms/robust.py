@@ -282,7 +282,7 @@ def robust_results(x: Params, results: ClientResults, robust: Robust, root: Para
 
     Args:
         x: x_t, the model the clients started from.
-        results: the replies that reached the server (ids, n_i, K_i and the reported F_i(x_t) are kept).
+        results: the replies that reached the server (ids, n_i, K_i and what else each reported are kept).
         robust: the rule (``robust.active``).
         root: FLTrust's server model after its local steps on D0 from x_t (g0 = root − x_t); None otherwise.
         t: the round (the bucket order of ``robust.bucket`` > 1 is drawn from it).
@@ -294,5 +294,4 @@ def robust_results(x: Params, results: ClientResults, robust: Robust, root: Para
     rows = agg if agg.dim() == 2 else agg.unsqueeze(0).expand(s, -1)
     upd = unflatten(rows, x)
     finals = {n: p.unsqueeze(0) + upd[n] for n, p in x.items()}
-    return ClientResults(finals, list(results.sizes), tuple(results.steps), tuple(results.ids),
-                         tuple(results.start_losses))
+    return ClientResults(finals, list(results.sizes), tuple(results.steps), tuple(results.ids), dict(results.extra))

@@ -37,6 +37,7 @@ from fedsl.algorithms.distillation import Distilled
 from fedsl.algorithms.label_counts import LabelCounts
 from fedsl.algorithms.privacy import next_clip, privatize
 from fedsl.algorithms.robust import robust_results
+from fedsl.algorithms.spec import SERVER_MEASURES
 from fedsl.core.transfer import tensor_on, to_device
 from fedsl.core.types import Params, State
 
@@ -50,7 +51,7 @@ class ServerSide:
         n0: |D0|, the server's data size (FSL-p's default weight w0).
         train: ``train(x, t, lr) -> (x', K0)``: LocalSGD on D0 with step ``lr`` over round t's
             K0 batches (the engine's batch plan; the same batches whatever the runtime).
-        f0_grad: ∇f0(x), the full gradient of the server loss (the angle diagnostic).
+        f0_grad: ∇f0(x), the full gradient of the server loss (the angle diagnostic, the measure ``server_grad``).
         d0_accuracy: the accuracy of a model on D0 (FedDU's acc_t).
         label_counts: the clients' and D0's class counts (FedDU's non-IID degrees), made when first read.
         root_update: ``root_update(x, t) -> x'``: FLTrust's server model, LocalSGD on D0 from x with the
@@ -70,6 +71,12 @@ class ServerSide:
     root_update: Callable[[Params, int], Params] | None = None
     seed: int = 0
     distill: Callable[[Params, Params, int], Distilled] | None = None
+
+    def measure(self, name: str, x: Params) -> Params:
+        """A server measure at x (``spec.SERVER_MEASURES``) for a rule that declares it: ∇f0(x)."""
+        if name == "server_grad":
+            return self.f0_grad(x)
+        raise ValueError(f"server measure {name!r}: expected one of {list(SERVER_MEASURES)}")
 
 
 @dataclass
@@ -166,9 +173,11 @@ def rule(alg: Algorithm, r: Round, t: int, server: ServerSide) -> Round:
     """Lines 8-9: the rule's server update (FedAvg: x̄ = x + η_g·Σ w_i Δ_i) and its new server state."""
     device = next(iter(r.x.values())).device
     steps = tensor_on(r.results.steps, device)
-    losses = tensor_on(r.results.start_losses, device, torch.float64) if r.results.start_losses else None  # q-FedAvg
+    extra = dict(r.results.extra)  # the clients' declared replies (q-FedAvg's F_i(x_t))
+    for name in alg.spec.server_measures if alg.spec is not None else ():  # FedCLG-S's ∇f0(x_t)
+        extra[name] = server.measure(name, r.x)
     r.x_bar, r.algo = alg.rule.server_update(r.x, r.algo, r.finals, r.weights,
-                                             RoundContext(alg.local.lr, steps, server.num_clients, losses))
+                                             RoundContext(alg.local.lr, steps, server.num_clients, extra))
     return r
 
 
@@ -243,9 +252,9 @@ def robust_step(alg: Algorithm, x: Params, results: ClientResults, t: int, serve
 
 def _rule_alone(alg: Algorithm) -> bool:
     """Whether lines 8-9 of ``alg``'s round are the rule's ``server_update`` alone (its ``stages`` are the weights
-    and the rule) and read no clients' losses (q-FedAvg's: the engine's batched update passes no F_i(x_t)). Only
-    then may the engine's ``RuleUpdates`` stand in for them."""
-    if alg.spec is not None and alg.spec.reads_start_loss:
+    and the rule) and read nothing but the models (no ``reply`` of the clients, no ``server_measures``: the engine's
+    batched update passes neither). Only then may the engine's ``RuleUpdates`` stand in for them."""
+    if alg.spec is not None and (alg.spec.reply or alg.spec.server_measures):
         return False
     return stages(alg) == (weigh, rule)
 

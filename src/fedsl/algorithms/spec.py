@@ -38,6 +38,40 @@ GAMMA_SEARCH = Range(0.1, 10.0, log=True)
 
 
 @dataclass(frozen=True)
+class Measure:
+    """A quantity at x_t an engine measures for a rule that declares it (``Spec.measures``, ``Spec.reply``,
+    ``Spec.server_measures``, ``Spec.sends``): the rule names it, the engines compute it, and a deployment carries it
+    by its name (a Flower metric when it is one number, an array record when it is shaped like x).
+
+    Attributes:
+        name: the key the rule reads it under (``sent[name]``, ``ClientResults.extra[name]``, ``RoundContext.extra``).
+        meaning: what it is, in the paper's symbols (for messages and docs).
+        per_parameter: a tensor per parameter, shaped like x (a gradient); else one number (a loss), float64.
+    """
+
+    name: str
+    meaning: str
+    per_parameter: bool
+
+    @property
+    def record(self) -> str:
+        """Its name in a Flower message: a metric (``start-loss``) or an array record (``start-grad``)."""
+        return self.name.replace("_", "-")
+
+
+# What a client can measure at x_t on its own data before its local steps (D_i, or D_i ∪ D0 for DS; the evaluation's
+# forward pass, dropout off), for its rule's client half or to send back beside x_i.
+CLIENT_MEASURES: dict[str, Measure] = {m.name: m for m in (
+    Measure("start_loss", "F_i(x_t), the client's mean loss on its data at the model it received", False),
+    Measure("start_grad", "∇F_i(x_t), the gradient of that loss over all of the client's data", True),
+)}
+# What the server can measure at x_t on D0 at the round's start (the evaluation's forward pass, dropout off).
+SERVER_MEASURES: dict[str, Measure] = {m.name: m for m in (
+    Measure("server_grad", "∇f0(x_t), the gradient of the server's mean loss over D0", True),
+)}
+
+
+@dataclass(frozen=True)
 class HyperParam:
     """A rule's own hyper-parameter: its config key (``algorithm.KEY``), default, paper symbol,
     and the bounds config validation applies (``ge``/``gt`` below, ``lt``/``le`` above; None = none).
@@ -75,13 +109,15 @@ class Spec:
         shares_server_data: DS: clients train on D_i ∪ D0.
         parallel_ok: FSL-p's server "client" may join this rule's mean of updates (``server.learning =
             'parallel'``; read for rules whose ``server_learning`` is "off": FSL and FSL-p fix their own).
-        sends: server state the clients read (``sent`` of the client functions), sent with the
-            model in a deployment (Flower): SCAFFOLD's c (for c - c_i).
+        sends: what the clients read of the server (``sent`` of the client functions), sent with the model in a
+            deployment (Flower): keys of the server state (SCAFFOLD's c, for c - c_i) or server measures at x_t
+            (``SERVER_MEASURES``: FedCLG-C's ∇f0(x_t)).
         client_state: the state each client keeps between its rounds (``init_client_state``'s keys), one
             table of N × d numbers each: SCAFFOLD's c_i, FedDyn's ∇L_i; () = stateless clients.
         local_keys: hyper-parameters that enter the clients' steps (stacked runs must share
             them: one vmapped step takes one value).
-        comm_factor: parameters moved per client and direction, in units of d (SCAFFOLD: 2).
+        comm_factor: parameters moved per client and direction, in units of d (SCAFFOLD: 2; FedCLG: 1.5, one extra d
+            in one direction).
         needs_representation: the rule's ``local_loss`` reads the model's representation z (MOON): a
             model without one (``fedsl.models.has_representation``) is a configuration error.
         title: the rule's name as its paper writes it ("FedDU"), for messages and the printed
@@ -93,9 +129,16 @@ class Spec:
             and acc_t): an adaptive γ schedule, which sets γ_t from cos θ_t, cannot run with it.
         reads_label_counts: the rule's γ_t reads the sampled clients' label counts (FedDU): DP does not
             protect them, and the clients of an open Flower federation do not report them.
-        reads_start_loss: the server half reads each client's loss F_i(x_t) at the model it received
-            (``RoundContext.losses``; q-FedAvg): the simulator computes it, fedsl's ClientApp reports it as the metric
-            ``start-loss``; DP does not protect it, and the clients of an open Flower federation do not report it.
+        measures: what each sampled client measures at x_t before its steps for the rule's client half to read
+            (``CLIENT_MEASURES``' names; in ``sent[name]`` of ``client_init``/``client_final``; FedCLG-C's ∇F_i(x_t)).
+        reply: what each client sends back beside x_i for the server half to read (``CLIENT_MEASURES``' names; in
+            ``ClientResults.extra`` and ``RoundContext.extra``, one row per client: q-FedAvg's F_i(x_t), FedCLG-S's
+            ∇F_i(x_t)). The simulator computes them, fedsl's ClientApp reports them by name (``Measure.record``); DP
+            does not protect them, SecAgg+ cannot carry them, and the clients of an open federation do not report
+            them.
+        server_measures: what the server measures at x_t on D0 for the rule's server update (``SERVER_MEASURES``'
+            names; in ``RoundContext.extra``: FedCLG-S's ∇f0(x_t)). ``sends`` may name one too: it is then measured at
+            the round's start and sent to the clients with x_t (FedCLG-C's ∇f0(x_t)).
         plain_mean: the server half averages the clients' models plainly, whatever ``algorithm.weighted``
             says (FedDyn): under SecAgg+, whose sum is weighted by n_i when weighted = true, the two would
             differ.
@@ -119,18 +162,57 @@ class Spec:
     sends: tuple[str, ...] = ()
     client_state: tuple[str, ...] = ()
     local_keys: tuple[str, ...] = ()
-    comm_factor: int = 1
+    comm_factor: float = 1
     needs_representation: bool = False
     title: str = ""
     server_lr: Literal["paper", "local_lr"] = "paper"
     sets_gamma: bool = False
     reads_label_counts: bool = False
-    reads_start_loss: bool = False
+    measures: tuple[str, ...] = ()
+    reply: tuple[str, ...] = ()
+    server_measures: tuple[str, ...] = ()
     plain_mean: bool = False
     secagg_refused: str = ""
     distills: bool = False
     global_lr_search: Range | None = Range(0.1, 10.0, log=True)
     summary: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for what, names, known in (("measures", self.measures, CLIENT_MEASURES), ("reply", self.reply, CLIENT_MEASURES),
+                                   ("server_measures", self.server_measures, SERVER_MEASURES)):
+            for n in names:
+                if n not in known:
+                    raise ValueError(f"algorithm {self.name!r} declares {what} = {names!r}: {n!r} is not a "
+                                     f"measure the engines make (expected one of {list(known)})")
+
+    @property
+    def client_measures(self) -> tuple[str, ...]:
+        """What each client measures at x_t: for its own half (``measures``) and to send back (``reply``)."""
+        return tuple(dict.fromkeys(self.measures + self.reply))
+
+    @property
+    def sent_measures(self) -> tuple[str, ...]:
+        """The server measures sent to the clients with x_t (``sends`` naming one of ``SERVER_MEASURES``)."""
+        return tuple(k for k in self.sends if k in SERVER_MEASURES)
+
+    @property
+    def sent_state(self) -> tuple[str, ...]:
+        """The keys of the server state sent to the clients with x_t (``sends`` less the server measures)."""
+        return tuple(k for k in self.sends if k not in SERVER_MEASURES)
+
+    @property
+    def secagg_reason(self) -> str:
+        """Why the server half cannot run on the sum of the models SecAgg+ leaves the server, as a clause; "" = it
+        can. Derived: the rule's own ``secagg_refused``, else what it sends with x_t, else what its clients reply."""
+        if self.secagg_refused:
+            return self.secagg_refused
+        if self.sends:
+            return (f"sends {', '.join(self.sends)} with x_t, which Flower's SecAgg+ train message (one array list) "
+                    "cannot carry")
+        if self.reply:
+            return (f"reads each client's {', '.join(CLIENT_MEASURES[k].record for k in self.reply)} beside x_i, which "
+                    "SecAgg+ (the sum of the models alone) does not carry")
+        return ""
 
     def default_global_lr(self, clients_per_round: int) -> float | None:
         """η_g when the config leaves it unset ("sqrt_s": the paper's rule, ``defaults.global_lr``)."""

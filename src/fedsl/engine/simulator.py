@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +28,11 @@ import torch
 
 from fedsl.algorithms import distillation
 from fedsl.algorithms.algorithm import Algorithm
-from fedsl.algorithms.base import ClientResults, LocalTraining, RunState, State
+from fedsl.algorithms.base import ClientResults, LocalTraining, RunState, State, stack_reply
 from fedsl.algorithms.label_counts import LabelCounts, label_counts
 from fedsl.algorithms.server_learning import Pretraining
 from fedsl.algorithms.server_round import ServerMetrics, ServerSide, initial_state, server_update
+from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.core import attacks, participation, rng
 from fedsl.core import threads as _threads
 from fedsl.core.attacks import NO_ATTACK, Attack
@@ -79,6 +80,9 @@ class ClientWork:
     dropped: frozenset[int] = frozenset()  # stragglers that train but whose update never arrives
     pool: tuple[torch.Tensor, torch.Tensor] | None = None  # the round's (x, y) the plan indexes (None: the
     # federation's pool); clients made on demand: the pool, then the sampled clients' samples
+    # what each sampled client measured at x_t for a rule that declares it (``Simulator.measure_clients``): the
+    # measure's name -> one value per client, in ``ids``' order (a float, or parameters shaped like x)
+    measured: dict[str, list] = field(default_factory=dict)
 
     @property
     def steps(self) -> tuple[int, ...]:
@@ -256,7 +260,7 @@ class Simulator:
         server learning on D0); write the clients' new states into their rows.
         """
         state = replace(state, x=self.layout(state.x))
-        work = self.sample(t)
+        work = self.measure_clients(self.sample(t), state.x)
         finals, rows = self.train_clients(state, work, t) if len(work.ids) else ({}, {})
         results = self.results(work, finals, state.x, t)
         new, metrics = server_update(self.alg, state, results, t, self.server)
@@ -308,7 +312,7 @@ class Simulator:
                 return None
             ids = tuple(work.ids.tolist())
             return ClientResults(self._attacked(x, finals, ids, t), work.sizes, work.steps, ids,
-                                 self.start_losses(x, ids))
+                                 self.replies(work, range(len(ids))))
         keep = [j for j, i in enumerate(work.ids.tolist()) if i not in work.dropped]
         if not keep:
             return None
@@ -316,23 +320,41 @@ class Simulator:
         ids = tuple(int(work.ids[j]) for j in keep)
         return ClientResults(self._attacked(x, {n: v.index_select(0, at) for n, v in finals.items()}, ids, t),
                              [work.sizes[j] for j in keep], tuple(work.steps[j] for j in keep), ids,
-                             self.start_losses(x, ids))
+                             self.replies(work, keep))
 
-    def start_losses(self, x: Params, ids: tuple[int, ...]) -> tuple[float, ...]:
-        """F_i(x_t) of the clients ``ids`` whose replies arrive, when the rule reads them (``Spec.reads_start_loss``:
-        q-FedAvg), else (): what each client reports beside x_i (``client_loss``)."""
-        if self.alg.spec is None or not self.alg.spec.reads_start_loss:
-            return ()
-        return tuple(self.client_loss(x, i) for i in ids)
+    def replies(self, work: ClientWork, rows) -> dict:
+        """What the clients at positions ``rows`` of ``work`` send beside x_i (the spec's ``reply``), stacked:
+        [S] float64 for a number each, parameters stacked [S, ...] for a tensor each."""
+        out = {}
+        for name in self.alg.spec.reply if self.alg.spec is not None else ():
+            if name not in work.measured:
+                raise ValueError(f"algorithm {self.alg.name!r} reads each client's {name}: the round's work was not "
+                                 "measured at x_t (Simulator.measure_clients)")
+            values = [work.measured[name][j] for j in rows]
+            out[name] = stack_reply(values, self.device)
+        return out
 
-    def client_loss(self, x: Params, i: int) -> float:
-        """F_i(x): client i's mean cross-entropy on its data (D_i, or D_i ∪ D0 for DS) at ``x``, dropout off (the
-        evaluation's forward pass); a Flower ClientApp reports it for x_t as the metric ``start-loss``."""
+    def measure_clients(self, work: ClientWork, x: Params) -> ClientWork:
+        """``work`` with what each sampled client measures at x_t = ``x`` for the rule (its spec's ``measures`` and
+        ``reply``: ``client_measure``); as it is for a rule that declares none."""
+        names = self.alg.spec.client_measures if self.alg.spec is not None else ()
+        if not names:
+            return work
+        return replace(work, measured={k: [self.client_measure(k, x, int(i)) for i in work.ids] for k in names})
+
+    def client_measure(self, name: str, x: Params, i: int):
+        """A measure of client i at ``x`` on its data (D_i, or D_i ∪ D0 for DS), dropout off (the evaluation's
+        forward pass): ``start_loss`` F_i(x), its mean cross-entropy (a float), or ``start_grad`` ∇F_i(x) (parameters
+        shaped like x). A Flower ClientApp measures its own the same way and reports what the rule reads back."""
         (pool_x, pool_y), data = self.round_pool(np.array([i])) if self.fed.on_demand is not None else \
             ((self.fed.x, self.fed.y), [self.client_data[i]])
         idx = torch.as_tensor(data[0], dtype=torch.long, device=self.device)
-        return evaluate(self.fm, self.layout(x), pool_x[idx], pool_y[idx], self.eval_batch_size,
-                        self.eval_precision)[1]
+        if name == "start_loss":
+            return evaluate(self.fm, self.layout(x), pool_x[idx], pool_y[idx], self.eval_batch_size,
+                            self.eval_precision)[1]
+        if name == "start_grad":
+            return full_gradient(self.fm, self.layout(x), pool_x[idx], pool_y[idx], self.eval_batch_size)
+        raise ValueError(f"client measure {name!r}: expected one of {list(CLIENT_MEASURES)}")
 
     def _attacked(self, x: Params, finals: Params, ids: tuple[int, ...], t: int) -> Params:
         return attacks.attack_finals(self.attack, x, finals, ids, self.malicious, self.seed, t)
@@ -357,8 +379,20 @@ class Simulator:
         return make_plan(data, ids, loc.batch_size, loc.epochs, loc.steps, self.seed, t, rng.CLIENT_BATCHES)
 
     def sent(self, state: RunState) -> State:
-        """What the server sends the clients besides x_t: the server state they read (SCAFFOLD's c)."""
-        return {k: state.algo[k] for k in (self.alg.spec.sends if self.alg.spec else ())}
+        """What the server sends the clients besides x_t (the spec's ``sends``): the server state they read
+        (SCAFFOLD's c) and the server measures at x_t (FedCLG-C's ∇f0(x_t), ``ServerSide.measure``)."""
+        sp = self.alg.spec
+        if sp is None or not sp.sends:
+            return {}
+        return {**{k: state.algo[k] for k in sp.sent_state},
+                **{k: self.server.measure(k, self.layout(state.x)) for k in sp.sent_measures}}
+
+    def client_inputs(self, state: RunState, work: ClientWork) -> list[State]:
+        """What each sampled client's half reads besides x_t and its state (its ``sent``): what the server sent
+        (``sent``), and what the client measured at x_t for it (the spec's ``measures``: FedCLG-C's ∇F_i(x_t))."""
+        sent = self.sent(state)
+        own = self.alg.spec.measures if self.alg.spec is not None else ()
+        return [{**sent, **{k: work.measured[k][j] for k in own}} for j in range(len(work.ids))]
 
     def train_clients(self, state: RunState, work: ClientWork, t: int) -> tuple[dict, State]:
         """The algorithm's client half for the sampled clients: their final models and new states."""
@@ -366,14 +400,14 @@ class Simulator:
         s = len(work.ids)
         x, y = work.pool if work.pool is not None else (self.fed.x, self.fed.y)
         return self.executor.train(self.alg.rule, [state.x] * s, work.plan, x, y, self.alg.local.lr, rows,
-                                   [self.sent(state)] * s)
+                                   self.client_inputs(state, work))
 
     def end_round(self, new: RunState, work: ClientWork, rows: State, metrics: ServerMetrics
                   ) -> tuple[RunState, RoundInfo]:
         """The round's record, and the sampled clients' new states written into their rows."""
         # x_t down to every sampled client, their models up from those whose update arrives
-        comm = (2 * len(work.ids) - len(work.dropped)) * self.num_params * (self.alg.spec.comm_factor
-                                                                             if self.alg.spec else 1)
+        comm = round((2 * len(work.ids) - len(work.dropped)) * self.num_params * (self.alg.spec.comm_factor
+                                                                                   if self.alg.spec else 1))
         info = RoundInfo(work.ids, work.steps, metrics.server_steps, metrics.gamma, metrics.cos_theta, comm,
                          tuple(sorted(work.dropped)), metrics.distill_steps)
         # last, so that an interruption inside the round leaves the tables as the checkpoint expects

@@ -145,12 +145,13 @@ class StackedSimulator:
         ahead, self._ahead = self._ahead, None
         host = ahead if ahead is not None and ahead.t == t else self._host_work(t)
         works, plan = host.works, host.plan
+        works = [sim.measure_clients(w, st.x) for sim, w, st in zip(self.sims, works, states)]  # the rule's, at x_t
         sizes = [w.plan.num_clients for w in works]
         # the clients of all runs in one call: each starts from its run's x_t, with its run's η_l and
         # server state, and its own row of its run's tables (one rule: the runs share its local keys)
         starts = [st.x for st, s in zip(states, sizes) for _ in range(s)]
         lrs = [sim.alg.local.lr for sim, s in zip(self.sims, sizes) for _ in range(s)]
-        sent = [sim.sent(st) for sim, st, s in zip(self.sims, states, sizes) for _ in range(s)]
+        sent = [inputs for sim, st, w in zip(self.sims, states, works) for inputs in sim.client_inputs(st, w)]
         mine = [sim.client_rows(st.clients, w) for sim, st, w in zip(self.sims, states, works)]
         rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in mine[0].items()}
         if sum(sizes):

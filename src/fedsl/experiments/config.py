@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from fedsl.algorithms import SPECS, check_server_learning
+from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.algorithms.robust import BUCKETED, bucket_count, default_bulyan_f, default_krum_f
 from fedsl.core.attacks import Attack
 from fedsl.core.participation import Participation
@@ -351,9 +352,10 @@ class RunConfig(_Strict):
             raise ValueError(f"privacy.clip = {c} with algorithm.name = {a.name!r}: {sp.display}'s γ_t reads the "
                              "sampled clients' label counts, which the mechanism does not protect: expected another "
                              "algorithm")
-        if sp.reads_start_loss:
+        if sp.reply:
+            what = ", ".join(CLIENT_MEASURES[k].meaning.split(",")[0] for k in sp.reply)
             raise ValueError(f"privacy.clip = {c} with algorithm.name = {a.name!r}: {sp.display}'s server step reads "
-                             "each sampled client's loss F_i(x_t), which the mechanism does not protect: expected "
+                             f"each sampled client's {what}, which the mechanism does not protect: expected "
                              "another algorithm")
         if self.robust.aggregator != "mean":
             raise ValueError(f"privacy.clip = {c} with robust.aggregator = {self.robust.aggregator!r}: DP-FedAvg's "

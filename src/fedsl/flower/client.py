@@ -29,6 +29,7 @@ from flwr.clientapp import ClientApp
 
 from fedsl.algorithms.algorithm import Algorithm
 from fedsl.algorithms.base import LocalTraining, State
+from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.core.types import Params
 from fedsl.engine.functional import evaluate
 from fedsl.engine.simulator import Simulator
@@ -235,22 +236,29 @@ def make_client_app(app_dir: str | Path | None = None) -> ClientApp:
         server_state = {}
         if "server-state" in msg.content.array_records:
             server_state = state_from_record(msg.content.array_records["server-state"], sim.device, sim.dtype)
-        # F_i(x_t), the loss at the model received, for a rule that reads it (q-FedAvg): the simulator's own number
-        start = sim.client_loss(params, pid) if alg.spec is not None and alg.spec.reads_start_loss else None
+        # what the rule declares its clients measure at x_t (q-FedAvg's F_i(x_t), FedCLG's ∇F_i(x_t)): the simulator's
+        # own numbers; its client half reads its ``measures`` beside what the server sent, the server its ``reply``
+        sp = alg.spec
+        measured = {k: sim.client_measure(k, params, pid) for k in (sp.client_measures if sp is not None else ())}
+        server_state = {**server_state, **{k: measured[k] for k in (sp.measures if sp is not None else ())}}
         final, steps, rows = train_partition(sim, params, t, pid, server_state, _load_rows(context), local, alg)
         for key, row in rows.items():
             context.state[STATE_PREFIX + key] = to_record(row)
         _, loss = _on(sim, final, sim.client_data[pid])
         n_i = len(sim.client_data[pid])
         metrics = {"num-examples": n_i, "steps": steps, "partition-id": pid, "round": t, "train-loss": loss}
-        if start is not None:
-            metrics["start-loss"] = start
+        replied = {CLIENT_MEASURES[k]: measured[k] for k in (sp.reply if sp is not None else ())}
+        metrics.update({m.record: v for m, v in replied.items() if not m.per_parameter})
         if legacy:  # SecAgg+ masks w_i · x_i: w_i = n_i for a weighted mean, else 1 (Algorithm 1's plain mean)
             weight = n_i if config.get("secagg-weighted", False) else 1
             if "secagg-clipping-range" in config:
                 metrics["secagg-clipped"] = clipped(final, float(config["secagg-clipping-range"]))
             return fitres_reply(msg, {n: final[n] for n in sim.fm.names}, weight, metrics)
-        return Message(RecordDict({"arrays": to_record(final), "metrics": MetricRecord(metrics)}), reply_to=msg)
+        content = RecordDict({"arrays": to_record(final), "metrics": MetricRecord(metrics)})
+        for m, v in replied.items():
+            if m.per_parameter:
+                content[m.record] = to_record(v)
+        return Message(content, reply_to=msg)
 
     @app.evaluate()
     def evaluate_(msg: Message, context: Context) -> Message:

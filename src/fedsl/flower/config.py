@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from fedsl.algorithms import Algorithm, Pretraining
+from fedsl.algorithms import SPECS, Spec
 from fedsl.algorithms import spec as algorithm_spec
+from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.core.privacy_accounting import Budget
 from fedsl.data import registry
 from fedsl.data.federation import Federation
@@ -161,13 +163,22 @@ def check_open_federation(cfg: RunConfig, options: FlowerOptions) -> None:
         raise ConfigError(f"algorithm.availability = {alg.availability} and algorithm.straggler_fraction = "
                           f"{alg.straggler_fraction} simulate partial participation; an open federation has real "
                           f"nodes (the connected ones are sampled): {replay}")
-    sp = algorithm_spec(alg.name)
-    if sp.reads_label_counts or sp.shares_server_data or sp.reads_start_loss:
-        why = ("reads the sampled clients' label counts, which open clients do not report" if sp.reads_label_counts
-               else "reads each client's loss at the model it was sent (metric start-loss), which open clients do "
-                    "not report" if sp.reads_start_loss
-               else "trains the clients on D_i ∪ D0, so each client needs the server's D0")
+    why = open_refusal(algorithm_spec(alg.name))
+    if why:
         raise ConfigError(f"algorithm.name = {alg.name!r} {why}: {replay}")
+
+
+def open_refusal(sp: Spec) -> str:
+    """Why a rule cannot run in an open federation (it needs the server to know the clients' data), as a clause;
+    "" = it can."""
+    if sp.reads_label_counts:
+        return "reads the sampled clients' label counts, which open clients do not report"
+    if sp.reply:
+        return ("reads each client's " + ", ".join(f"{CLIENT_MEASURES[k].meaning} ({CLIENT_MEASURES[k].record})"
+                                                   for k in sp.reply) + " beside x_i, which open clients do not report")
+    if sp.shares_server_data:
+        return "trains the clients on D_i ∪ D0, so each client needs the server's D0"
+    return ""
 
 
 def _number_option(flat: Mapping[str, Any], key: str, default: int | float) -> int | float:
@@ -178,12 +189,17 @@ def _number_option(flat: Mapping[str, Any], key: str, default: int | float) -> i
     return value
 
 
+def secagg_rules() -> tuple[str, ...]:
+    """The algorithms whose server half runs on the sum of the models SecAgg+ leaves the server (their specs'
+    ``secagg_reason`` is empty) in an open federation, where SecAgg+ runs (``open_refusal`` is empty)."""
+    return tuple(name for name, sp in SPECS.items() if not sp.secagg_reason and not open_refusal(sp))
+
+
 def check_secagg(cfg: RunConfig, options: FlowerOptions) -> None:
     """What cannot run under SecAgg+, and bad SecAgg+ values, in one line each (docs/how-to/secure-aggregation.md).
 
     The server sees only the sum of the round's models. A rule runs under it when its server half reads the models
-    through their (weighted) mean alone: FedAvg, FSL, FSL-p, FedAvgM, FedAdam, FedYogi, FedAdagrad, FedProx, MOON,
-    FedDyn (plain mean).
+    through their (weighted) mean alone (``secagg_rules``: its spec's ``secagg_reason`` is empty).
 
     Raises:
         ConfigError: the first key that SecAgg+ cannot run with, or a bad ``secagg-*`` value.
@@ -201,14 +217,10 @@ def check_secagg(cfg: RunConfig, options: FlowerOptions) -> None:
                           "secagg = true the server sees only their sum: expected privacy unset (DP with secure "
                           "aggregation needs the clients to clip and noise their own updates: not built)")
     sp = algorithm_spec(alg.name)
-    reason = sp.secagg_refused  # the rule's server half needs more than the sum of the models
-    if not reason and sp.sends:
-        reason = f"sends its server state {', '.join(sp.sends)} with x_t, which Flower's " \
-                 "SecAgg+ train message (one array list) cannot carry"
+    reason = sp.secagg_reason  # the rule's server half needs more than the sum of the models
     if reason:
         raise ConfigError(f"algorithm.name = {alg.name!r} {reason}; under secagg = true the server sees only the sum "
-                          "of the models: use fedavg, fsl, fsl_p, fedavgm, fedadam, fedyogi, fedadagrad, fedprox, "
-                          "moon or feddyn")
+                          f"of the models: use {', '.join(secagg_rules())}")
     if sp.plain_mean and alg.weighted:
         raise ConfigError(f"algorithm.name = {alg.name!r} averages the models plainly, so under secagg = true the "
                           "clients are weighted equally: expected algorithm.weighted = false")

@@ -10,7 +10,9 @@ the model's parameter names, shapes and dtype, finite values. The metrics differ
   are there, and checks what it reads.
 - ``replay`` (``check_reply``): fedsl's exact replay of the simulator. ``metrics`` must carry the integers
   ``num-examples`` (n_i, the partition's size), ``steps`` (K_i), ``partition-id`` and ``round`` (both as sent),
-  and may carry ``train-loss`` and ``start-loss`` (F_i(x_t), which a rule such as q-FedAvg reads).
+  and may carry ``train-loss``. What the rule declares its clients send beside x_i (its spec's ``reply``) comes by
+  the measure's name: a metric when it is one number (``start-loss``, F_i(x_t), which q-FedAvg reads), an
+  ArrayRecord shaped like x otherwise (``start-grad``, ∇F_i(x_t), which FedCLG-S reads): ``check_declared``.
 
 Anything else is refused with ``BadReply``: one line saying what is wrong, which the strategy logs with the node.
 """
@@ -25,10 +27,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fedsl.algorithms.spec import CLIENT_MEASURES, Measure
+
 # The metrics a train reply must carry, each an integer.
 TRAIN_METRICS = ("num-examples", "steps", "partition-id", "round")
-# Optional train-reply metrics, each a finite number when present.
-OPTIONAL_METRICS = ("train-loss", "start-loss")
+# Optional train-reply metrics, each a finite number when present: the loss, and the client measures that are one number
+OPTIONAL_METRICS = ("train-loss", *(m.record for m in CLIENT_MEASURES.values() if not m.per_parameter))
 # The loss keys an open-federation reply may use, in the order fedsl reads them (fedsl's, Flower's quickstart's, plain)
 LOSS_KEYS = ("train-loss", "train_loss", "loss")
 # The reason Flower gives when a ClientApp has no handler for a query message (a plain Flower client).
@@ -99,18 +103,19 @@ def check_reply(msg: Message, expected: dict[str, torch.Tensor], partition: int,
     return check_arrays(content, expected), metrics["num-examples"], metrics["steps"]
 
 
-def check_arrays(content: RecordDict, expected: dict[str, torch.Tensor]) -> dict:
-    """The reply's ArrayRecord ``arrays`` as numpy arrays by name, after checking names, shapes, dtype and finiteness.
+def check_arrays(content: RecordDict, expected: dict[str, torch.Tensor], record: str = "arrays") -> dict:
+    """The reply's ArrayRecord ``record`` (x_i: ``arrays``) as numpy arrays by name, after checking names, shapes,
+    dtype and finiteness.
 
     Raises:
         BadReply: one line saying what is wrong.
     """
-    arrays = content.array_records.get("arrays")
+    arrays = content.array_records.get(record)
     if arrays is None:
-        raise BadReply(f"no ArrayRecord 'arrays' (records: {sorted(content.keys())})")
+        raise BadReply(f"no ArrayRecord {record!r} (records: {sorted(content.keys())})")
     lacking, extra = sorted(set(expected) - set(arrays.keys())), sorted(set(arrays.keys()) - set(expected))
     if lacking or extra:
-        raise BadReply("arrays do not match the model's parameters: "
+        raise BadReply(f"{record} do not match the model's parameters: "
                        + "; ".join(f"{what} {names[:3]}{' ...' if len(names) > 3 else ''}"
                                    for what, names in (("missing", lacking), ("unexpected", extra)) if names))
     out = {}
@@ -193,11 +198,23 @@ def train_loss(msg: Message) -> float | None:
     return None if value is None else float(value)
 
 
-def start_loss(msg: Message) -> float | None:
-    """The reply's ``start-loss`` metric, F_i(x_t) (checked by ``check_reply``), or None."""
-    metrics = msg.content.metric_records.get("metrics")
-    value = None if metrics is None else metrics.get("start-loss")
-    return None if value is None else float(value)
+def check_declared(msg: Message, measure: Measure, expected: dict[str, torch.Tensor], algorithm: str):
+    """What the reply carries of a measure its rule declares (the spec's ``reply``), by the measure's record name: a
+    finite metric (a float), or an ArrayRecord shaped like x (numpy arrays by name, checked as x_i is).
+
+    Raises:
+        BadReply: it is missing or malformed.
+    """
+    if measure.per_parameter:
+        if measure.record not in msg.content.array_records:
+            raise BadReply(f"no ArrayRecord {measure.record!r}: algorithm {algorithm!r} reads each client's "
+                           f"{measure.meaning}")
+        return check_arrays(msg.content, expected, measure.record)
+    value = _number(_metrics(msg.content), measure.record)
+    if value is None:
+        raise BadReply(f"metric {measure.record} missing: algorithm {algorithm!r} reads each client's "
+                       f"{measure.meaning}")
+    return float(value)
 
 
 def check_claim(msg: Message, num_clients: int) -> int:

@@ -54,8 +54,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from fedsl.algorithms.base import ClientResults, LocalSGD, RunState
+from fedsl.algorithms.base import ClientResults, LocalSGD, RunState, stack_reply
 from fedsl.algorithms.server_round import ServerMetrics, initial_state, server_update
+from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.core import participation, rng
 from fedsl.engine.plan import planned_steps
 from fedsl.experiments import checkpoint
@@ -71,8 +72,8 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
     check_open_reply,
     check_reply,
     describe_content,
+    check_declared,
     lacks_query_handler,
-    start_loss,
     train_loss,
 )
 from fedsl.flower.strategy_checkpoint import StrategyCheckpoint, out_folder
@@ -369,7 +370,7 @@ class FedslStrategy(FedAvg):
         impostors: set[int] = set()
         seen: set[int] = set()
         losses: dict[int, float | None] = {}  # pid -> the reply's train-loss (None: not reported)
-        starts: dict[int, float] = {}  # pid -> the reply's start-loss F_i(x_t), for a rule that reads it (q-FedAvg)
+        declared: dict[int, dict] = {}  # pid -> what the rule's spec declares its clients reply (q-FedAvg's F_i(x_t))
         for msg in replies:
             node = msg.metadata.src_node_id
             self.record_reply("train", msg, t)
@@ -391,11 +392,9 @@ class FedslStrategy(FedAvg):
                     # seed on every machine, says what it is
                     arrays, n_i, k_i = check_reply(msg, self.state.x, pid, t, len(self.sim.client_data[pid]))
                     losses[pid] = train_loss(msg)
-                    if self.alg.spec is not None and self.alg.spec.reads_start_loss:
-                        if start_loss(msg) is None:
-                            raise BadReply(f"metric start-loss missing: algorithm {self.alg.name!r} reads each "
-                                           "client's loss at the model it was sent")
-                        starts[pid] = start_loss(msg)
+                    declared[pid] = {k: self._tensors(check_declared(msg, CLIENT_MEASURES[k], self.state.x,
+                                                                     self.alg.name))
+                                     for k in (self.alg.spec.reply if self.alg.spec is not None else ())}
             except BadReply as e:
                 where = "" if self.open else f" (partition {pid})"
                 log(WARNING, "fedsl round %d: dropped the reply of node %d%s: %s", t + 1, node, where, e)
@@ -403,10 +402,7 @@ class FedslStrategy(FedAvg):
                 if e.impostor:
                     impostors.add(node)
                 continue
-            params = {n: torch.from_numpy(np.array(arrays[n], copy=True)).to(device=self.sim.device,
-                                                                             dtype=self.sim.dtype)
-                      for n in self.sim.fm.names}
-            finals[pid] = (params, n_i, k_i)
+            finals[pid] = (self._tensors(arrays), n_i, k_i)
         # no reply in time, an error or another partition's reply: left out for the rest of the run
         # (a reply that was merely unusable leaves its node in the run: it gets x_{t+1} next time)
         bad_content = {r["node"] for r in rejected if r["partition"] is not None} - impostors
@@ -425,7 +421,7 @@ class FedslStrategy(FedAvg):
         if not ids and targets:
             log(WARNING, "fedsl round %d: no usable client update (%d sent, %d replies dropped): x̄ = x_t, "
                 "then server learning", t + 1, len(targets), len(rejected))
-        self.state, m, applied = self.run_server_half(t, ids, finals, starts)  # the model after server learning
+        self.state, m, applied = self.run_server_half(t, ids, finals, declared)  # the model after server learning
         ids = ids if applied else []
         server_steps, cos, gamma = m.server_steps, m.cos_theta, m.gamma
         info = {"round": t + 1, "t": t, "sampled": pending["sampled"], "missing": pending["missing"],
@@ -482,21 +478,29 @@ class FedslStrategy(FedAvg):
         loc = self.alg.local
         return planned_steps(n_i, loc.batch_size, loc.epochs, loc.steps)
 
-    def run_server_half(self, t: int, ids: list[int], finals: dict, start_losses: dict[int, float] | None = None
+    def _tensors(self, value):
+        """A reply's arrays (numpy, by name) as tensors on the server's device and dtype; a number as it is."""
+        if not isinstance(value, dict):
+            return value
+        return {n: torch.from_numpy(np.array(value[n], copy=True)).to(device=self.sim.device, dtype=self.sim.dtype)
+                for n in self.sim.fm.names}
+
+    def run_server_half(self, t: int, ids: list[int], finals: dict, declared: dict[int, dict] | None = None
                         ) -> tuple[RunState, ServerMetrics, bool]:
         """The algorithm's server half (``server_round.server_update``: the rule's update, FSL-p, line 10,
         γ) on the usable replies of clients ``ids`` (none: x̄ = x_t, then server learning as usual); and
-        whether their update was applied. ``finals``: client id -> (x_i, n_i, K_i); ``start_losses``: client id ->
-        F_i(x_t), for a rule that reads them (q-FedAvg). The new state is the caller's to keep (``state``);
-        SecAgg+'s rounds (``fedsl.flower.secagg``) call it too."""
+        whether their update was applied. ``finals``: client id -> (x_i, n_i, K_i); ``declared``: client id -> what
+        the rule's spec declares its clients send beside x_i, by name (q-FedAvg's F_i(x_t)). The new state is the
+        caller's to keep (``state``); SecAgg+'s rounds (``fedsl.flower.secagg``) call it too."""
         sim = self.sim
         state = self.state.with_x(sim.layout(self.state.x))
         results = None
         if ids:
+            names = self.alg.spec.reply if self.alg.spec is not None and declared else ()
             results = ClientResults({n: torch.stack([finals[i][0][n] for i in ids]) for n in state.x},
                                     [finals[i][1] for i in ids], tuple(finals[i][2] for i in ids),
                                     () if self.open else tuple(ids),  # open: node ids, not client ids
-                                    tuple(start_losses[i] for i in ids) if start_losses else ())
+                                    {k: stack_reply([declared[i][k] for i in ids], sim.device) for k in names})
         new, metrics = server_update(self.alg, state, results, t, sim.server)
         if results is not None and not (_finite(new.x) and all(_finite(v) for v in new.algo.values())):
             # finite replies whose aggregate (or server learning from it) overflows
