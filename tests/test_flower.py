@@ -108,6 +108,9 @@ def test_fsl_is_bit_identical_to_the_simulator(one_thread):
     ("fsl", {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5, "algorithm.weighted": True}),
     ("feddu", {}),  # γ_t from the replies' partitions, x̄_t's accuracy on D0
     ("d0_only", {}),  # the clients' updates dropped, line 10 alone
+    ("fedclg_c", {}),  # ∇f0(x_t) sent in server-state, each client's ∇F_i(x_t) measured on the node, then line 10
+    ("fedclg_s", {}),  # each client's ∇F_i(x_t) in the reply's ArrayRecord start-grad, ∇f0(x_t) on the server
+    ("feddum", {}),  # FedDU's γ_t, the global momentum M kept by the strategy
     # FedDF + SL: the clients' models distilled into their mean on D0's images (early stopping), then line 10
     ("feddf", {"server.learning": "incremental", "distill.steps": 6, "distill.batch_size": 4, "distill.eval_every": 2,
                "distill.patience": 2, "distill.val_fraction": 0.25}),
