@@ -243,3 +243,22 @@ def test_the_terminal_table_says_what_its_columns_mean_and_what_a_short_runs_fin
     assert "Final accuracy = rolling mean over 20 rounds" in shown and "T_0.5 = first round" in shown
     assert "the mean over the whole run" in shown
     assert "the mean over the whole run" in (out / "comparison.md").read_text()
+
+
+def test_variants_runs_a_subset_whose_runs_do_not_read_a_template_key(tmp_path):
+    """A template key that only the variants left out read (FedProx's μ, as serverdata-cifar10's [distill] that only
+    its FedDF variants read) does not make ``--variants`` refuse the rest: it goes back to its default in the smaller
+    config, which is saved and resumes; the whole config still refuses the key where no run reads it."""
+    from fedsl.cli import main
+    from fedsl.experiments.loading import load
+    from fedsl.experiments.sweep import only_variants
+
+    text = QUICK_GROUP.format(rounds=2).replace('[algorithm]\n', '[algorithm]\nmu = 0.3\n') + \
+        '[variants.FedProx.algorithm]\nname = "fedprox"\n'
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--variants", "FedAvg,FSL", "--quiet"]) == 0
+    assert sorted(p.name for p in (tmp_path / "o").iterdir() if p.is_dir()) == ["FSL", "FedAvg"]
+    whole = load(cfg)
+    assert whole.algorithm.mu == 0.3 and only_variants(whole, ["FedAvg"]).algorithm.mu == 0.01  # the default
+    assert only_variants(whole, ["FedProx"]).algorithm.mu == 0.3  # a kept run that reads it keeps it

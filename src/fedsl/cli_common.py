@@ -76,4 +76,5 @@ def select_variants(cfg, variants: Optional[str], names: Optional[List[str]]):
     if not names or any(v not in cfg.variants for v in names):
         raise UserError(f"--variants {variants!r}: expected names from "
                         f"{list(cfg.variants) or 'none (the config has no variants)'}")
-    return cfg.model_copy(update={"variants": {v: cfg.variants[v] for v in names}})
+    from fedsl.experiments.sweep import only_variants
+    return only_variants(cfg, names)

@@ -55,6 +55,22 @@ def _reads(cfg: RunConfig, over: dict, key: str) -> bool:
     return True
 
 
+def only_variants(cfg: RunConfig, names: list[str]) -> RunConfig:
+    """``cfg`` with only the variants ``names`` (``fedsl run --variants``), and the template's keys that only the
+    others read back at their defaults: e.g. ``serverdata-cifar10``'s ``[distill]`` table, which its FedDF variants
+    read, when only FedCLG runs. The runs kept are those the whole config makes (they would not inherit such a key
+    either), and the smaller config is valid by itself (``expand_runs`` refuses a template key that no run reads)."""
+    kept = {v: cfg.variants[v] for v in names}
+    unread = [(section, key) for section, key in _template_keys(cfg)
+              if not any(_reads(cfg, over, f"{section}.{key}") for over in kept.values() if isinstance(over, dict))]
+    update: dict[str, Any] = {"variants": kept}
+    for section in dict.fromkeys(s for s, _ in unread):
+        table = getattr(cfg, section)
+        update[section] = table.model_copy(update={k: type(table).model_fields[k].default for s, k in unread
+                                                   if s == section})
+    return cfg.model_copy(update=update)
+
+
 def variant_points(cfg: RunConfig, vname: str, over: dict) -> dict[str, list]:
     """The swept keys variant ``vname`` (overrides ``over``) runs over, each with its values, in the sweep's order:
     - a key the variant does not set: all the sweep's values;
