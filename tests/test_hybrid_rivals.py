@@ -159,3 +159,18 @@ def test_declarations_are_checked_and_refusals_derived():
         C.validate({**base, "algorithm": {**base["algorithm"], "name": "fedclg_s"},
                     "privacy": {"clip": 1.0, "noise_multiplier": 1.0}})
     assert "\n" not in str(e.value) and "FedCLG-S's server step reads each sampled client's ∇F_i(x_t)" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["fedclg_c", "fedclg_s", "feddum"])
+def test_stacked_runs_equal_each_run_alone(name):
+    """Runs of a rival at two seeds and step sizes stacked in one engine (one executor call for all their clients,
+    each run's measured g_i and sent g_s) equal each run alone."""
+    from conftest import stacked_and_alone
+    fed = random_federation(SMALL, n0=14)
+
+    def sims():
+        return [_sim(name, fed, model="linear", local=local, server=SL, S=3, seed=seed)
+                for local, seed in ((LOCAL, 1), (LocalTraining(0.05, 5), 2))]
+    for stacked, _, alone, _ in stacked_and_alone(sims, 3):
+        _close(stacked.x, alone.x, atol=1e-12)
+        assert stacked.algo.keys() == alone.algo.keys()
