@@ -198,10 +198,50 @@ def test_merge_joins_the_groups_of_one_config(tmp_path):
     assert (tmp_path / "m" / run / "metrics.csv").read_text() == (b / run / "metrics.csv").read_text()
     other = write_group(tmp_path / "c", {"A": A}, seeds=(2,))
     json.dump({**json.loads((other / "group.json").read_text()), "window": 30}, open(other / "group.json", "w"))
-    with pytest.raises(SystemExit, match="not the same config"):
+    with pytest.raises(SystemExit, match="not the same group as .*: window differs"):
         merge(tmp_path / "n", [a, other])
     with pytest.raises(SystemExit, match="in two of the groups"):
         merge(tmp_path / "n", [a, a])
+
+
+def _edit_group(path: Path, algorithm: str, config: dict, **top) -> Path:
+    """A hand-made group whose runs ran ``algorithm``, its config updated by ``config`` and its spec by ``top``."""
+    spec = json.loads((path / "group.json").read_text())
+    spec["config"].update(config)
+    spec.update(top)
+    (path / "group.json").write_text(json.dumps(spec))
+    for run in spec["runs"].values():
+        summary = json.loads((path / run["dir"] / "summary.json").read_text())
+        (path / run["dir"] / "summary.json").write_text(json.dumps({**summary, "algorithm": algorithm}))
+    return path
+
+
+def test_merge_takes_a_preset_that_gained_variants(tmp_path):
+    """A later group of a preset that gained variants (serverdata-cifar10's FedDUM beside its FedDF): the later
+    description and claims, the first's settings that change no number, a key the first lacks from the later, and an
+    algorithm's own key from the group whose runs read it; the same own key read by runs of both must agree."""
+    merge = _merge()
+    a = _edit_group(write_group(tmp_path / "a", {"B": B}), "feddf",
+                    {"distill": {"lr": 1e-4, "steps": 10}, "algorithm": {"name": "fsl"}, "checkpoint_every": 20,
+                     "data": {"data_dir": "/data", "dataset": "cifar10"}}, description="old")
+    b = _edit_group(write_group(tmp_path / "b", {"A": A}, seeds=(1,)), "feddum",
+                    {"distill": {"lr": 1e-3, "steps": 10000}, "algorithm": {"name": "fsl", "feddum_beta": 0.9},
+                     "checkpoint_every": 10, "data": {"data_dir": "../data", "dataset": "cifar10"},
+                     "tune": {"trials": 20}}, description="new", claims=[{"text": "A beats B"}])
+    merge(tmp_path / "m", [a, b])
+    spec = json.loads((tmp_path / "m" / "group.json").read_text())
+    cfg = spec["config"]
+    assert spec["description"] == "new" and spec["claims"] == [{"text": "A beats B"}]
+    assert cfg["distill"] == {"lr": 1e-4, "steps": 10} and cfg["algorithm"] == {"name": "fsl", "feddum_beta": 0.9}
+    assert cfg["checkpoint_every"] == 20 and cfg["data"]["data_dir"] == "/data" and cfg["tune"] == {"trials": 20}
+    c = _edit_group(write_group(tmp_path / "c", {"A": A}, seeds=(2,)), "feddf",
+                    {"distill": {"lr": 1e-3, "steps": 10}, "algorithm": {"name": "fsl"}})
+    with pytest.raises(SystemExit, match=r"distill\.lr = 0\.0001 in the first group, 0\.001 in a later one, and runs "
+                                         "of both read it"):
+        merge(tmp_path / "n", [a, c])
+    d = _edit_group(write_group(tmp_path / "d", {"A": A}, seeds=(2,)), "feddf", {"rounds": 60})
+    with pytest.raises(SystemExit, match="config rounds = 100 in the first group, 60 in a later one"):
+        merge(tmp_path / "n", [a, d])
 
 
 def test_the_cost_table_reads_a_rows_cost_folder(tmp_path):
