@@ -51,19 +51,24 @@ def _reads(section: str, key: str, algorithms: set[str]) -> bool:
     return True
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def merge_configs(first: dict, later: dict, first_algs: set[str], later_algs: set[str]) -> dict:
     """The config of two groups of one preset (module docstring): the first's, with what the later adds, or a
     SystemExit naming the first key they disagree on."""
     out = json.loads(json.dumps(first))
     for section in sorted(set(first) | set(later)):
         a, b = first.get(section, MISSING), later.get(section, MISSING)
-        if section in MAY_DIFFER or section in NO_NUMBER or a == b or b is MISSING:
+        if section in (*MAY_DIFFER, *NEWER, *NO_NUMBER) or a == b or b is MISSING:
             continue
         if a is MISSING:
             out[section] = b
             continue
         if not (isinstance(a, dict) and isinstance(b, dict)):
-            sys.exit(f"config {section} = {a!r} in the first group, {b!r} in a later one: expected the same")
+            sys.exit(f"config {section} = {_short(a)} in the first group, {_short(b)} in a later one: expected the same")
         for key in sorted(set(a) | set(b)):
             va, vb = a.get(key, MISSING), b.get(key, MISSING)
             if va == vb or vb is MISSING or f"{section}.{key}" in NO_NUMBER:
@@ -71,7 +76,7 @@ def merge_configs(first: dict, later: dict, first_algs: set[str], later_algs: se
             if va is MISSING or not _reads(section, key, first_algs):
                 out[section][key] = vb
             elif _reads(section, key, later_algs):
-                sys.exit(f"config {section}.{key} = {va!r} in the first group, {vb!r} in a later one, and runs of "
+                sys.exit(f"config {section}.{key} = {_short(va)} in the first group, {_short(vb)} in a later one, and runs of "
                          "both read it: expected the same")
     return out
 
