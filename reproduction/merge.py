@@ -68,7 +68,8 @@ def merge_configs(first: dict, later: dict, first_algs: set[str], later_algs: se
             out[section] = b
             continue
         if not (isinstance(a, dict) and isinstance(b, dict)):
-            sys.exit(f"config {section} = {_short(a)} in the first group, {_short(b)} in a later one: expected the same")
+            sys.exit(f"config {section} = {_short(a)} in the first group, {_short(b)} in a later one: "
+                     "expected the same")
         for key in sorted(set(a) | set(b)):
             va, vb = a.get(key, MISSING), b.get(key, MISSING)
             if va == vb or vb is MISSING or f"{section}.{key}" in NO_NUMBER:
@@ -76,8 +77,8 @@ def merge_configs(first: dict, later: dict, first_algs: set[str], later_algs: se
             if va is MISSING or not _reads(section, key, first_algs):
                 out[section][key] = vb
             elif _reads(section, key, later_algs):
-                sys.exit(f"config {section}.{key} = {_short(va)} in the first group, {_short(vb)} in a later one, and runs of "
-                         "both read it: expected the same")
+                sys.exit(f"config {section}.{key} = {_short(va)} in the first group, {_short(vb)} in a later one, "
+                         "and runs of both read it: expected the same")
     return out
 
 
@@ -87,7 +88,8 @@ def merge(dest: Path, sources: list[Path]) -> list[str]:
     merged = json.loads(json.dumps(specs[0]))
     algs = _algorithms(sources[0], specs[0])
     for s, spec in zip(sources[1:], specs[1:]):
-        rest = [k for k in set(spec) | set(merged) if k not in ("runs", "config", *NEWER) and spec.get(k) != merged.get(k)]
+        rest = [k for k in set(spec) | set(merged)
+                if k not in ("runs", "config", *NEWER) and spec.get(k) != merged.get(k)]
         if rest:
             sys.exit(f"{s}: not the same group as {sources[0]}: {sorted(rest)[0]} differs")
         later = _algorithms(s, spec)

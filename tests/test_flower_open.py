@@ -279,7 +279,10 @@ def test_a_rule_that_corrects_the_clients_needs_a_client_that_runs_it(one_thread
 @pytest.mark.parametrize("extra, needle", [
     ({"algorithm.name": "feddu"}, "algorithm.name = 'feddu' reads the sampled clients' label counts"),
     ({"algorithm.name": "ds"}, "algorithm.name = 'ds' trains the clients on D_i ∪ D0"),
-    ({"algorithm.name": "qfedavg"}, "algorithm.name = 'qfedavg' reads each client's loss at the model it was sent"),
+    ({"algorithm.name": "qfedavg"}, "algorithm.name = 'qfedavg' reads each client's F_i(x_t), the client's mean loss "
+                                    "on its data at the model it received (start-loss) beside x_i"),
+    ({"algorithm.name": "fedclg_s"}, "algorithm.name = 'fedclg_s' reads each client's ∇F_i(x_t), the gradient of the "
+                                     "client's mean loss over all of its data at the model it received (start-grad)"),
     ({"algorithm.availability": 0.5}, "algorithm.availability = 0.5 and algorithm.straggler_fraction = 0.0 simulate"),
     ({"algorithm.straggler_fraction": 0.2}, "algorithm.straggler_fraction = 0.2 simulate partial participation"),
     ({"node-partitions": "100:0"}, "run config node-partitions assigns partitions, but in an open federation"),

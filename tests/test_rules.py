@@ -149,11 +149,12 @@ def test_qfedavg_one_step_by_hand():
     x, finals = P(0.0, 0.0), stacked([0.1, 0.0], [0.0, -0.2])
     losses = torch.tensor([1.0, 4.0], dtype=torch.float64)
     rule = make_rule("qfedavg", None, q=0.5)
-    new, out = rule.server_update(x, {}, finals, HALF, RoundContext(0.1, torch.tensor([1, 1]), 4, {"start_loss": losses}))
+    extra = {"start_loss": losses}
+    new, out = rule.server_update(x, {}, finals, HALF, RoundContext(0.1, torch.tensor([1, 1]), 4, extra))
     assert new["w"].tolist() == pytest.approx([1 / 31.5, -4 / 31.5], rel=1e-9) and out == {}
     # q = 0: h_k = L for every k, x_t + the plain mean of Δ_k (FedAvg, η_g = 1), whatever the losses and weights
     new, _ = make_rule("qfedavg", None, q=0.0).server_update(x, {}, finals, torch.tensor([0.9, 0.1]),
-                                                              RoundContext(0.1, torch.tensor([1, 1]), 4, {"start_loss": losses}))
+                                                              RoundContext(0.1, torch.tensor([1, 1]), 4, extra))
     assert new["w"].tolist() == pytest.approx([0.05, -0.1], abs=1e-15)
     assert SPECS["qfedavg"].defaults() == {"q": 0.1} and SPECS["qfedavg"].global_lr is None
     with pytest.raises(AssertionError, match="start_loss"):

@@ -63,7 +63,8 @@ class Measure:
 # forward pass, dropout off), for its rule's client half or to send back beside x_i.
 CLIENT_MEASURES: dict[str, Measure] = {m.name: m for m in (
     Measure("start_loss", "F_i(x_t), the client's mean loss on its data at the model it received", False),
-    Measure("start_grad", "∇F_i(x_t), the gradient of that loss over all of the client's data", True),
+    Measure("start_grad", "∇F_i(x_t), the gradient of the client's mean loss over all of its data at the model it "
+            "received", True),
 )}
 # What the server can measure at x_t on D0 at the round's start (the evaluation's forward pass, dropout off).
 SERVER_MEASURES: dict[str, Measure] = {m.name: m for m in (

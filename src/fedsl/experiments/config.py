@@ -21,8 +21,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from fedsl.algorithms import SPECS, check_server_learning
-from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.algorithms.robust import BUCKETED, bucket_count, default_bulyan_f, default_krum_f
+from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.core.attacks import Attack
 from fedsl.core.participation import Participation
 from fedsl.data import registry

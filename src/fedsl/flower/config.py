@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsl.algorithms import Algorithm, Pretraining
-from fedsl.algorithms import SPECS, Spec
+from fedsl.algorithms import SPECS, Algorithm, Pretraining, Spec
 from fedsl.algorithms import spec as algorithm_spec
 from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.core.privacy_accounting import Budget

@@ -69,10 +69,10 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
     TRAIN_METRICS,
     BadReply,
     check_claim,
+    check_declared,
     check_open_reply,
     check_reply,
     describe_content,
-    check_declared,
     lacks_query_handler,
     train_loss,
 )
