@@ -3,9 +3,10 @@
     python reproduction/round_cost.py PRESET [ROUNDS] [--variants A,B] [--set KEY=VALUE ...]
 
 runs each variant of PRESET (seed 0, one thread) for ROUNDS rounds (default 10) after one round of warm-up and
-prints, per variant, the mean process CPU time per round of the clients' half (sampling, their local training)
-and of the server's half (the rule's update, then server learning or distillation: where the methods that use
-server data differ), and of one evaluation on the test set. CPU time, not wall time: another process on the same
+prints, per variant, the mean process CPU time per round of the clients' half (sampling, what the rule's clients
+measure at x_t and the server sends them, their local training) and of the server's half (the rule's update,
+then server learning or distillation: where the methods that use server data differ), and of one evaluation on the
+test set. CPU time, not wall time: another process on the same
 core slows the wall clock but hardly the CPU time a round takes. ``--variants`` measures only those; ``--set``
 overrides as `fedsl run` does (e.g. ``--set data.data_dir=../shared/data``).
 """
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> None:
         for t in range(1, rounds + 1):
             start = time.process_time()
             state = replace(state, x=sim.layout(state.x))  # Simulator.round, in its two halves
-            work = sim.sample(t)
+            work = sim.measure_clients(sim.sample(t), state.x)  # what the rule's clients measure at x_t (FedCLG)
             finals, rows = sim.train_clients(state, work, t)
             mid = time.process_time()
             results = sim.results(work, finals, state.x, t)

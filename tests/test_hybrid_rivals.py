@@ -174,3 +174,16 @@ def test_stacked_runs_equal_each_run_alone(name):
     for stacked, _, alone, _ in stacked_and_alone(sims, 3):
         _close(stacked.x, alone.x, atol=1e-12)
         assert stacked.algo.keys() == alone.algo.keys()
+
+
+def test_a_round_in_phases_must_measure_first():
+    """A caller that runs the round's phases itself (``reproduction/round_cost.py``) and forgets
+    ``measure_clients`` gets one line naming what is missing, not a KeyError."""
+    fed = random_federation(SMALL, n0=14)
+    for name in ("fedclg_c", "fedclg_s"):
+        sim = _sim(name, fed, model="linear", local=LOCAL, server=SL, S=3)
+        st = sim.initial_state()
+        work = sim.sample(0)
+        with pytest.raises(ValueError, match=r"the round's work was not measured at x_t \(Simulator.measure_clients\)"):
+            finals, _ = sim.train_clients(st, work, 0)
+            sim.results(work, finals, st.x, 0)

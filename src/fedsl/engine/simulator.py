@@ -392,6 +392,9 @@ class Simulator:
         (``sent``), and what the client measured at x_t for it (the spec's ``measures``: FedCLG-C's ∇F_i(x_t))."""
         sent = self.sent(state)
         own = self.alg.spec.measures if self.alg.spec is not None else ()
+        if any(k not in work.measured for k in own):
+            raise ValueError(f"algorithm {self.alg.name!r}'s clients read {', '.join(own)}: the round's work was not "
+                             "measured at x_t (Simulator.measure_clients)")
         return [{**sent, **{k: work.measured[k][j] for k in own}} for j in range(len(work.ids))]
 
     def train_clients(self, state: RunState, work: ClientWork, t: int) -> tuple[dict, State]:
