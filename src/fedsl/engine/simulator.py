@@ -325,14 +325,17 @@ class Simulator:
     def replies(self, work: ClientWork, rows) -> dict:
         """What the clients at positions ``rows`` of ``work`` send beside x_i (the spec's ``reply``), stacked:
         [S] float64 for a number each, parameters stacked [S, ...] for a tensor each."""
-        out = {}
-        for name in self.alg.spec.reply if self.alg.spec is not None else ():
-            if name not in work.measured:
-                raise ValueError(f"algorithm {self.alg.name!r} reads each client's {name}: the round's work was not "
-                                 "measured at x_t (Simulator.measure_clients)")
-            values = [work.measured[name][j] for j in rows]
-            out[name] = stack_reply(values, self.device)
-        return out
+        names = self.alg.spec.reply if self.alg.spec is not None else ()
+        measured = self._measured(work, names)
+        return {name: stack_reply([measured[name][j] for j in rows], self.device) for name in names}
+
+    def _measured(self, work: ClientWork, names: tuple[str, ...]) -> dict[str, list]:
+        """``work.measured``, which must hold ``names`` (else a one-line error: a caller running the round's phases
+        itself skipped ``measure_clients``)."""
+        if any(k not in work.measured for k in names):
+            raise ValueError(f"algorithm {self.alg.name!r} reads its clients' {', '.join(names)}: the round's work "
+                             "was not measured at x_t (Simulator.measure_clients)")
+        return work.measured
 
     def measure_clients(self, work: ClientWork, x: Params) -> ClientWork:
         """``work`` with what each sampled client measures at x_t = ``x`` for the rule (its spec's ``measures`` and
@@ -392,10 +395,8 @@ class Simulator:
         (``sent``), and what the client measured at x_t for it (the spec's ``measures``: FedCLG-C's ∇F_i(x_t))."""
         sent = self.sent(state)
         own = self.alg.spec.measures if self.alg.spec is not None else ()
-        if any(k not in work.measured for k in own):
-            raise ValueError(f"algorithm {self.alg.name!r}'s clients read {', '.join(own)}: the round's work was not "
-                             "measured at x_t (Simulator.measure_clients)")
-        return [{**sent, **{k: work.measured[k][j] for k in own}} for j in range(len(work.ids))]
+        measured = self._measured(work, own)
+        return [{**sent, **{k: measured[k][j] for k in own}} for j in range(len(work.ids))]
 
     def train_clients(self, state: RunState, work: ClientWork, t: int) -> tuple[dict, State]:
         """The algorithm's client half for the sampled clients: their final models and new states."""
