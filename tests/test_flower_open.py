@@ -263,32 +263,23 @@ def test_max_examples_is_configurable(one_thread, stock, caplog):
     assert "num-examples = 19: expected an integer in 1..10 (run config max-examples)" in caplog.text
 
 
-def test_a_rule_that_corrects_the_clients_needs_a_client_that_runs_it(one_thread, stock, caplog):
-    """SCAFFOLD: a stock client's plain-SGD reply has no 'steps' and is refused; fedsl's ClientApp, in an open
-    federation, runs SCAFFOLD's client half on the data it owns and is accepted."""
+@pytest.mark.parametrize("name", ["scaffold", "fedclg_c"])
+def test_a_rule_that_corrects_the_clients_needs_a_client_that_runs_it(one_thread, stock, caplog, name):
+    """SCAFFOLD, and FedCLG-C (whose clients measure their own ∇F_i(x_t) on the data they own and read ∇f0(x_t) from
+    the train message's server-state): a stock client's plain-SGD reply has no 'steps' and is refused; fedsl's
+    ClientApp, in an open federation, runs the rule's client half on the data it owns and is accepted."""
     rc, nodes = stock
-    strategy, _ = run_fedsl({**rc, "rounds": 1, "algorithm.name": "scaffold"}, nodes)
+    strategy, _ = run_fedsl({**rc, "rounds": 1, "algorithm.name": name}, nodes)
     assert strategy.history[0]["trained"] == []
-    assert "algorithm 'scaffold' corrects the clients' local steps, and this reply has no 'steps' metric" in caplog.text
-    fedsl_rc = {**BASE, "federation": "open", "rounds": 2, "algorithm.name": "scaffold"}
-    strategy, _ = run_fedsl(fedsl_rc, fedsl_nodes(4))
+    assert f"algorithm {name!r} corrects the clients' local steps, and this reply has no 'steps' metric" in caplog.text
+    fedsl_rc = {**BASE, "federation": "open", "rounds": 2, "algorithm.name": name}
+    strategy, grid = run_fedsl(fedsl_rc, fedsl_nodes(4))
     assert all(len(h["trained"]) == 2 and h["rejected"] == [] for h in strategy.history)
     assert all(h["client_steps"] == [2 * math.ceil(24 / 24)] * 2 for h in strategy.history)  # the clients' own K_i
-
-
-def test_fedclg_c_runs_in_an_open_federation_with_fedsls_client_app(one_thread, stock, caplog):
-    """FedCLG-C's clients measure their own ∇F_i(x_t) on the data they own and read ∇f0(x_t) from the train
-    message's server-state: fedsl's ClientApp runs it in an open federation; a stock client, which would not correct
-    its steps, is refused."""
-    rc, nodes = stock
-    strategy, _ = run_fedsl({**rc, "rounds": 1, "algorithm.name": "fedclg_c"}, nodes)
-    assert strategy.history[0]["trained"] == []
-    assert "algorithm 'fedclg_c' corrects the clients' local steps" in caplog.text
-    fedsl_rc = {**BASE, "federation": "open", "rounds": 2, "algorithm.name": "fedclg_c"}
-    strategy, grid = run_fedsl(fedsl_rc, fedsl_nodes(4))
-    assert all(len(h["trained"]) == 2 and h["rejected"] == [] and h["server_steps"] > 0 for h in strategy.history)
-    sent = [m for m in grid.sent if m.metadata.message_type == "train"]
-    assert sent and all("server-state" in m.content.array_records for m in sent)  # g_s = ∇f0(x_t) goes down
+    if name == "fedclg_c":
+        assert all(h["server_steps"] > 0 for h in strategy.history)
+        sent = [m for m in grid.sent if m.metadata.message_type == "train"]
+        assert sent and all("server-state" in m.content.array_records for m in sent)  # g_s = ∇f0(x_t) goes down
 
 
 @pytest.mark.parametrize("extra, needle", [
