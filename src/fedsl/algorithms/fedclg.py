@@ -41,6 +41,7 @@ import torch
 
 from fedsl.algorithms.base import Carry, RoundContext, deltas, weighted_mean
 from fedsl.algorithms.fedavg import FedAvg
+from fedsl.algorithms.scaffold import Scaffold
 from fedsl.algorithms.spec import Spec
 from fedsl.core.types import Params, State
 
@@ -58,9 +59,7 @@ class FedCLGC(FedAvg):
         g_s, g_i = sent["server_grad"], sent["start_grad"]
         return {"y": x}, {"correction": {n: g_s[n] - g_i[n] for n in x}}
 
-    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
-        corr = aux["correction"]
-        return {"y": {n: p - lr * (g[n] + corr[n]) for n, p in carry["y"].items()}}
+    client_step = Scaffold.client_step  # y ← y − η_l (g + correction): SCAFFOLD's corrected step, c − c_i = g_s − g_i
 
 
 @dataclass(frozen=True)
