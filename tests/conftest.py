@@ -1,8 +1,12 @@
 import contextlib
 import gzip
+import itertools
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -312,3 +316,108 @@ def _expected_length(item) -> int:
 def pytest_collection_modifyitems(config, items):
     # stable: within each length class the tests keep their files' order (every worker collects the same order)
     items.sort(key=_expected_length)
+
+
+# ---- A real PostgreSQL server for the tune.storage tests (tests/test_tune_storage.py, fedsl tune on a URL) ----
+
+
+def _postgres_bin() -> Path | None:
+    """The folder of PostgreSQL's server programs (initdb, pg_ctl, postgres): initdb's on PATH, else Debian's
+    /usr/lib/postgresql/VERSION/bin (the newest), which Debian leaves off PATH."""
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    folders = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
+                     if p.parent.name.isdigit() else 0)
+    return next((f for f in reversed(folders) if (f / "initdb").is_file()), None)
+
+
+@pytest.fixture(scope="session")
+def _postgres_server():
+    """A PostgreSQL server of this session (of this pytest-xdist worker), listening on a Unix socket only, in a
+    temporary folder (no TCP port to collide over); its superuser ``postgres`` trusts every local connection.
+    Yields (socket folder, port); stopped (immediate shutdown, then SIGKILL) and removed at the session's end.
+    Skips when the server programs or the psycopg2 driver are absent. PostgreSQL refuses to run as root: as root the
+    server runs as the ``postgres`` user (Debian's package makes it), else as ``nobody``."""
+    pytest.importorskip("psycopg2", reason="PostgreSQL's driver psycopg2 is absent (pip install psycopg2-binary)")
+    import psycopg2
+
+    bin_dir = _postgres_bin()
+    if bin_dir is None or not all((bin_dir / p).is_file() for p in ("initdb", "pg_ctl", "postgres")):
+        pytest.skip("PostgreSQL's server programs (initdb, pg_ctl, postgres) are not installed")
+    as_user: dict = {}
+    if os.geteuid() == 0:
+        import pwd
+
+        for name in ("postgres", "nobody"):
+            with contextlib.suppress(KeyError):
+                entry = pwd.getpwnam(name)
+                as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+                break
+        else:
+            pytest.skip("PostgreSQL refuses to run as root and there is no 'postgres' or 'nobody' user to run it as")
+    # in /tmp, not pytest's folder (private to root): the server's user must reach it; short for the socket's path
+    base = Path(tempfile.mkdtemp(prefix="fedsl-pg-"))
+    if as_user:
+        os.chown(base, as_user["user"], as_user["group"])
+    data, log = base / "data", base / "server.log"
+    env = {**os.environ, "LC_ALL": "C", "HOME": str(base)}
+    run = dict(cwd=base, env=env, **as_user)
+    proc = None
+    try:
+        init = subprocess.run([bin_dir / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                               "--no-sync"], capture_output=True, text=True, timeout=180, **run)
+        if init.returncode:
+            pytest.fail(f"initdb failed: {init.stderr.strip()[-2000:]}")
+        with socket.socket() as s:  # a port number names the socket file; a free TCP one is as good as any
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        # fsync off: the tests kill clients, never the server; small shared memory: one per xdist worker
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([bin_dir / "postgres", "-D", data, "-k", base, "-p", str(port),
+                                     "-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
+                                     "-c", "full_page_writes=off", "-c", "shared_buffers=16MB"],
+                                    stdout=out, stderr=subprocess.STDOUT, **run)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                psycopg2.connect(host=str(base), port=port, user="postgres", dbname="postgres",
+                                 connect_timeout=5).close()
+                break
+            except psycopg2.OperationalError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the PostgreSQL server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.1)
+        yield base, port
+    finally:
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run([bin_dir / "pg_ctl", "stop", "-D", data, "-m", "immediate", "-w", "-t", "20"],
+                               capture_output=True, timeout=30, **run)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+_DATABASES = itertools.count()  # the databases of this process's server, one per test
+
+
+@pytest.fixture
+def postgres_url(_postgres_server) -> str:
+    """A SQLAlchemy URL of a new, empty database of the session's PostgreSQL server (``_postgres_server``), one per
+    test: ``postgresql+psycopg2://postgres@/DB?host=SOCKET_FOLDER&port=PORT``."""
+    import psycopg2
+
+    base, port = _postgres_server
+    name = f"fedsl_{next(_DATABASES)}"
+    conn = psycopg2.connect(host=str(base), port=port, user="postgres", dbname="postgres")
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+    finally:
+        conn.close()
+    return f"postgresql+psycopg2://postgres@/{name}?host={base}&port={port}"

@@ -40,6 +40,7 @@ batch_size = 10
 [tune]
 trials = 3
 startup_trials = 1
+edge_widenings = 0         # a budget of three: its best lies at an edge too often (widening: its own tests)
 [variants.FedAvg.algorithm]
 name = "fedavg"
 [variants.FSL.algorithm]
@@ -130,7 +131,7 @@ def test_a_study_never_reads_the_test_set(tmp_path, monkeypatch):
     assert any(state == "COMPLETE" for state, _, _ in a["FSL"]), a
     summary = json.loads((tmp_path / "a" / "FSL" / "trial-0000" / "summary.json").read_text())
     assert 0 <= summary["final_val_accuracy"] <= 1 and summary["validation_size"] > 0
-    assert any("FSL: trial 3/3" in s for s in said), said
+    assert any(s.startswith("FSL: trial-0002 (") for s in said), said
 
 
 KILLER = """
@@ -161,7 +162,7 @@ def test_kill_9_mid_trial_then_resume_keeps_finished_trials_and_ends_as_uninterr
     assert [s for s, _, _ in before["FSL"]] == ["COMPLETE", "RUNNING"]  # trial 0 finished, trial 1 cut
     said: list[str] = []
     T.reopen(tmp_path / "cut", said.append).run()
-    assert any("FSL: trial 1 was interrupted: it runs again with the same values" in s for s in said), said
+    assert any("FSL: trial-0001 was interrupted: it runs again with the same values" in s for s in said), said
     after = _values(tmp_path / "cut")
     assert after["FSL"][0] == before["FSL"][0]  # the finished trial is kept, not run again
     assert after == _values(tmp_path / "whole")  # every trial drawn and scored as without the kill

@@ -66,7 +66,7 @@ from fedsl.core.types import Params, State
 
 DECAY = 0.99  # the authors' code's default (--decay)
 DECAY_PARAM = HyperParam("feddu_decay", DECAY, "decay", "FedDU's per-round decay of the server update (0 < decay <= 1)",
-                         gt=0, le=1, search=Range(0.9, 1.0))  # FedDU's and FedDUM's (``feddum``)
+                         gt=0, le=1, search=Range(0.9, 1.0, hard_high=True))  # FedDU's and FedDUM's (``feddum``)
 
 
 def label_distribution(counts: Sequence[float] | np.ndarray) -> np.ndarray:

@@ -61,7 +61,7 @@ class FedDUM(FedDU):
 SPECS = (
     Spec("feddum", FedDUM, (DECAY_PARAM,
                             HyperParam("feddum_beta", BETA, "β", "FedDUM's global momentum (0: FedDU)", ge=0, lt=1,
-                                       search=Range(0.0, 0.99))),
+                                       search=Range(0.0, 0.99, hard_low=True, hard_high=True))),
          server_learning="incremental", needs_server_data=True, title="FedDUM", server_lr="local_lr",
          sets_gamma=True, reads_label_counts=True,
          summary="FedDUM (FedDUMAP): FedDU with a global momentum on the aggregated update"),

@@ -139,7 +139,7 @@ ADAPTIVE_ETA_G = Range(1e-3, 1.0, log=True)
 # here β1 is the key the three share, default 0.9 (Algorithm 2's m_t): algorithm.beta1 = 0 is Flower's FedAdagrad.
 SPECS = (
     Spec("fedavgm", FedAvgM, (HyperParam("momentum", 0.9, "β", "FedAvgM server momentum", ge=0, lt=1,
-                                   search=Range(0.0, 0.99)),), global_lr=1.0,
+                                   search=Range(0.0, 0.99, hard_low=True, hard_high=True)),), global_lr=1.0,
          parallel_ok=True, summary="FedAvgM: server momentum on the mean update"),
     Spec("fedadam", FedAdam, (BETA1, BETA2, TAU), global_lr=0.1, parallel_ok=True, global_lr_search=ADAPTIVE_ETA_G,
          summary="FedAdam: Adam on the mean update"),

@@ -66,7 +66,7 @@ class QFedAvg(LocalSGD):
 
 
 SPEC = Spec("qfedavg", QFedAvg, (HyperParam("q", 0.1, "q", "q-FedAvg fairness exponent (0: FedAvg)", ge=0,
-                                                  search=Range(0.0, 5.0)),),
+                                                  search=Range(0.0, 5.0, hard_low=True)),),
             global_lr=None, reply=("start_loss",), title="q-FedAvg",
             secagg_refused="weights each client's update by its own loss F_k(x_t)^q over Σ h_k, which needs each "
                            "client's update norm",

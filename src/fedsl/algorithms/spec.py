@@ -24,6 +24,10 @@ class Range:
     high: float
     log: bool = False
     integer: bool = False
+    # an edge the hyper-parameter cannot or may not pass (a probability's 0, β < 1, a minimum the rule needs, a
+    # budget such as a CPU's cap on steps): a choice there is reported, not widened (``tune.edge_widenings``)
+    hard_low: bool = False
+    hard_high: bool = False
 
     def __post_init__(self) -> None:
         if not self.low < self.high or (self.log and self.low <= 0):
@@ -32,9 +36,13 @@ class Range:
 
 
 # The search ranges of the keys every rule reads (a study's defaults; ``fedsl.experiments.tune_space``): η_l over
-# three decades around the paper's values (0.01 to 0.1), γ over two around the paper's 1.
+# three decades around the paper's values (0.01 to 0.1), γ over three around the paper's 1 (two, [0.1, 10], left
+# tuned choices at 9.8). A study widens a range whose best choice lies at an edge (``tune.edge_widenings``).
 LOCAL_LR_SEARCH = Range(1e-3, 1.0, log=True)
-GAMMA_SEARCH = Range(0.1, 10.0, log=True)
+GAMMA_SEARCH = Range(0.03, 30.0, log=True)
+# η_g of a rule whose default is the paper's √S: two decades centred on it, [√S/10, 10·√S] (a fixed [0.1, 10] put
+# √S itself at the top edge for S = 100)
+SQRT_S_SPREAD = 10.0
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ step of the algorithm's client half, each row with its own start x_t, step size 
 server state and client state), one for all their servers' K0 steps (line 10) and, when
 the runs share the rule's numbers, one vmapped call of the rule's server update (lines 8-9);
 sampling, batch plans (made on the host, copied once, and made a round ahead by the runner
-while the device evaluates: ``prepare``), γ and the tables' rows stay per run.
+while the device evaluates: ``prepare``), γ and the tables' rows stay per run. Clients made on demand (a
+generated benchmark) are made per run each round, and runs of one seed share them (a tuning study's trials).
 Results equal running the runs one by one (tested): every run keeps its own seed streams,
 its own state and its own clients' tables.
 
@@ -36,12 +37,35 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b))
 
 
+def join_pools(pools: list[tuple[torch.Tensor, torch.Tensor]]
+               ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The runs' pools as one: equal pools once, different ones concatenated. Returns the joined (x, y), each
+    run's offset into it, and each run's pool as the tensors kept (an equal pool: the first one's)."""
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    offsets, shared = [], []
+    for x, y in pools:
+        for j, (kx, ky) in enumerate(kept):
+            if same_tensor(kx, x) and same_tensor(ky, y):
+                offsets.append(sum(len(p[0]) for p in kept[:j]))
+                shared.append((kx, ky))
+                break
+        else:
+            offsets.append(sum(len(p[0]) for p in kept))
+            kept.append((x, y))
+            shared.append((x, y))
+    if len(kept) == 1:
+        return kept[0][0], kept[0][1], offsets, shared
+    return torch.cat([p[0] for p in kept]), torch.cat([p[1] for p in kept]), offsets, shared
+
+
 @dataclass
 class HostWork:
     """A round's host work for every stacked run, with its device copies queued (``StackedSimulator.prepare``)."""
 
     t: int
     works: list[ClientWork]  # each run's sampled clients (ids on the device) and batch plan
+    x: torch.Tensor  # the pool the plans index: the runs' pools (and clients made on demand this round), joined
+    y: torch.Tensor
     plan: BatchPlan  # all runs' client plans, concatenated, on the device
     sl_runs: list[int]  # the runs with line 10 (incremental server learning)
     server_plan: BatchPlan | None  # their K0 batches, concatenated, on the device
@@ -63,9 +87,6 @@ class StackedSimulator:
         if not sims:
             raise ValueError("StackedSimulator needs at least one run, got an empty list")
         first = sims[0]
-        if any(sim.fed.on_demand is not None for sim in sims):
-            raise ValueError("a run whose clients' samples are made on demand (a generated benchmark) runs alone: "
-                             "each of its rounds trains on a pool of its own")
         shapes = {n: p.shape for n, p in first.fm.module.named_parameters()}
         for i, sim in enumerate(sims[1:], 1):
             why = self._incompatible(first, sim, shapes)
@@ -75,19 +96,11 @@ class StackedSimulator:
         self.executor = first.executor
         # One pool for all runs: identical pools are shared (and de-duplicated in memory),
         # different ones concatenated, each run's indices shifted by its pool's offset.
-        pools: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.offsets: list[int] = []
-        for sim in sims:
-            for j, (x, y) in enumerate(pools):
-                if same_tensor(x, sim.fed.x) and same_tensor(y, sim.fed.y):
-                    sim.fed = replace(sim.fed, x=x, y=y)
-                    self.offsets.append(sum(len(p[0]) for p in pools[:j]))
-                    break
-            else:
-                self.offsets.append(sum(len(p[0]) for p in pools))
-                pools.append((sim.fed.x, sim.fed.y))
-        self.x = pools[0][0] if len(pools) == 1 else torch.cat([p[0] for p in pools])
-        self.y = pools[0][1] if len(pools) == 1 else torch.cat([p[1] for p in pools])
+        self.x, self.y, self.offsets, shared = join_pools([(sim.fed.x, sim.fed.y) for sim in sims])
+        for sim, (x, y) in zip(sims, shared):
+            sim.fed = replace(sim.fed, x=x, y=y)
+        # clients made on demand (a generated benchmark) are in each round's pool, made by ``sample``
+        self.on_demand = any(sim.fed.on_demand is not None for sim in sims)
         # Runs grouped by test set, for evaluation in one vmapped pass per group.
         self.test_groups: list[list[int]] = []
         for r, sim in enumerate(sims):
@@ -155,7 +168,7 @@ class StackedSimulator:
         mine = [sim.client_rows(st.clients, w) for sim, st, w in zip(self.sims, states, works)]
         rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in mine[0].items()}
         if sum(sizes):
-            finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, self.x, self.y, lrs, rows,
+            finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, host.x, host.y, lrs, rows,
                                                    sent)
         else:  # no run has an available client this round (algorithm.availability < 1)
             finals, new_rows = {n: torch.empty(0) for n in states[0].x}, {k: {n: v for n, v in g.items()}
@@ -177,7 +190,7 @@ class StackedSimulator:
                    ) -> list[tuple[Params, int]]:
             # the K0 steps of every run with line 10 in one executor call, on round t's batches planned ahead
             assert runs == host.sl_runs, f"line 10 for runs {runs}, planned for {host.sl_runs}"
-            out = self.executor.train(LOCAL_SGD, x_bars, host.server_plan, self.x, self.y, server_lrs)[0]
+            out = self.executor.train(LOCAL_SGD, x_bars, host.server_plan, host.x, host.y, server_lrs)[0]
             return [({n: v[j] for n, v in out.items()}, k0) for j, k0 in enumerate(host.server_steps)]
         # Algorithm 1's server half of every run (the same function a single run calls), batched
         ends = server_updates([sim.alg for sim in self.sims], states, results, t, [sim.server for sim in self.sims],
@@ -204,16 +217,21 @@ class StackedSimulator:
         per run would make the host wait for the GPU's queue each time: fedsl.core.transfer)."""
         first = self.sims[0]
         works = [sim.sample(t, host=True) for sim in self.sims]
-        plan = concat_plans([w.plan for w in works], self.offsets).to(first.device, first.dtype)
+        x, y, offsets = self.x, self.y, self.offsets
+        if self.on_demand:  # this round's pools (D0, then the sampled clients' samples made now); equal ones once
+            x, y, offsets, _ = join_pools([w.pool if w.pool is not None else (sim.fed.x, sim.fed.y)
+                                           for sim, w in zip(self.sims, works)])
+        plan = concat_plans([w.plan for w in works], offsets).to(first.device, first.dtype)
         ids = to_device(torch.cat([w.ids_t for w in works]), first.device).split([len(w.ids) for w in works])
         works = [replace(w, ids_t=i) for w, i in zip(works, ids)]
         servers = [sim.alg.server_learning for sim in self.sims]
         sl_runs = [r for r, server in enumerate(servers) if server is not None and server.incremental]
         if not sl_runs:
-            return HostWork(t, works, plan, [], None, [])
+            return HostWork(t, works, x, y, plan, [], None, [])
+        # D0 is at the start of each run's round pool too: the same offsets
         plans = [self.sims[r].server_plan(t, host=True) for r in sl_runs]
-        server_plan = concat_plans(plans, [self.offsets[r] for r in sl_runs]).to(first.device, first.dtype)
-        return HostWork(t, works, plan, sl_runs, server_plan, [p.steps[0] for p in plans])
+        server_plan = concat_plans(plans, [offsets[r] for r in sl_runs]).to(first.device, first.dtype)
+        return HostWork(t, works, x, y, plan, sl_runs, server_plan, [p.steps[0] for p in plans])
 
     def _rule_updates(self, states: list[RunState], works: list, finals: Params, s: int
                       ) -> list[tuple[Params, State]]:

@@ -65,7 +65,18 @@ class Callback:
         """Round ``round`` (1..T) is done; ``metrics`` holds its numbers (None where not measured)."""
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
-        """The run stopped: ``summary['status']`` is 'completed', 'diverged', 'interrupted' or 'failed'."""
+        """The run stopped: ``summary['status']`` is 'completed', 'diverged', 'interrupted', 'failed', or the status
+        of a ``StopRun`` a callback raised (a tuning study's 'pruned')."""
+
+
+class StopRun(Exception):
+    """Raised by a callback's ``on_evaluation`` to end its run after that round: the round is recorded as any
+    (metrics.csv, checkpoint), then the run closes with ``status`` (summary.json), its folder kept. A run of a
+    stack leaves it alone; the others go on. A tuning study stops a pruned trial so (status 'pruned')."""
+
+    def __init__(self, reason: str, status: str = "stopped") -> None:
+        super().__init__(reason)
+        self.reason, self.status = reason, status
 
 
 class CallbackList(Callback):

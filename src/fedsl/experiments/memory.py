@@ -33,12 +33,9 @@ def stack_limit(cfg: RunConfig) -> int:
     stacking gains nothing there) and on CUDA up to ``STACK_MAX``, fewer when their per-client tables
     (SCAFFOLD, FedDyn: N × d each) and their measured working memory would not fit in 80% of the
     free memory (with 139 GB free: 37 SCAFFOLD runs of the CIFAR CNN at N = 1,000; with 79 GB: 21);
-    tables in host memory (``client_tables``) do not count. A dataset whose clients are made on demand runs alone
-    (each of its rounds trains on a pool of its own)."""
+    tables in host memory (``client_tables``) do not count."""
     if cfg.stack != "auto":
         return cfg.stack
-    if DATASETS[cfg.data.dataset].federation is not None:
-        return 1
     device = placement.resolve_device(cfg.device)
     if device.type != "cuda":
         return 1

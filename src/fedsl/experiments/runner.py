@@ -27,7 +27,7 @@ from fedsl.engine.simulator import RoundInfo, RunState
 from fedsl.engine.stacked import StackedSimulator
 from fedsl.experiments import tracking
 from fedsl.experiments.build import Built, Prepared, finetune, prepare
-from fedsl.experiments.callbacks import Callback, CallbackList, RunStart
+from fedsl.experiments.callbacks import Callback, CallbackList, RunStart, StopRun
 from fedsl.experiments.config import ConfigError, RunConfig
 from fedsl.experiments.divergence import DivergenceGuard
 from fedsl.experiments.progress import RunProgress
@@ -156,9 +156,10 @@ class RunSession:
         return c.evaluates(done) or bool(c.diag_every and done % c.diag_every == 0)
 
     def record(self, t: int, state: RunState, info: RoundInfo, evaluated: tuple[float, float] | None) -> bool:
-        """Keep round t's result; False when the run diverged and must stop (``DivergenceGuard``)."""
+        """Keep round t's result; False when the run diverged and must stop (``DivergenceGuard``). A callback's
+        ``StopRun`` is raised again once the round is recorded whole (its row, its checkpoint)."""
         cfg, sim = self.cfg, self.sim
-        self.state, self.done = state, t + 1
+        self.state, self.done, stopped = state, t + 1, None
         done = self.done
         measured = {"wall_time": round(self.wall(), 4), "gamma": info.gamma, "cos_theta": info.cos_theta,
                     "comm_params": info.comm_params}
@@ -171,10 +172,16 @@ class RunSession:
             scores = {"accuracy": acc, "loss": loss, "rolling_accuracy": self._rolled(self.window, done, acc),
                       **self._validation(done, state),
                       **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})}
-            self.callbacks.on_evaluation(done, scores)
+            try:
+                self.callbacks.on_evaluation(done, scores)
+            except StopRun as e:
+                stopped = e
             measured.update(scores)
             measured.update(self._epsilon(done))  # on the rows written only: an accountant call each (cached)
         self.callbacks.on_round_end(done, measured)  # metrics.csv's row, the checkpoint, the progress, the trackers
+        if stopped is not None:
+            self.log(f"{cfg.name}: stopped after round {done}: {stopped.reason}")
+            raise stopped
         if evaluated is not None and (stop := self.guard.observe(done, loss)):
             self.log(stop)
             return False
@@ -226,6 +233,8 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
                 break
         else:
             status = "completed"
+    except StopRun as e:  # a callback ended the run (a pruned trial): recorded whole, closed with its status
+        status = e.status
     except KeyboardInterrupt:
         s.finish("interrupted")
         raise
@@ -247,7 +256,8 @@ def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool =
 
     The runs must be stackable (same model, algorithm kind, device, rounds) and start at the
     same round (all new, or all resumed from the same checkpoint round). ``built``: what
-    ``build.check`` built of each (or None); ``callbacks``: each run's own callbacks (as ``run``'s).
+    ``build.check`` built of each (or None); ``callbacks``: each run's own callbacks (as ``run``'s; one that
+    raises ``StopRun`` ends its run alone).
     """
     if len(cfgs) != len(outs) or not cfgs:
         raise ValueError(f"run_stacked needs as many output folders as configs, got {len(cfgs)} and {len(outs)}")
@@ -277,7 +287,12 @@ def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool =
             evals = dict(zip(need, stacked.evaluate([states[i].x for i in need], need))) if need else {}
             keep = []
             for i, s in enumerate(active):
-                if s.record(t, states[i], infos[i], evals.get(i)):
+                try:
+                    kept = s.record(t, states[i], infos[i], evals.get(i))
+                except StopRun as e:  # this run alone ends (a pruned trial); the others go on
+                    results[id(s)] = s.finish(e.status)
+                    continue
+                if kept:
                     keep.append(s)
                 else:
                     results[id(s)] = s.finish("diverged")

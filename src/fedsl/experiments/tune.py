@@ -3,20 +3,28 @@
 A folder made by ``fedsl tune`` holds::
 
     tune.json             what was asked: the config, each variant's trial config and search space, the budget
-    study.db              Optuna's studies (its embedded SQLite storage), one per variant, named after it
+    study.db              Optuna's studies, one per variant, named after it (``tune.storage``: or study.journal, or
+                          a database server's, ``fedsl.experiments.tune_storage``)
     VARIANT/trial-0007/   each trial's run folder (config.json, metrics.csv, summary.json, checkpoint.pt)
 
 Each trial is a run of ``tune.rounds`` rounds with the sampled values, on the clients' data less the validation
 split (``data.validation``), judged on ``final_val_accuracy``: the rolling validation accuracy at its last round.
 The test set is never read by a study: its evaluations are in the trials' metrics.csv, as in any run, but neither
-the objective nor the pruning reads them. The sampler is Optuna's TPE, seeded from ``tune.seed``, the variant and
-the number of trials before (so a resumed study draws what an uninterrupted one would); the pruner (Optuna's
-median rule, ``tune.prune``) stops a trial whose rolling validation accuracy trails the median of the trials
-before at the same round. A variant's budget is ``tune.trials`` finished trials (complete, pruned or failed).
+the objective nor the pruning reads them. The sampler is Optuna's TPE (with its constant liar, so that trials asked
+together differ), seeded from ``tune.seed``, the variant and the number of trials before (so a resumed study draws
+what an uninterrupted one would); the pruner (``tune.pruner``: Optuna's median rule or Hyperband over rounds) stops
+a trial early, which then counts the rounds it ran. A variant's budget is ``tune.trials`` finished trials
+(complete, pruned or failed), or ``tune.budget_rounds`` rounds run.
+
+``tune.stack`` trials are asked at once and run as stacked runs (``runner.run_stacked``) where their structure
+agrees; a trial's metrics equal its run alone. A trial is named by its folder (``trial-0007``) everywhere: progress
+lines, best.json, trials.png. When a variant's budget is spent and its best values lie at the edge of a range
+that may be widened (``fedsl.experiments.tune_edges``), the range is widened and ``tune.edge_trials`` more trials
+run, up to ``tune.edge_widenings`` times; the widened ranges are kept in the study.
 
 ``fedsl resume DIR`` continues a study killed at any point (Ctrl-C, SIGTERM, kill -9): finished trials are kept; a
-trial that was running is marked failed and run again with the same values, continuing its run folder from its
-last checkpoint.
+trial that was running is marked failed and run again with the same values under the same name, continuing its run
+folder from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -35,16 +43,20 @@ from typing import Any
 
 from fedsl.algorithms.spec import Range
 from fedsl.core.threads import CONCURRENT_ENV
+from fedsl.experiments import tune_edges
 from fedsl.experiments.build import check
-from fedsl.experiments.callbacks import Callback
+from fedsl.experiments.callbacks import Callback, StopRun
 from fedsl.experiments.config import ConfigError, RunConfig, validate
 from fedsl.experiments.loading import set_dotted
 from fedsl.experiments.sweep import expand_runs
+from fedsl.experiments.tune_report import STUDY_FILE, TRIAL_NAME, TUNE_FILE, results, trial_index, write_report
 from fedsl.experiments.tune_space import describe, run_space
+from fedsl.experiments.tune_storage import describe_storage, open_storage, study_name
 
-TUNE_FILE = "tune.json"
-STUDY_FILE = "study.db"
-TRIAL_NAME = "trial-{:04d}"
+__all__ = ["STUDY_FILE", "TRIAL_NAME", "TUNE_FILE", "Tuner", "apply_best", "is_tune_folder", "plan", "planned_config",
+           "reopen", "results", "start", "write_report"]
+GPU_STACK = 8  # tune.stack = 'auto' on a GPU: trials asked at once (TPE learns less from trials still running)
+HYPERBAND_MIN_SHARE = 9  # tune.pruner = 'hyperband': its smallest rung is rounds / 9 (three brackets at factor 3)
 
 Log = Callable[[str], None]
 
@@ -157,6 +169,11 @@ def fingerprint(studies: dict[str, VariantStudy], t) -> str:
     text = json.dumps({v: [_set_keys(validate(s.trial_config)), describe(s.space)] for v, s in studies.items()},
                       sort_keys=True, default=str)
     text += json.dumps([t.trials, t.metric, t.seed, t.prune, t.startup_trials, t.sampler])
+    # keys added since the first studies enter only away from their defaults: an older folder keeps its digest
+    later = {k: getattr(t, k) for k in ("pruner", "budget_rounds", "stack", "edge_trials", "edge_widenings")
+             if getattr(t, k) != type(t).model_fields[k].default}
+    if later:
+        text += json.dumps(later, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -181,7 +198,8 @@ def _set_keys(cfg: RunConfig) -> dict[str, Any]:
 
 
 class _Pruning(Callback):
-    """Reports each evaluation's rolling validation accuracy to the trial; stops the run when the pruner says so."""
+    """Reports each evaluation's rolling validation accuracy to the trial; ends its run (status 'pruned') when the
+    pruner says so."""
 
     def __init__(self, trial, optuna) -> None:
         self.trial, self.optuna = trial, optuna
@@ -192,24 +210,43 @@ class _Pruning(Callback):
             return
         self.trial.report(float(value), step=round)
         if self.trial.should_prune():
-            raise self.optuna.TrialPruned(f"round {round}: rolling validation accuracy {value:.4f}")
+            raise StopRun(f"round {round}: rolling validation accuracy {value:.4f}", status="pruned")
+
+
+@dataclass
+class _Trial:
+    """A trial asked and ready to run: its values, config, folder and pruning callback."""
+
+    trial: Any
+    values: dict[str, Any]
+    cfg: RunConfig | None  # None: its values were refused (ConfigError in ``refused``)
+    folder: Path
+    pruning: _Pruning
+    refused: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
 
 
 class Tuner:
-    """The studies of one tune folder, run one trial after another."""
+    """The studies of one tune folder: trials asked ``stack`` at a time and run one by one or stacked."""
 
-    def __init__(self, out: str | Path, cfg: RunConfig, studies: dict[str, VariantStudy], log: Log) -> None:
+    def __init__(self, out: str | Path, cfg: RunConfig, studies: dict[str, VariantStudy], log: Log,
+                 prefix: str | None = None) -> None:
         self.optuna = optuna_module()
         self.out, self.cfg, self.studies, self.log = Path(out), cfg, studies, log
-        self.storage = f"sqlite:///{(self.out / STUDY_FILE).resolve()}"
         self.key = fingerprint(studies, cfg.tune)
+        self.prefix = prefix or self.key  # a shared database tells this folder's studies apart by it
+        self.storage = open_storage(cfg.tune.storage, self.out)
 
     def study(self, variant: str):
         o, t = self.optuna, self.cfg.tune
-        study = o.create_study(study_name=variant, storage=self.storage, direction="maximize", load_if_exists=True)
+        study = o.create_study(study_name=study_name(t.storage, self.prefix, variant), storage=self.storage,
+                               direction="maximize", load_if_exists=True)
         if study.user_attrs.get("fingerprint", self.key) != self.key:
-            raise ConfigError(f"{self.out / STUDY_FILE}: study {variant!r} was made by another config or budget: "
-                              "expected a new --out folder")
+            raise ConfigError(f"{describe_storage(t.storage, self.out)}: study {variant!r} was made by another "
+                              "config or budget: expected a new --out folder")
         if "fingerprint" not in study.user_attrs:  # written once, not at every trial asked
             study.set_user_attr("fingerprint", self.key)
         # the draw of trial n follows from (seed, variant, n) and the trials before: a trial run again after a kill
@@ -222,17 +259,57 @@ class Tuner:
                 for point in grid_points(self.studies[variant].space, t.seed, variant)[:t.trials]:
                     study.enqueue_trial(point)
         else:
-            study.sampler = o.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials)
-        # no pruning in a trial's first quarter: early accuracy says little of where a step size ends
-        warmup = self.studies[variant].trial_config["rounds"] // 4
-        study.pruner = (o.pruners.MedianPruner(n_startup_trials=t.startup_trials, n_warmup_steps=warmup)
-                        if t.prune else o.pruners.NopPruner())
+            study.sampler = o.samplers.TPESampler(seed=seed, n_startup_trials=t.startup_trials, constant_liar=True)
+        study.pruner = self.pruner(variant)
         return study
+
+    def rounds(self, variant: str) -> int:
+        """The rounds of each trial of ``variant``."""
+        return self.studies[variant].trial_config["rounds"]
+
+    def pruner(self, variant: str):
+        o, t, rounds = self.optuna, self.cfg.tune, self.rounds(variant)
+        if t.pruning == "hyperband":
+            return o.pruners.HyperbandPruner(min_resource=max(1, rounds // HYPERBAND_MIN_SHARE), max_resource=rounds,
+                                             reduction_factor=3)
+        if t.pruning == "median":  # no pruning in a trial's first quarter: early accuracy says little of its end
+            return o.pruners.MedianPruner(n_startup_trials=t.startup_trials, n_warmup_steps=rounds // 4)
+        return o.pruners.NopPruner()
+
+    def space(self, variant: str, study) -> dict[str, Any]:
+        """``variant``'s space now: as planned, with the ranges its study widened."""
+        return tune_edges.from_json(self.studies[variant].space, study.user_attrs.get("space", {}))
+
+    def stack(self, variant: str) -> int:
+        """Trials asked at once (``tune.stack``; 'auto': ``GPU_STACK`` on a GPU, 1 on a CPU)."""
+        t = self.cfg.tune
+        if t.stack != "auto":
+            return t.stack
+        from fedsl.experiments.placement import resolve_device
+        device = resolve_device(self.studies[variant].trial_config.get("device", "auto"))
+        return GPU_STACK if device.type == "cuda" else 1
+
+    def fresh(self, study) -> list:
+        """The study's trials that count (a trial run again after a kill is counted once, as its new trial)."""
+        return [tr for tr in study.trials if "rerun" not in tr.user_attrs]
 
     def finished(self, study) -> int:
         S = self.optuna.trial.TrialState
-        return sum(tr.state in (S.COMPLETE, S.PRUNED, S.FAIL) and "rerun" not in tr.user_attrs
-                   for tr in study.trials)
+        return sum(tr.state in (S.COMPLETE, S.PRUNED, S.FAIL) for tr in self.fresh(study))
+
+    def budget_left(self, variant: str, study) -> int:
+        """How many more trials ``variant`` may ask now: its budget (``tune.trials``, or ``tune.budget_rounds`` in
+        rounds run, a finished trial counting the rounds it ran and a running one all its rounds), with
+        ``tune.edge_trials`` more for each widening, less what is finished or running."""
+        S, t = self.optuna.trial.TrialState, self.cfg.tune
+        extra = study.user_attrs.get("widenings", 0) * t.edge_trials
+        trials = self.fresh(study)
+        running = sum(tr.state == S.RUNNING for tr in trials)
+        if t.budget_rounds is None:
+            return max(0, t.trials + extra - self.finished(study) - running)
+        rounds = self.rounds(variant)
+        spent = sum(tr.user_attrs.get("rounds_run", rounds) for tr in trials if tr.state != S.RUNNING)
+        return max(0, math.ceil((t.budget_rounds + extra * rounds - spent) / rounds) - running)
 
     def rerun_interrupted(self) -> None:
         """Trials left running by a killed process: marked failed (not counted), their values queued again."""
@@ -245,12 +322,12 @@ class Tuner:
                     study._storage.set_trial_state_values(tr._trial_id, state=S.FAIL)
                     folder = tr.user_attrs.get("folder", TRIAL_NAME.format(tr.number))
                     study.enqueue_trial(tr.params, user_attrs={"folder": folder})
-                    self.log(f"{variant}: trial {tr.number} was interrupted: it runs again with the same values")
+                    self.log(f"{variant}: {folder} was interrupted: it runs again with the same values")
 
     def run(self, workers: int = 1, ray=None) -> None:
-        """Every variant's trials up to its budget: one after another, or in ``workers`` processes that share the
-        studies (each asks for its next trial under a lock, so the budget is never exceeded), here or as tasks of a
-        Ray cluster (``ray``: a ``fedsl.experiments.ray_backend.RayBackend``)."""
+        """Every variant's trials up to its budget: here, ``tune.stack`` at a time, or in ``workers`` processes
+        that share the studies (each asks for its next trials under a lock, so the budget is never exceeded), here
+        or as tasks of a Ray cluster (``ray``: a ``fedsl.experiments.ray_backend.RayBackend``)."""
         if ray is not None:
             ray.run_workers(_work, (str(self.out.resolve()), workers), workers, self.out.resolve(), log=self.log)
             return
@@ -258,23 +335,66 @@ class Tuner:
             _in_processes(self.out, workers)
             return
         for variant in self.studies:
-            while (asked := self.ask(variant)) is not None:
-                self.trial(variant, *asked)
+            while asked := self.ask(variant, self.stack(variant)):
+                self.run_trials(variant, *asked)
 
-    def ask(self, variant: str):
-        """(study, the next trial) of ``variant``, or None when its budget is taken (finished and running trials)."""
+    def ask(self, variant: str, k: int = 1):
+        """(study, up to ``k`` new trials) of ``variant``, or None when its budget is taken (finished and running
+        trials) and no range is widened. Each trial is named by its folder as it is asked."""
         S = self.optuna.trial.TrialState
         with _locked(self.out / ".ask.lock"):
             study = self.study(variant)
-            running = sum(tr.state == S.RUNNING and "rerun" not in tr.user_attrs for tr in study.trials)
-            if self.finished(study) + running >= self.cfg.tune.trials:
+            left = self.budget_left(variant, study)
+            if left == 0 and not any(tr.state == S.RUNNING for tr in study.trials) and self.widen(variant, study):
+                study = self.study(variant)
+                left = self.budget_left(variant, study)
+            if left == 0:
                 return None
-            return study, study.ask()
+            trials = [study.ask() for _ in range(min(k, left))]
+            names = [tr.user_attrs.get("folder") for tr in study.trials if tr.user_attrs.get("folder")]
+            index = 1 + max((trial_index(n) for n in names), default=-1)
+            for tr in trials:
+                if "folder" not in tr.user_attrs:
+                    tr.set_user_attr("folder", TRIAL_NAME.format(index))
+                    index += 1
+            return study, trials
 
-    def trial(self, variant: str, study, trial) -> None:
-        o, vs = self.optuna, self.studies[variant]
+    def widen(self, variant: str, study) -> bool:
+        """When ``variant``'s best values lie at an edge that may be widened: widen those ranges, keep them in the
+        study and give it ``tune.edge_trials`` more trials (True); False when nothing is widened."""
+        t, S = self.cfg.tune, self.optuna.trial.TrialState
+        done = study.user_attrs.get("widenings", 0)
+        complete = [tr for tr in study.trials if tr.state == S.COMPLETE]
+        if t.sampler == "grid" or done >= t.edge_widenings or not complete:
+            return False
+        best = max(complete, key=lambda tr: tr.value)
+        base = self.studies[variant].trial_config
+
+        def allowed(key: str, value: float) -> bool:
+            try:
+                validate(_with(base, {key: value}))
+                return True
+            except ConfigError:
+                return False
+        space, said = tune_edges.widen(self.space(variant, study), best.params, allowed)
+        if not said:
+            return False
+        study.set_user_attr("space", tune_edges.to_json(space))
+        widened = any("->" in w for w in said.values())
+        if widened:
+            study.set_user_attr("widenings", done + 1)
+            study.set_user_attr(f"widening-{done + 1}", said)
+        folder = best.user_attrs.get("folder", TRIAL_NAME.format(best.number))
+        self.log(f"{variant}: the best trial ({folder}) lies at an edge: "
+                 + "; ".join(f"{k} {w}" for k, w in said.items())
+                 + (f": {t.edge_trials} more trials" if widened else ""))
+        return widened
+
+    def prepare(self, variant: str, study, trial) -> _Trial:
+        """``trial``'s values drawn from the variant's space, its config and folder."""
+        vs = self.studies[variant]
         values = {}
-        for key, entry in vs.space.items():
+        for key, entry in self.space(variant, study).items():
             if isinstance(entry, Range):
                 values[key] = (trial.suggest_int(key, int(entry.low), int(entry.high), log=entry.log)
                                if entry.integer else trial.suggest_float(key, entry.low, entry.high, log=entry.log))
@@ -282,33 +402,81 @@ class Tuner:
                 values[key] = trial.suggest_categorical(key, entry)
             else:
                 values[key] = entry
-        folder_name = trial.user_attrs.get("folder", TRIAL_NAME.format(trial.number))
-        trial.set_user_attr("folder", folder_name)
-        folder = self.out / variant / folder_name
-        n = self.finished(study) + 1
-        from fedsl.experiments.runner import run
+        folder = self.out / variant / trial.user_attrs["folder"]
         data = _with(vs.trial_config, values)
-        data["name"] = f"{variant}-{folder_name}"
-        shown = ", ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in values.items())
+        data["name"] = f"{variant}-{folder.name}"
         try:
-            summary = run(validate(data), folder, resume=(folder / "config.json").is_file(), log=lambda s: None,
-                          progress=False, callbacks=[_Pruning(trial, o)])
-        except o.TrialPruned as e:
-            study.tell(trial, state=o.trial.TrialState.PRUNED)
-            self.log(f"{variant}: trial {n}/{self.cfg.tune.trials} ({shown}): pruned at {e}")
-            return
+            cfg, refused = validate(data), ""
         except ConfigError as e:
-            study.tell(trial, state=o.trial.TrialState.FAIL)
-            self.log(f"{variant}: trial {n}/{self.cfg.tune.trials} ({shown}): refused: {e}")
+            cfg, refused = None, str(e)
+        return _Trial(trial, values, cfg, folder, _Pruning(trial, self.optuna), refused)
+
+    def run_trials(self, variant: str, study, trials: list) -> None:
+        """Run ``trials`` (asked together): those whose runs may share a stack together (``runner.run_stacked``;
+        one by one if the stack fails), the others alone; then tell the study each one's end."""
+        from fedsl.experiments.compare import _stack_key
+        from fedsl.experiments.results import RunDir
+        ready = [self.prepare(variant, study, tr) for tr in trials]
+        groups: dict[tuple, list[_Trial]] = {}
+        for tr in ready:
+            if tr.cfg is None:
+                self.tell(variant, study, tr, None)
+                continue
+            start = RunDir(tr.folder).checkpoint_round() if (tr.folder / "config.json").is_file() else 0
+            groups.setdefault((_stack_key(tr.cfg), start or 0), []).append(tr)
+        for group in groups.values():
+            summaries = self._stacked(group) if len(group) > 1 else {}
+            for tr in group:
+                if tr.name not in summaries:
+                    summaries[tr.name] = self._alone(tr)
+                self.tell(variant, study, tr, summaries[tr.name])
+
+    def _stacked(self, group: list[_Trial]) -> dict[str, dict]:
+        """Run ``group`` as stacked runs: trial name -> summary; {} when the stack failed (its trials then run
+        alone, continuing their folders)."""
+        from fedsl.experiments.runner import run_stacked
+        try:
+            ends = run_stacked([tr.cfg for tr in group], [tr.folder for tr in group], resume=True,
+                               log=lambda s: None, progress=False, callbacks=[[tr.pruning] for tr in group])
+        except (ConfigError, ValueError, RuntimeError) as e:
+            self.log(f"stacked trials {', '.join(tr.name for tr in group)}: {type(e).__name__}: {e}; "
+                     "running them one by one")
+            return {}
+        return {tr.name: end for tr, end in zip(group, ends)}
+
+    def _alone(self, tr: _Trial) -> dict | str:
+        """Run one trial: its summary, or the ConfigError's line that refused it."""
+        from fedsl.experiments.results import RunDir
+        from fedsl.experiments.runner import run
+        if RunDir(tr.folder).read_summary().get("status") in ("completed", "pruned", "diverged"):
+            return RunDir(tr.folder).read_summary()  # ended inside a stack that then failed
+        try:
+            return run(tr.cfg, tr.folder, resume=(tr.folder / "config.json").is_file(), log=lambda s: None,
+                       progress=False, callbacks=[tr.pruning])
+        except ConfigError as e:
+            return str(e)
+
+    def tell(self, variant: str, study, tr: _Trial, summary: dict | str | None) -> None:
+        """Tell the study how ``tr`` ended (complete with its value, pruned, or failed), with the rounds it ran."""
+        o, t = self.optuna, self.cfg.tune
+        S = o.trial.TrialState
+        shown = ", ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in tr.values.items())
+        said = f"{variant}: {tr.name} ({shown})"
+        if not isinstance(summary, dict):
+            study.tell(tr.trial, state=S.FAIL)
+            self.log(f"{said}: refused: {tr.refused or summary}")
             return
-        value = summary.get(self.cfg.tune.metric)
-        if summary.get("status") != "completed" or value is None or not math.isfinite(value):
-            study.tell(trial, state=o.trial.TrialState.FAIL)
-            self.log(f"{variant}: trial {n}/{self.cfg.tune.trials} ({shown}): {summary.get('status')}")
-            return
-        study.tell(trial, float(value))
-        self.log(f"{variant}: trial {n}/{self.cfg.tune.trials} ({shown}): validation {value:.4f} "
-                 f"(best {study.best_value:.4f})")
+        study._storage.set_trial_user_attr(tr.trial._trial_id, "rounds_run", int(summary.get("rounds_done", 0)))
+        value = summary.get(t.metric)
+        if summary.get("status") == "pruned":
+            study.tell(tr.trial, state=S.PRUNED)
+            self.log(f"{said}: pruned after round {summary.get('rounds_done')}")
+        elif summary.get("status") != "completed" or value is None or not math.isfinite(value):
+            study.tell(tr.trial, state=S.FAIL)
+            self.log(f"{said}: {summary.get('status')}")
+        else:
+            study.tell(tr.trial, float(value))
+            self.log(f"{said}: validation {value:.4f} (best {study.best_value:.4f})")
 
 
 @contextlib.contextmanager
@@ -361,9 +529,12 @@ def start(cfg: RunConfig, out: str | Path, log: Log) -> Tuner:
         raise ConfigError(f"--out {str(out)!r} is not empty: choose a new folder{hint}")
     studies = plan(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    tuner = Tuner(out, cfg, studies, log)
-    record = {"config": cfg.model_dump(), "fingerprint": tuner.key,
-              "trials": cfg.tune.trials, "metric": cfg.tune.metric,
+    # a shared database holds many folders' studies: this folder's are told apart by a prefix of its own
+    prefix = f"{cfg.name}-{fingerprint(studies, cfg.tune)}-{os.urandom(4).hex()}"
+    tuner = Tuner(out, cfg, studies, log, prefix)
+    record = {"config": cfg.model_dump(), "fingerprint": tuner.key, "study_prefix": prefix,
+              "storage": describe_storage(cfg.tune.storage, out),
+              "trials": cfg.tune.trials, "budget_rounds": cfg.tune.budget_rounds, "metric": cfg.tune.metric,
               "variants": {v: {"rounds": s.trial_config["rounds"], "validation": s.trial_config["data"]["validation"],
                                "space": describe(s.space)} for v, s in studies.items()}}
     tmp = out / (TUNE_FILE + ".tmp")
@@ -389,7 +560,7 @@ def reopen(out: str | Path, log: Log, worker: bool = False) -> Tuner:
     cfg = planned_config(out)
     record = json.loads((out / TUNE_FILE).read_text())
     studies = plan(cfg, data_checks=not worker)
-    tuner = Tuner(out, cfg, studies, log)
+    tuner = Tuner(out, cfg, studies, log, record.get("study_prefix"))
     if tuner.key != record.get("fingerprint"):
         raise ConfigError(f"{out / TUNE_FILE}: its studies were planned differently by another fedsl version: "
                           "expected a new `fedsl tune` folder")
@@ -436,56 +607,3 @@ def apply_best(cfg: RunConfig, study: str | Path) -> RunConfig:
 
 def is_tune_folder(path: str | Path) -> bool:
     return (Path(path) / TUNE_FILE).is_file()
-
-
-def results(out: str | Path, top: int = 3) -> list[dict[str, Any]]:
-    """Each variant's study: trials finished (complete, pruned, failed), the best value and values, the top trials
-    and the spread of their values (what a comparison reports beside its chosen values)."""
-    optuna = optuna_module()
-    out = Path(out)
-    record = json.loads((out / TUNE_FILE).read_text())
-    storage = f"sqlite:///{(out / STUDY_FILE).resolve()}"
-    S = optuna.trial.TrialState
-    rows = []
-    for variant in record["variants"]:
-        try:
-            study = optuna.load_study(study_name=variant, storage=storage)
-        except KeyError:
-            rows.append({"variant": variant, "complete": 0, "pruned": 0, "failed": 0, "best": None})
-            continue
-        trials = [t for t in study.trials if "rerun" not in t.user_attrs]
-        done = sorted((t for t in trials if t.state == S.COMPLETE), key=lambda t: -t.value)
-        rows.append({"variant": variant, "complete": len(done), "pruned": sum(t.state == S.PRUNED for t in trials),
-                     "failed": sum(t.state == S.FAIL for t in trials), "budget": record["trials"],
-                     "best": done[0].value if done else None, "params": done[0].params if done else {},
-                     "folder": done[0].user_attrs.get("folder") if done else None,
-                     "top": [(t.number, t.value, t.params) for t in done[:top]],
-                     "top_spread": (done[0].value - done[min(top, len(done)) - 1].value) if done else None,
-                     "values": [(t.number, t.value) for t in trials if t.state == S.COMPLETE]})
-    return rows
-
-
-def write_report(out: str | Path) -> Path:
-    """best.json (each variant's chosen values, its top trials and their spread) and trials.png (each trial's
-    validation accuracy, and the best so far, per variant)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(out)
-    rows = results(out)
-    (out / "best.json").write_text(json.dumps(rows, indent=1, default=str))
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for r in rows:
-        if r.get("values"):
-            xs, ys = zip(*r["values"])
-            line = ax.plot(xs, ys, "o", ms=4, alpha=0.6, label=r["variant"])[0]
-            best = [max(ys[:i + 1]) for i in range(len(ys))]
-            ax.step(xs, best, where="post", color=line.get_color())
-    ax.set_xlabel("trial")
-    ax.set_ylabel("validation accuracy (final, rolling)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "trials.png", dpi=120)
-    plt.close(fig)
-    return out / "trials.png"

@@ -17,14 +17,16 @@ list is a choice among values, a number or string fixes the key for every trial.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsl.algorithms import SPECS, distillation
-from fedsl.algorithms.spec import GAMMA_SEARCH, LOCAL_LR_SEARCH, Range
+from fedsl.algorithms.spec import GAMMA_SEARCH, LOCAL_LR_SEARCH, SQRT_S_SPREAD, Range, Spec
 
 TRIALS_MAX = 10_000
+STACK_MAX = 64
 METRICS = ("final_val_accuracy",)
 
 
@@ -46,8 +48,28 @@ class TuneConfig(BaseModel):
                                             "combination of [tune.space]'s lists once, in a seeded order, every other "
                                             "key at the config's value: a small grid such as the paper's, chosen on "
                                             "validation data)")
-    prune: bool = Field(True, description="stop a trial whose rolling validation accuracy trails the median of the "
-                                          "trials before it at the same round (Optuna's MedianPruner)")
+    prune: bool = Field(True, description="false: no pruning whatever tune.pruner says (the older key)")
+    pruner: Literal["median", "hyperband", "none"] = Field(
+        "median", description="'median': stop a trial whose rolling validation accuracy trails the median of the "
+                              "finished trials at the same round, after the first quarter of its rounds (Optuna's "
+                              "MedianPruner); 'hyperband': Optuna's HyperbandPruner over rounds (brackets of "
+                              "successive halving from rounds/9, keeping a third at each rung); 'none'")
+    budget_rounds: int | None = Field(None, ge=1, le=10**9, description="each variant's budget in rounds run "
+                                      "(pruned trials count the rounds they ran) instead of tune.trials: every "
+                                      "variant the same compute, whatever its pruning")
+    stack: int | Literal["auto"] = Field("auto", description="trials asked at once (TPE's constant liar keeps them "
+                                         "apart) and run together as stacked runs when their structure agrees; "
+                                         "'auto': on a GPU 8, on a CPU 1 (measured: benchmarks/RESULTS-tune.md); "
+                                         "at most 64")
+    edge_trials: int = Field(6, ge=1, le=TRIALS_MAX, description="trials added each time a best value at the edge "
+                                                                 "of its range widens that range")
+    edge_widenings: int = Field(2, ge=0, le=10, description="how often a study widens the ranges whose best value "
+                                "lies within 5% (of the log-range where log) of an edge that is not a hard bound: "
+                                "by a decade on that side (a range's width where linear), then tune.edge_trials "
+                                "more trials; 0: never")
+    storage: str = Field("sqlite", description="where the studies are kept: 'sqlite' (OUT/study.db, embedded), "
+                         "'journal' (Optuna's journal file OUT/study.journal: safe on NFS, a Ray cluster's shared "
+                         "folder) or a database URL (postgresql://user@host/db: many machines, many folders)")
     startup_trials: int = Field(5, ge=0, le=TRIALS_MAX, description="trials drawn at random before TPE models the "
                                 "space, and finished before pruning starts")
     space: dict[str, Any] = Field(default_factory=dict, description="per config key: {low, high, log, integer} (a "
@@ -61,22 +83,41 @@ class TuneConfig(BaseModel):
             parse_entry(key, entry)
         return space
 
+    @field_validator("stack")
+    @classmethod
+    def _stack(cls, stack: int | str) -> int | str:
+        if isinstance(stack, int) and not 1 <= stack <= STACK_MAX:
+            raise ValueError(f"tune.stack = {stack}: expected 'auto' or trials asked at once, 1 to {STACK_MAX}")
+        return stack
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, storage: str) -> str:
+        from fedsl.experiments.tune_storage import check_storage
+        return check_storage(storage)
+
+    @property
+    def pruning(self) -> str:
+        """The pruner in effect: ``pruner``, or 'none' when ``prune`` is false."""
+        return self.pruner if self.prune else "none"
+
 
 def parse_entry(key: str, entry: Any) -> Range | list | float | int | str | bool:
     """A ``[tune.space]`` entry as a ``Range``, a list of choices or a fixed value; ValueError of one line otherwise."""
     where = f"tune.space.{key!r}"
     if isinstance(entry, dict):
-        unknown = set(entry) - {"low", "high", "log", "integer"}
+        flags = ("log", "integer", "hard_low", "hard_high")
+        unknown = set(entry) - {"low", "high", *flags}
         if unknown or not {"low", "high"} <= set(entry):
-            raise ValueError(f"{where} = {entry!r}: expected a table {{low, high}} with optional log and integer "
-                             "(true or false)")
+            raise ValueError(f"{where} = {entry!r}: expected a table {{low, high}} with optional log, integer, "
+                             "hard_low and hard_high (true or false)")
         low, high = entry["low"], entry["high"]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
             raise ValueError(f"{where}: low = {low!r}, high = {high!r}: expected numbers")
-        if not all(isinstance(entry.get(k, False), bool) for k in ("log", "integer")):
-            raise ValueError(f"{where}: log and integer: expected true or false")
+        if not all(isinstance(entry.get(k, False), bool) for k in flags):
+            raise ValueError(f"{where}: {', '.join(flags)}: expected true or false")
         try:
-            return Range(float(low), float(high), entry.get("log", False), entry.get("integer", False))
+            return Range(float(low), float(high), *(entry.get(k, False) for k in flags))
         except ValueError as e:
             raise ValueError(f"{where}: {e} (an empty range searches nothing)") from None
     if isinstance(entry, list):
@@ -94,6 +135,9 @@ def default_space(cfg) -> dict[str, Range]:
     space = {"algorithm.local_lr": LOCAL_LR_SEARCH}
     if sp.global_lr is not None and sp.global_lr_search is not None:
         space["algorithm.global_lr"] = sp.global_lr_search
+        if sp.global_lr == "sqrt_s" and sp.global_lr_search == Spec.global_lr_search:  # centred on the paper's √S
+            root = math.sqrt(cfg.algorithm.clients_per_round)
+            space["algorithm.global_lr"] = Range(root / SQRT_S_SPREAD, root * SQRT_S_SPREAD, log=True)
     if sp.server_mode(cfg.server.learning) != "off" and not sp.sets_gamma:  # FedDU sets γ_t itself
         space["server.gamma"] = GAMMA_SEARCH
     space.update({f"algorithm.{h.key}": h.search for h in sp.hyperparams if h.search is not None})
@@ -128,7 +172,8 @@ def describe(space: dict[str, Any]) -> dict[str, str]:
     for key, entry in space.items():
         if isinstance(entry, Range):
             out[key] = (f"[{entry.low:g}, {entry.high:g}]" + (" log" if entry.log else "")
-                        + (" integer" if entry.integer else ""))
+                        + (" integer" if entry.integer else "") + (" hard low" if entry.hard_low else "")
+                        + (" hard high" if entry.hard_high else ""))
         elif isinstance(entry, list):
             out[key] = f"one of {entry!r}"
         else:
