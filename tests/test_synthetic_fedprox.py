@@ -146,7 +146,6 @@ def test_a_short_run_is_deterministic(tmp_path):
     ({"samples_per_client": 10}, {}, "^data.samples_per_client = 10: the clients' sizes"),
     ({"unlabelled": "fslsyn"}, {}, "^data.unlabelled = 'fslsyn' appends images"),
     ({}, {"diag_every": 5}, "^diag_every = 5 takes every client's full-batch gradient"),
-    ({}, {"stack": 2}, "^stack = 2: data.dataset = 'synthetic_fedprox' makes each client's samples"),
     ({}, {"attack": {"kind": "label_flip", "fraction": 0.2}}, "^attack.kind = 'label_flip' copies"),
 ])
 def test_what_it_cannot_give_is_refused_in_one_line(data, top, message):

@@ -48,7 +48,7 @@ name = "fsl"
 """
 
 
-def _cfg(text: str = TOML, **tune):
+def _cfg(text: str = TOML, **tune):  # noqa: D103
     import tomllib
     data = tomllib.loads(text)
     data["tune"].update(tune)
@@ -56,12 +56,17 @@ def _cfg(text: str = TOML, **tune):
 
 
 def _values(out: Path) -> dict[str, list]:
-    """Each variant's finished trials in order: (state, value, values drawn)."""
+    """Each variant's finished trials in order: (state, value, values drawn), from the folder's storage."""
     import optuna
-    storage = f"sqlite:///{out / T.STUDY_FILE}"
-    return {v: [(t.state.name, t.value, t.params) for t in optuna.load_study(study_name=v, storage=storage).trials
+
+    from fedsl.experiments.tune_storage import open_storage, study_name
+    record = json.loads((out / T.TUNE_FILE).read_text())
+    kind = record["config"]["tune"]["storage"]
+    storage = open_storage(kind, out)
+    return {v: [(t.state.name, t.value, t.params) for t in optuna.load_study(
+                study_name=study_name(kind, record["study_prefix"], v), storage=storage).trials
                 if "rerun" not in t.user_attrs]
-            for v in json.loads((out / T.TUNE_FILE).read_text())["variants"]}
+            for v in record["variants"]}
 
 
 def test_each_rule_searches_what_it_reads():
@@ -141,7 +146,7 @@ from fedsl.experiments.loading import load
 on_evaluation = T._Pruning.on_evaluation
 
 def die_in_trial_1(self, round, metrics):  # kill -9 in the middle of FSL's second trial, after its checkpoint at 4
-    if self.trial.study.study_name == "FSL" and self.trial.number == 1 and round == 5:
+    if self.trial.study.study_name.endswith("FSL") and self.trial.number == 1 and round == 5:
         os.kill(os.getpid(), signal.SIGKILL)
     on_evaluation(self, round, metrics)
 
@@ -151,10 +156,15 @@ T.start(load(sys.argv[1]), sys.argv[2], print).run()
 
 
 @pytest.mark.slow
-def test_kill_9_mid_trial_then_resume_keeps_finished_trials_and_ends_as_uninterrupted(tmp_path):
+@pytest.mark.parametrize("storage", ["sqlite", "journal", "postgresql"])
+def test_kill_9_mid_trial_then_resume_keeps_finished_trials_and_ends_as_uninterrupted(tmp_path, storage, request):
+    """On each tune.storage: the tune folder's SQLite file, Optuna's journal file, a real PostgreSQL server."""
+    if storage == "postgresql":
+        storage = request.getfixturevalue("postgres_url")
+    text = TOML.replace("[tune]\n", f"[tune]\nstorage = {storage!r}\n")
     config = tmp_path / "tiny.toml"
-    config.write_text(TOML)
-    T.start(_cfg(), tmp_path / "whole", log=lambda s: None).run()
+    config.write_text(text)
+    T.start(_cfg(text), tmp_path / "whole", log=lambda s: None).run()
     killed = subprocess.run([sys.executable, "-c", KILLER, str(config), str(tmp_path / "cut")], capture_output=True,
                             text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr

@@ -279,7 +279,7 @@ class RunConfig(_Strict):
 
     def _on_demand_checks(self) -> None:
         """What a dataset whose clients' samples are made on demand cannot give (one line each): whatever needs every
-        client's samples at once, or one pool shared by stacked runs."""
+        client's samples at once. (Stacked runs make each run's round pool, and runs of one seed share it.)"""
         where = f"data.dataset = {self.data.dataset!r} makes each client's samples when it is sampled"
         if self.diag_every:
             raise ValueError(f"diag_every = {self.diag_every} takes every client's full-batch gradient, and {where}: "
@@ -291,9 +291,6 @@ class RunConfig(_Strict):
         if sp.reads_label_counts:
             raise ValueError(f"algorithm.name = {self.algorithm.name!r} reads every client's label counts, and "
                              f"{where}: expected another algorithm")
-        if isinstance(self.stack, int) and self.stack > 1:
-            raise ValueError(f"stack = {self.stack}: {where}, each round on a pool of its own: expected stack = 1 or "
-                             "'auto' (runs one by one)")
 
     def _distill_checks(self) -> None:
         """What an algorithm that distils the clients' ensemble on unlabelled data (FedDF) needs (one line each)."""
