@@ -178,28 +178,35 @@ def test_edges_are_judged_on_the_log_scale_and_hard_edges_are_not_widened():
     assert E.from_json({"lr": lr}, E.to_json(space)) == space
 
 
-def test_a_best_value_at_an_edge_widens_its_range_and_the_study_goes_on(tmp_path):
-    """E_c in [1, 2] (integer): every value lies at an edge. The best one at 2 widens the range to [1, 3] and
-    edge_trials more trials run; at 1 the lower side is refused by the config (E_c >= 1): reported hard, the study
-    ends. Either way the study records it, the widened range is what later trials draw from, and a resumed study
-    searches the same."""
-    space = {"algorithm.local_epochs": {"low": 1, "high": 2, "integer": True}, "algorithm.local_lr": 0.05,
+def _epochs_study(out: Path, low: int, high: int, said: list[str]) -> dict:
+    space = {"algorithm.local_epochs": {"low": low, "high": high, "integer": True}, "algorithm.local_lr": 0.05,
              "algorithm.global_lr": 1.0, "server.gamma": 1.0}
-    said: list[str] = []
-    out = tmp_path / "edge"
     T.start(_cfg({"trials": 2, "edge_widenings": 1, "edge_trials": 2, "space": space}), out, log=said.append).run()
-    row = T.results(out)[0]
-    first = dict(row["widened"])
-    if row["widenings"]:
-        assert first == {"algorithm.local_epochs": "high 2 -> 3"} and row["budget"] == 4
-        assert row["complete"] + row["pruned"] + row["failed"] == 4
-    else:
-        assert first == {} and row["params"]["algorithm.local_epochs"] == 1
-        assert row["at_edge"] == {"algorithm.local_epochs": "low (hard)"} and row["budget"] == 2
-    assert any("lies at an edge" in s for s in said), said
-    tuner = T.reopen(out, log=lambda s: None)
-    tuner.run()  # nothing left to do: the budget and the widening are in the study
-    assert T.results(out)[0]["values"] == row["values"]
+    return T.results(out)[0]
+
+
+def test_a_best_value_at_an_edge_widens_its_range_and_the_study_goes_on(tmp_path):
+    """E_c in [2, 3] (integer): every value lies at an edge, and neither side is hard. Once the budget of two is
+    spent, the best one's side widens by the range's width and two more trials run, drawn from the widened range;
+    the study keeps it, so a resumed study asks nothing more."""
+    said: list[str] = []
+    row = _epochs_study(tmp_path / "edge", 2, 3, said)
+    assert row["widenings"] == 1 and row["budget"] == 4 and row["complete"] + row["pruned"] + row["failed"] == 4
+    (key, how), = row["widened"].items()
+    assert key == "algorithm.local_epochs" and how in ("low 2 -> 1", "high 3 -> 4"), how
+    assert any("lies at an edge" in s and "2 more trials" in s for s in said), said
+    T.reopen(tmp_path / "edge", log=lambda s: None).run()  # nothing left: the budget and the widening are kept
+    assert T.results(tmp_path / "edge")[0]["values"] == row["values"]
+
+
+def test_a_best_value_at_a_hard_edge_is_reported_not_widened(tmp_path):
+    """E_c in [1, 2]: the best trial's E_c = 1, below which the config refuses (E_c >= 1): that edge is reported
+    hard (best.json's at_edge, the progress line) and the study ends at its budget."""
+    said: list[str] = []
+    row = _epochs_study(tmp_path / "hard", 1, 2, said)
+    assert row["params"]["algorithm.local_epochs"] == 1 and row["widenings"] == 0 and row["budget"] == 2
+    assert row["at_edge"] == {"algorithm.local_epochs": "low (hard)"}
+    assert "tiny: the best trial (trial-0000) lies at an edge: algorithm.local_epochs low 1: hard, not widened" in said
 
 
 def test_trials_are_named_by_their_folders_after_a_kill(tmp_path):

@@ -88,18 +88,29 @@ def tune_workers(parallel: int) -> int:
 
 
 def print_tune(path: Path) -> None:
-    """Each variant's study: its budget, the best validation accuracy and values, the spread of its top trials."""
+    """Each variant's study: its budget and what it spent (trials, rounds run), the best validation accuracy and
+    values (a value at an edge of its range marked), the spread of its top trials."""
     from fedsl.experiments import tune as T
     T.write_report(path)
     table = Table(title=f"{path}  (validation accuracy; the test set is not read)")
-    for c in ("variant", "trials", "pruned", "failed", "best val", "top-3 spread", "best values"):
+    for c in ("variant", "trials", "rounds run", "pruned", "failed", "best val", "top-3 spread", "best values"):
         table.add_column(c, justify="left" if c in ("variant", "best values") else "right")
+    edges = []
     for r in T.results(path):
-        best = "—" if r["best"] is None else f"{r['best']:.4f}"
+        best = "—" if r["best"] is None else f"{r['best']:.4f} ({r['folder']})"
         spread = "—" if r.get("top_spread") is None else f"{r['top_spread']:.4f}"
-        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+        at_edge = r.get("at_edge", {})
+        values = ", ".join((f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}") + (" [edge]" if k in at_edge
+                                                                                           else "")
                            for k, v in r.get("params", {}).items())
-        table.add_row(r["variant"], f"{r['complete'] + r['pruned'] + r['failed']}/{r.get('budget', '?')}",
-                      str(r["pruned"]), str(r["failed"]), best, spread, values)
+        finished = r["complete"] + r["pruned"] + r["failed"]
+        trials = f"{finished}/{r['budget']}" if r.get("budget") is not None else str(finished)
+        rounds = f"{r.get('rounds_run', '?'):,}" + (f"/{r['budget_rounds']:,}" if r.get("budget_rounds") else "")
+        table.add_row(r["variant"], trials, rounds, str(r["pruned"]), str(r["failed"]), best, spread, values)
+        edges += [f"{r['variant']}: {k} at the {w} edge of its range" for k, w in at_edge.items()]
+        if r.get("widened"):
+            edges += [f"{r['variant']}: {k} widened ({w})" for k, w in r["widened"].items()]
     console.print(table)
+    for line in edges:  # a choice at an edge says the optimum may lie outside what was searched
+        console.print(line, markup=False)
     console.print(f"trials: {path / 'trials.png'}   chosen values: {path / 'best.json'}", markup=False)

@@ -8,9 +8,11 @@ after a kill keeps its name.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+from fedsl.algorithms.spec import Range
 from fedsl.experiments.config import ConfigError
 from fedsl.experiments.tune_edges import at_edges, from_json
 from fedsl.experiments.tune_storage import open_storage, study_name
@@ -39,12 +41,38 @@ def _folder(trial) -> str:
     return trial.user_attrs.get("folder", TRIAL_NAME.format(trial.number))
 
 
+def _rounds_run(folder: Path, trial, rounds: int) -> int:
+    """The rounds ``trial`` ran: as told to its study, else as its run folder's summary.json says (a study of an
+    earlier fedsl), else all its rounds."""
+    if "rounds_run" in trial.user_attrs:
+        return int(trial.user_attrs["rounds_run"])
+    try:
+        return int(json.loads((folder / _folder(trial) / "summary.json").read_text())["rounds_done"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return rounds
+
+
+_DESCRIBED = re.compile(r"\[(?P<low>[^,]+), (?P<high>[^\]]+)\](?P<flags>.*)")
+
+
+def parse_described(space: dict[str, str]) -> dict[str, Range]:
+    """The ranges of a space as ``tune_space.describe`` wrote them ('[0.001, 1] log integer hard high')."""
+    out = {}
+    for key, text in space.items():
+        m = _DESCRIBED.fullmatch(text)
+        if m:
+            flags = m["flags"]
+            out[key] = Range(float(m["low"]), float(m["high"]), " log" in flags, " integer" in flags,
+                             "hard low" in flags, "hard high" in flags)
+    return out
+
+
 def results(out: str | Path, top: int = 3) -> list[dict[str, Any]]:
     """Each variant's study: trials finished (complete, pruned, failed), rounds run, ranges widened, the best value
     and values, the top trials and the spread of their values (what a comparison reports beside its chosen values),
     and which chosen values lie at an edge of their (final) range: key -> 'low' / 'high', '(hard)' where that edge
     may not be widened."""
-    from fedsl.experiments.tune import plan, planned_config
+    from fedsl.experiments.tune import planned_config
     optuna = optuna_module()
     out = Path(out)
     record = json.loads((out / TUNE_FILE).read_text())
@@ -52,10 +80,9 @@ def results(out: str | Path, top: int = 3) -> list[dict[str, Any]]:
     t = cfg.tune
     storage = open_storage(t.storage, out)
     prefix = record.get("study_prefix", record.get("fingerprint", ""))
-    try:
-        spaces = {v: s.space for v, s in plan(cfg, data_checks=False).items()}
-    except ConfigError:  # a folder planned by another fedsl: its edges are not judged
-        spaces = {}
+    # each variant's planned ranges: as tune.json keeps them (a folder of an earlier fedsl: as it describes them)
+    spaces = {v: {k: Range(**e) for k, e in r["ranges"].items()} if "ranges" in r
+              else parse_described(r.get("space", {})) for v, r in record["variants"].items()}
     S = optuna.trial.TrialState
     rows = []
     for variant, planned in record["variants"].items():
@@ -74,7 +101,7 @@ def results(out: str | Path, top: int = 3) -> list[dict[str, Any]]:
             "failed": sum(tr.state == S.FAIL for tr in trials),
             "budget": record["trials"] + widenings * t.edge_trials if t.budget_rounds is None else None,
             "budget_rounds": None if t.budget_rounds is None else t.budget_rounds + widenings * t.edge_trials * rounds,
-            "rounds_run": sum(tr.user_attrs.get("rounds_run", rounds) for tr in trials if tr.state != S.RUNNING),
+            "rounds_run": sum(_rounds_run(out / variant, tr, rounds) for tr in trials if tr.state != S.RUNNING),
             "rounds_per_trial": rounds, "widenings": widenings,
             "widened": {k: v for i in range(1, widenings + 1) for k, v in study.user_attrs.get(f"widening-{i}",
                                                                                                {}).items()},
