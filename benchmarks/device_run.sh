@@ -171,15 +171,17 @@ case "${1:-check}" in
                 # (FedDyn alpha, FSL/FSLsyn gamma; 4 points, each once: tune.sampler = 'grid') judged on 10% of each
                 # client's samples held out, at 1,000 rounds on seed 0, then 3 fresh seeds (1-3) at each choice on the
                 # whole training data, judged on the test set (`fedsl run --tuned`: OUT/tune holds the studies).
-                # Trials run one at a time per process, PAR processes side by side (a run alone is host-bound on the
-                # GPU: 0.033-0.040 s a round, RESULTS-gpu.md). fedsl pinned to a commit that has the preset:
+                # A part's grid points are asked at once and run as one stack (tune.stack = 4: a run alone is
+                # host-bound on the GPU, 0.033-0.040 s a round, RESULTS-gpu.md; a stack of 4 costs about one run),
+                # in PAR processes (default 1). A grid is the paper's: a choice at its end is reported (fedsl show
+                # marks it), not widened. fedsl pinned to a commit that has the preset:
                 #   C=$(git rev-parse HEAD); rm -rf .dev/src && git archive $C src | tar -x -C .dev && echo $C >.dev/src/COMMIT
                 # One session, two calls (PARTS FSL = FSL-250, FSL-500, FSLsyn-504, FSLsyn-720; FedDyn):
                 #   run(command="SRC=.dev/src PARTS=FSL bash benchmarks/device_run.sh table1tuned", carry=[".dev"], timeout_s=540)
                 #   run(command="SRC=.dev/src PARTS=FedDyn bash benchmarks/device_run.sh table1tuned", carry=[".dev"], timeout_s=540)
-                # Expected on one H200 (not timed yet): call 1: 16 trials x ~40 s / PAR 4 = ~160 s, then 12 runs
-                # (4 stacks of 3 seeds, ~60 s each) = ~240 s, + ~30 s set-up = ~7 min; call 2: 4 trials / 4 = ~40 s +
-                # 3 seeds stacked ~60 s + ~30 s = ~2.5 min; session ~11 of 15 min. A call cut off resumes: the same call
+                # Expected on one H200 (not timed yet): call 1: 4 stacks of 4 trials, ~60 s each = ~240 s, then 12 runs
+                # (4 stacks of 3 seeds, ~60 s each) = ~240 s, + ~30 s set-up = ~8.5 min; call 2: one stack of 4 trials
+                # ~60 s + 3 seeds stacked ~60 s + ~30 s = ~2.5 min; session ~11 of 15 min. A call cut off resumes: the same call
                 # again continues the study (`fedsl run --tuned` reopens OUT/tune) if the machine stayed warm.
                 # Results: $OUT/t1tuned-PART.tgz (the group, as collect.py keeps it) and t1tuned-PART-tune.tgz (study.db,
                 # tune.json, best.json and the trials' text files). Then here (T: where they were unpacked):
@@ -191,7 +193,8 @@ case "${1:-check}" in
     unpack_data
     for part in ${PARTS:-FSL FedDyn}; do
       case $part in FSL) vs=FSL-250,FSL-500,FSLsyn-504,FSLsyn-720 ;; *) vs=$part ;; esac
-      run_collect "t1tuned-$part" --preset table1-cifar10-tuned --variants "$vs" --tuned --parallel "${PAR:-4}"
+      run_collect "t1tuned-$part" --preset table1-cifar10-tuned --variants "$vs" --tuned --parallel "${PAR:-1}" \
+        --set tune.stack="${STACK:-4}"
       tar czf "$OUT/t1tuned-$part-tune.tgz" --exclude checkpoint.pt -C "$WORK/runs/t1tuned-$part" tune
     done
     ls -la "$OUT"

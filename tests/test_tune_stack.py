@@ -176,6 +176,9 @@ def test_edges_are_judged_on_the_log_scale_and_hard_edges_are_not_widened():
     space, said = E.widen({"lr": lr}, {"lr": 0.95}, lambda k, v: v <= 1)  # the config refuses the new end
     assert space["lr"].hard_high and said == {"lr": "high 1: hard, not widened"}
     assert E.from_json({"lr": lr}, E.to_json(space)) == space
+    grid = {"gamma": [0.6, 0.8, 1.0, 1.2], "name": ["a", "b"]}
+    assert E.at_edges(grid, {"gamma": 1.2, "name": "a"}) == {"gamma": "high (of the list)"}
+    assert E.at_edges(grid, {"gamma": 0.8}) == {} and E.widen(grid, {"gamma": 0.6}, lambda k, v: True)[1] == {}
 
 
 def _epochs_study(out: Path, low: int, high: int, said: list[str]) -> dict:

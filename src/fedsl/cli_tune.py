@@ -107,10 +107,20 @@ def print_tune(path: Path) -> None:
         trials = f"{finished}/{r['budget']}" if r.get("budget") is not None else str(finished)
         rounds = f"{r.get('rounds_run', '?'):,}" + (f"/{r['budget_rounds']:,}" if r.get("budget_rounds") else "")
         table.add_row(r["variant"], trials, rounds, str(r["pruned"]), str(r["failed"]), best, spread, values)
-        edges += [f"{r['variant']}: {k} at the {w} edge of its range" for k, w in at_edge.items()]
+        edges += [f"{r['variant']}: {k} {_edge_words(w)}" for k, w in at_edge.items()]
         if r.get("widened"):
             edges += [f"{r['variant']}: {k} widened ({w})" for k, w in r["widened"].items()]
     console.print(table)
     for line in edges:  # a choice at an edge says the optimum may lie outside what was searched
         console.print(line, markup=False)
     console.print(f"trials: {path / 'trials.png'}   chosen values: {path / 'best.json'}", markup=False)
+
+
+def _edge_words(where: str) -> str:
+    """'high (hard)' -> words for the line under the table."""
+    side = where.split()[0]
+    if "(of the list)" in where:
+        return f"is the {'largest' if side == 'high' else 'smallest'} of its list (a grid: not widened)"
+    if "(hard)" in where:
+        return f"lies at the {side} edge of its range, a hard bound (not widened)"
+    return f"lies at the {side} edge of its range (the optimum may lie beyond: widen it, tune.edge_widenings)"

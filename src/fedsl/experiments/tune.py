@@ -536,7 +536,8 @@ def start(cfg: RunConfig, out: str | Path, log: Log) -> Tuner:
               "storage": describe_storage(cfg.tune.storage, out),
               "trials": cfg.tune.trials, "budget_rounds": cfg.tune.budget_rounds, "metric": cfg.tune.metric,
               "variants": {v: {"rounds": s.trial_config["rounds"], "validation": s.trial_config["data"]["validation"],
-                               "space": describe(s.space), "ranges": tune_edges.to_json(s.space)}
+                               "space": describe(s.space), "ranges": tune_edges.to_json(s.space),
+                               "choices": {k: e for k, e in s.space.items() if isinstance(e, list)}}
                            for v, s in studies.items()}}
     tmp = out / (TUNE_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=1, default=str))

@@ -29,10 +29,17 @@ def position(entry: Range, value: float) -> float:
 
 def at_edges(space: dict[str, Any], values: dict[str, Any]) -> dict[str, str]:
     """The keys of ``values`` (a trial's) that lie at an edge of their range in ``space``: key -> 'low' or 'high',
-    with ' (hard)' where the range may not be widened on that side."""
+    with ' (hard)' where the range may not be widened on that side; a choice among numbers (a grid's list) at its
+    smallest or largest: ' (of the list)', reported only."""
     out = {}
     for key, entry in space.items():
-        if not isinstance(entry, Range) or key not in values:
+        if key not in values:
+            continue
+        numbers = isinstance(entry, list) and len(entry) > 1 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in entry)
+        if numbers and values[key] in (min(entry), max(entry)):  # a grid's end: reported, never widened
+            out[key] = ("low" if values[key] == min(entry) else "high") + " (of the list)"
+        if not isinstance(entry, Range):
             continue
         where = position(entry, float(values[key]))
         side = "low" if where <= EDGE_SHARE else "high" if where >= 1 - EDGE_SHARE else None
@@ -69,6 +76,8 @@ def widen(space: dict[str, Any], best: dict[str, Any], allowed: Callable[[str, f
     the new space and what was done, key -> 'low 0.001 -> 0.0001' (or '... hard: not widened')."""
     space, done = dict(space), {}
     for key, edge in at_edges(space, best).items():
+        if not isinstance(space[key], Range):
+            continue
         side = edge.split()[0]
         entry = space[key]
         new = widened(entry, side)

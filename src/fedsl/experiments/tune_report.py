@@ -81,8 +81,9 @@ def results(out: str | Path, top: int = 3) -> list[dict[str, Any]]:
     storage = open_storage(t.storage, out)
     prefix = record.get("study_prefix", record.get("fingerprint", ""))
     # each variant's planned ranges: as tune.json keeps them (a folder of an earlier fedsl: as it describes them)
-    spaces = {v: {k: Range(**e) for k, e in r["ranges"].items()} if "ranges" in r
-              else parse_described(r.get("space", {})) for v, r in record["variants"].items()}
+    spaces = {v: ({k: Range(**e) for k, e in r["ranges"].items()} if "ranges" in r
+                  else parse_described(r.get("space", {}))) | r.get("choices", {})
+              for v, r in record["variants"].items()}
     S = optuna.trial.TrialState
     rows = []
     for variant, planned in record["variants"].items():
