@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsl.algorithms.spec import Range
-from fedsl.experiments.config import ConfigError
+from fedsl.experiments.config import ConfigError, RunConfig, validate
 from fedsl.experiments.tune_edges import at_edges, from_json
 from fedsl.experiments.tune_storage import open_storage, study_name
 
@@ -30,6 +30,15 @@ def optuna_module():
         raise ConfigError("fedsl tune needs Optuna: pip install 'fedsl[tune]'") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
+
+
+def planned_config(out: str | Path) -> RunConfig:
+    """The config a tune folder's studies were planned from (its tune.json)."""
+    try:
+        return validate(json.loads((Path(out) / TUNE_FILE).read_text())["config"])
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"{Path(out) / TUNE_FILE}: cannot be read ({e}): expected a folder written by `fedsl tune`") \
+            from None
 
 
 def trial_index(folder: str) -> int:
@@ -72,7 +81,6 @@ def results(out: str | Path, top: int = 3) -> list[dict[str, Any]]:
     and values, the top trials and the spread of their values (what a comparison reports beside its chosen values),
     and which chosen values lie at an edge of their (final) range: key -> 'low' / 'high', '(hard)' where that edge
     may not be widened."""
-    from fedsl.experiments.tune import planned_config
     optuna = optuna_module()
     out = Path(out)
     record = json.loads((out / TUNE_FILE).read_text())
