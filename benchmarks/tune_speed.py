@@ -34,8 +34,8 @@ from pathlib import Path
 # model -> (preset, trials, rounds per trial, overrides that make a trial small)
 WORKLOADS = {
     "logreg": ("cross-device-tuned", 4, 40, []),
-    "lstm": ("shakespeare-tuned", 4, 6, []),
-    "cnn": ("serverdata-cifar10-tuned", 4, 6, []),
+    "lstm": ("shakespeare-tuned", 4, 4, []),
+    "cnn": ("serverdata-cifar10-tuned", 4, 4, []),
 }
 COMMON = ["tune.pruner='none'", "tune.edge_widenings=0", "threads=1", "eval_every=2", "eval_final_window=false"]
 

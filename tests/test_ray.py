@@ -155,18 +155,21 @@ def test_one_cluster_sweep_spreads_over_both_nodes_and_a_lost_node_loses_nothing
 
 def a_study_runs_as_tasks_and_keeps_its_budget(cluster, tmp_path):
     """`fedsl tune --ray --parallel 2`: the study's two workers as tasks, asking for trials under the folder's lock:
-    the variant ends with exactly its budget of finished trials, none left running."""
+    the variant ends with exactly its budget of finished trials, none left running, in Optuna's journal file (the
+    storage a cluster's shared folder takes by default), not in SQLite."""
     pytest.importorskip("optuna")
     import optuna
     tmp_path.mkdir()
     cfg_file = tmp_path / "tune.toml"
     cfg_file.write_text("threads = 1\n" + TINY.format(rounds=4, alg="fsl", dtype="float32", executor="sequential")
-                        + "\n[tune]\ntrials = 3\nstartup_trials = 1\nvalidation = 0.2\n")
+                        + "\n[tune]\ntrials = 3\nstartup_trials = 1\nvalidation = 0.2\nedge_widenings = 0\n")
     out = tmp_path / "study"
     r = fedsl("tune", str(cfg_file), "--out", str(out), "--ray", cluster.address, "--parallel", "2", "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
     name = loading.load(cfg_file).name
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'study.db'}")
+    from fedsl.experiments.tune_storage import open_storage
+    assert (out / "study.journal").is_file() and not (out / "study.db").exists()
+    study = optuna.load_study(study_name=name, storage=open_storage("journal", out))
     assert sorted(t.state.name for t in study.trials) in (["COMPLETE"] * 3, ["COMPLETE", "COMPLETE", "PRUNED"],
                                                          ["COMPLETE", "PRUNED", "PRUNED"])
     assert not list(out.glob(".fedsl-ray-*"))  # the driver's visibility token is removed

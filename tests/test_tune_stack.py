@@ -233,6 +233,7 @@ def test_trials_are_named_by_their_folders_after_a_kill(tmp_path):
 
 @pytest.mark.parametrize("tune, expected", [
     ({"stack": 0}, "tune.stack = 0: expected 'auto' or trials asked at once, 1 to 64"),
+    ({"stack": 65}, "tune.stack = 65: expected 'auto' or trials asked at once, 1 to 64"),
     ({"pruner": "asha"}, "tune.pruner"),
     ({"storage": "postgres://u:pw@h/db"}, "expected 'postgresql://...'"),
     ({"edge_widenings": -1}, "tune.edge_widenings"),

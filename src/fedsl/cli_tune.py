@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from fedsl.cli_common import UserError, clean_errors, console, load_config, print_line, select_variants
+from fedsl.experiments.own_keys import changed
 
 
 @clean_errors
@@ -28,17 +29,22 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
                                       "machine, sharing the studies (0 = one per core); with --ray, N tasks"),
          ray: Optional[str] = typer.Option(None, "--ray", help="the study's N workers as tasks of a Ray cluster: "
                                            "HOST:PORT of its head, 'auto' or 'local'; --out on a filesystem all "
-                                           "nodes share, with working file locks (Optuna's SQLite file)"),
+                                           "nodes share (the studies in Optuna's journal file there, unless "
+                                           "tune.storage says otherwise)"),
          ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help="resources of each worker task, "
                                                      "e.g. 'cpus=2,gpus=0.5' (default: cpus=1)"),
          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
-    """Tune each variant on validation data, the same budget each: an Optuna study per variant in OUT/study.db."""
+    """Tune each variant on validation data, the same budget each: an Optuna study per variant in OUT/study.db
+    (tune.storage: or a journal file, or a database server)."""
     from fedsl.experiments import tune as T
     if trials is not None:
         set_ = [*set_, f"tune.trials={trials}"]
     names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
     cfg = load_config(config, preset, set_, data_dir, quick, names)
     cfg = select_variants(cfg, variants, names)
+    if ray is not None and not changed(cfg.tune, "storage"):
+        # the nodes share --out over a network filesystem, where SQLite's locks often fail: Optuna's journal file
+        cfg = cfg.model_copy(update={"tune": cfg.tune.model_copy(update={"storage": "journal"})})
     if out is None:
         out = Path("runs") / f"{cfg.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
     say = (lambda s: None) if quiet else print_line
