@@ -103,7 +103,7 @@ def run_unit(out: Path, names: list[str], cfgs: list[RunConfig], *, resume: bool
     return summaries
 
 
-def _stack_key(cfg: RunConfig) -> tuple:
+def stack_key(cfg: RunConfig) -> tuple:
     """Runs with equal keys may share a stack (the StackedSimulator checks the rest)."""
     from fedsl.algorithms import spec
     a = cfg.algorithm
@@ -123,7 +123,7 @@ def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool) -> list
             start = RunDir(out / name).checkpoint_round() if resume else None
         except CorruptCheckpoint:  # a unit of its own: it fails there with one line, the others go on
             start = f"unreadable {name}"
-        groups.setdefault((_stack_key(cfg), start or 0), []).append(name)
+        groups.setdefault((stack_key(cfg), start or 0), []).append(name)
     result = []
     for names in groups.values():
         limit = stack_limit(pending[names[0]])

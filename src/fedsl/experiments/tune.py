@@ -285,16 +285,19 @@ class Tuner:
     def run_trials(self, variant: str, study, trials: list) -> None:
         """Run ``trials`` (asked together): those whose runs may share a stack together (``runner.run_stacked``;
         one by one if the stack fails), the others alone; then tell the study each one's end."""
-        from fedsl.experiments.compare import _stack_key
-        from fedsl.experiments.results import RunDir
+        from fedsl.experiments.compare import stack_key
+        from fedsl.experiments.results import CorruptCheckpoint, RunDir
         ready = [self.prepare(variant, study, tr) for tr in trials]
         groups: dict[tuple, list[_Trial]] = {}
         for tr in ready:
             if tr.cfg is None:
                 self.tell(variant, study, tr, None)
                 continue
-            start = RunDir(tr.folder).checkpoint_round() if (tr.folder / "config.json").is_file() else 0
-            groups.setdefault((_stack_key(tr.cfg), start or 0), []).append(tr)
+            try:  # a trial run again continues from its checkpoint: it stacks with trials at the same round
+                start = RunDir(tr.folder).checkpoint_round() if (tr.folder / "config.json").is_file() else 0
+            except CorruptCheckpoint:  # alone: its run says so in one line
+                start = f"unreadable {tr.name}"
+            groups.setdefault((stack_key(tr.cfg), start or 0), []).append(tr)
         for group in groups.values():
             summaries = self._stacked(group) if len(group) > 1 else {}
             for tr in group:
@@ -333,7 +336,8 @@ class Tuner:
         S = o.trial.TrialState
         shown = ", ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in tr.values.items())
         said = f"{variant}: {tr.name} ({shown})"
-        if not isinstance(summary, dict):
+        if not isinstance(summary, dict):  # refused before its first round: it ran none
+            study._storage.set_trial_user_attr(tr.trial._trial_id, "rounds_run", 0)
             study.tell(tr.trial, state=S.FAIL)
             self.log(f"{said}: refused: {tr.refused or summary}")
             return
