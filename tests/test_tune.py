@@ -215,6 +215,10 @@ def test_run_tuned_runs_each_variants_seeds_at_the_values_its_study_chose(tmp_pa
                 assert run[section][name] == value, (variant, key)
             assert json.loads((out / f"{variant}-seed{seed}" / "summary.json").read_text())["status"] == "completed"
     assert best["FSL"] != best["FedAvg"]
+    from fedsl.report.report import write_report  # the group's report states each study's budget and choice
+    report = write_report(out).read_text()
+    assert "## Tuning (validation data" in report
+    assert "| FSL | 2/2 | " in report and "| FedAvg | 2/2 | " in report, report
 
 
 def test_a_grid_tries_each_point_once_and_refuses_ranges_and_keys_a_run_does_not_read(tmp_path):

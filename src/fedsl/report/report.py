@@ -267,6 +267,26 @@ def _fmt_ours(v, column: str) -> str:
     return fmt(v, column)
 
 
+def _tuning(best: Path) -> list[str]:
+    """A group run by ``fedsl run --tuned``: each variant's study (its budget, the rounds it ran, the chosen values,
+    any still at an edge of its range), from the study's best.json (``fedsl show GROUP/tune`` writes it)."""
+    if not best.is_file():
+        return []
+    rows = json.loads(best.read_text())
+    lines = ["## Tuning (validation data; `fedsl show tune`)\n",
+             "| variant | trials | rounds run | best validation | chosen values | at an edge |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        finished = r.get("complete", 0) + r.get("pruned", 0) + r.get("failed", 0)
+        trials = f"{finished}/{r['budget']}" if r.get("budget") is not None else str(finished)
+        values = ", ".join(f"{k.split('.')[-1]} = {v:.4g}" if isinstance(v, float) else f"{k.split('.')[-1]} = {v}"
+                           for k, v in (r.get("params") or {}).items())
+        edges = "; ".join(f"{k.split('.')[-1]} ({w})" for k, w in (r.get("at_edge") or {}).items()) or "none"
+        best_val = "—" if r.get("best") is None else f"{r['best']:.4f} ({r.get('folder')})"
+        lines.append(f"| {r['variant']} | {trials} | {r.get('rounds_run', '—')} | {best_val} | {values} | {edges} |")
+    return ["\n".join(lines) + "\n"]
+
+
 def write_report(path: str | Path) -> Path:
     """Write ``path/report/`` (figures and report.md) for the group at ``path``; returns report.md."""
     path = Path(path)
@@ -298,6 +318,7 @@ def write_report(path: str | Path) -> Path:
     if _diagnostics(path, out / "diagnostics.png"):
         parts.append("## Non-IIDness diagnostics\n\n![diagnostics](diagnostics.png)\n")
 
+    parts += _tuning(path / "tune" / "best.json")
     paper = spec.get("paper") or {}
     group_note = ""
     if paper or spec.get("paper_claims"):
