@@ -239,6 +239,9 @@ def test_trials_are_named_by_their_folders_after_a_kill(tmp_path):
     ({"edge_widenings": -1}, "tune.edge_widenings"),
     ({"budget_rounds": 0}, "tune.budget_rounds"),
     ({"space": {"algorithm.local_lr": {"low": 0.01, "high": 0.1, "hard_top": True}}}, "hard_low and hard_high"),
+    # a range past a bound the run refuses (E_c >= 1): the study would widen from there, so it is refused first
+    ({"space": {"algorithm.local_epochs": {"low": 0, "high": 3, "integer": True}}},
+     "tune.space.'algorithm.local_epochs' = 0"),
 ])
 def test_bad_tune_values_stop_in_one_line(tmp_path, tune, expected):
     with pytest.raises(ConfigError) as e:
