@@ -57,8 +57,8 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
     from fedsl.experiments.results import folder_lock
     with folder_lock(out), terminate_as_interrupt():
         tuner = T.start(cfg, out, say)
-        say(f"tuning {len(tuner.studies)} variant{'s' if len(tuner.studies) > 1 else ''}, {cfg.tune.trials} trials "
-            f"each, into {out}")
+        say(f"tuning {len(tuner.studies)} variant{'s' if len(tuner.studies) > 1 else ''}, {_budget(cfg.tune)} each, "
+            f"into {out}")
         try:
             tuner.run(tune_workers(parallel), ray=backend)
         finally:
@@ -80,10 +80,15 @@ def tune_first(cfg, out: Path, parallel: Optional[int], quiet: bool):
     study = out / "tune"
     with folder_lock(out), terminate_as_interrupt():
         tuner = T.reopen(study, say) if T.is_tune_folder(study) else T.start(cfg, study, say)
-        say(f"tuning {len(tuner.studies)} variant(s), {cfg.tune.trials} trials each, into {study}")
+        say(f"tuning {len(tuner.studies)} variant(s), {_budget(cfg.tune)} each, into {study}")
         tuner.run(tune_workers(parallel or 1))
     print_tune(study)
     return T.apply_best(cfg, study)
+
+
+def _budget(t) -> str:
+    """A study's budget in words: '24 trials', or '4,000 rounds run' (tune.budget_rounds)."""
+    return f"{t.budget_rounds:,} rounds run" if t.budget_rounds else f"{t.trials} trials"
 
 
 def tune_workers(parallel: int) -> int:
