@@ -3,15 +3,16 @@
     FEDSL_DATA_DIR=../shared/data python benchmarks/tune_speed.py [--reps 2] [--only logreg,lstm,cnn]
 
 Each mode is a whole `fedsl tune` command (a new process: imports, data, Optuna, every trial's run folder), of one
-variant (FSL) of a preset, with a fixed budget of trials of a few rounds, pruning off and no widening, so that
-every mode runs the same trials' worth of work (the draws differ: TPE with trials still running draws otherwise):
+variant (FSL) of a preset: the same 4 trials in every mode (a grid over η_l, `tune.sampler = 'grid'`), of a few
+rounds, pruning off and no widening, so that every mode runs the same work:
 
     sequential       tune.stack = 1, one process (the CPU default)
     stacked          tune.stack = TRIALS (all asked at once, run as one stacked computation), executor as the
                      model's CPU default (sequential), and again with the vectorised executor
     --parallel 2     two processes of one torch thread each, sharing the study
-    hyperband        (logreg only) a budget in rounds run with tune.pruner = 'hyperband', two processes: trials
-                     per hour of a multi-fidelity study (many trials stopped at rounds/9 or rounds/3)
+    hyperband        (logreg only) TPE over the default space with a budget of 4 trials' rounds run and
+                     tune.pruner = 'hyperband', two processes: trials per hour of a multi-fidelity study (many
+                     trials stopped at rounds/9 or rounds/3; its trials are TPE's, not the grid's)
 
 The modes alternate within each repetition (sequential, stacked, ..., then again), so that a change of the
 machine's load reaches all alike. Peak memory is the largest resident set of the command's process tree, polled
@@ -31,13 +32,14 @@ import tempfile
 import time
 from pathlib import Path
 
-# model -> (preset, trials, rounds per trial, overrides that make a trial small)
+# model -> (preset, rounds per trial, the 4 step sizes η_l its trials run: a grid, the same in every mode)
 WORKLOADS = {
-    "logreg": ("cross-device-tuned", 4, 40, []),
-    "lstm": ("shakespeare-tuned", 4, 4, []),
-    "cnn": ("serverdata-cifar10-tuned", 4, 4, []),
+    "logreg": ("cross-device-tuned", 40, [0.005, 0.01, 0.02, 0.04]),
+    "lstm": ("shakespeare-tuned", 4, [0.5, 1.0, 1.5, 2.0]),
+    "cnn": ("serverdata-cifar10-tuned", 4, [0.01, 0.02, 0.03, 0.05]),
 }
-COMMON = ["tune.pruner='none'", "tune.edge_widenings=0", "threads=1", "eval_every=2", "eval_final_window=false"]
+COMMON = ["tune.pruner='none'", "tune.edge_widenings=0", "threads=1", "eval_every=2", "eval_final_window=false",
+          "tune.sampler='grid'"]
 
 
 def modes(model: str, trials: int, rounds: int) -> dict[str, list[str]]:
@@ -46,8 +48,9 @@ def modes(model: str, trials: int, rounds: int) -> dict[str, list[str]]:
            "stacked": ["--set", f"tune.stack={trials}"],
            "stacked, vectorised": ["--set", f"tune.stack={trials}", "--set", "executor='vectorised'"],
            "--parallel 2": ["--set", "tune.stack=1", "--parallel", "2"]}
-    if model == "logreg":
+    if model == "logreg":  # TPE over the default space: Hyperband's budget holds more trials than the grid
         out["hyperband, --parallel 2"] = ["--set", "tune.stack=1", "--set", "tune.pruner='hyperband'",
+                                          "--set", "tune.sampler='tpe'", "--set", "tune.space={}",
                                           "--set", f"tune.budget_rounds={trials * rounds}", "--parallel", "2"]
     return out
 
@@ -75,9 +78,10 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def one(preset: str, trials: int, rounds: int, extra: list[str], folder: Path) -> tuple[float, int, int]:
+def one(preset: str, lrs: list[float], rounds: int, extra: list[str], folder: Path) -> tuple[float, int, int]:
     """(wall seconds, peak bytes, trials finished) of one `fedsl tune` command."""
-    sets = [a for s in [f"tune.trials={trials}", f"tune.rounds={rounds}", *COMMON] for a in ("--set", s)]
+    grid = f"tune.space={{\"algorithm.local_lr\"={lrs}}}"
+    sets = [a for s in [f"tune.trials={len(lrs)}", f"tune.rounds={rounds}", *COMMON, grid] for a in ("--set", s)]
     cmd = [sys.executable, "-m", "fedsl.cli", "tune", "--preset", preset, "--variants", "FSL", *sets, *extra,
            "--quiet", "--out", str(folder)]
     t0 = time.perf_counter()
@@ -101,14 +105,15 @@ def main() -> None:
     a = ap.parse_args()
     rows = []
     for model in a.only.split(","):
-        preset, trials, rounds, _ = WORKLOADS[model]
+        preset, rounds, lrs = WORKLOADS[model]
+        trials = len(lrs)
         rounds = max(2, int(rounds * a.scale))
         ms = modes(model, trials, rounds)
         times: dict[str, list[tuple[float, int, int]]] = {m: [] for m in ms}
         with tempfile.TemporaryDirectory() as tmp:
             for rep in range(a.reps):
                 for i, (m, extra) in enumerate(ms.items()):
-                    r = one(preset, trials, rounds, extra, Path(tmp) / f"{model}-{rep}-{i}")
+                    r = one(preset, lrs, rounds, extra, Path(tmp) / f"{model}-{rep}-{i}")
                     times[m].append(r)
                     print(f"{model} rep {rep} {m}: {r[0]:.1f} s, {r[1] / 2**30:.2f} GiB, {r[2]} trials",
                           file=sys.stderr, flush=True)
