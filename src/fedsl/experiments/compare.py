@@ -112,8 +112,10 @@ def stack_key(cfg: RunConfig) -> tuple:
             *(getattr(a, k) for k in spec(a.name).local_keys), cfg.server.learning)
 
 
-def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool) -> list[list[str]]:
-    """Pending runs in groups advanced together (see ``memory.stack_limit``); order is kept within a key.
+def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool, limit: int | None = None
+                 ) -> list[list[str]]:
+    """Pending runs in groups advanced together (at most ``limit``, else ``memory.stack_limit``); order is kept
+    within a key.
 
     On resume, only runs whose checkpoints are at the same round share a group.
     """
@@ -126,8 +128,8 @@ def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool) -> list
         groups.setdefault((stack_key(cfg), start or 0), []).append(name)
     result = []
     for names in groups.values():
-        limit = stack_limit(pending[names[0]])
-        result.extend(names[i:i + limit] for i in range(0, len(names), limit))
+        size = limit or stack_limit(pending[names[0]])
+        result.extend(names[i:i + size] for i in range(0, len(names), size))
     return result
 
 

@@ -285,20 +285,17 @@ class Tuner:
     def run_trials(self, variant: str, study, trials: list) -> None:
         """Run ``trials`` (asked together): those whose runs may share a stack together (``runner.run_stacked``;
         one by one if the stack fails), the others alone; then tell the study each one's end."""
-        from fedsl.experiments.compare import stack_key
-        from fedsl.experiments.results import CorruptCheckpoint, RunDir
-        ready = [self.prepare(variant, study, tr) for tr in trials]
-        groups: dict[tuple, list[_Trial]] = {}
-        for tr in ready:
+        from fedsl.experiments.compare import stack_groups
+        ready = {}
+        for tr in (self.prepare(variant, study, tr) for tr in trials):
             if tr.cfg is None:
                 self.tell(variant, study, tr, None)
-                continue
-            try:  # a trial run again continues from its checkpoint: it stacks with trials at the same round
-                start = RunDir(tr.folder).checkpoint_round() if (tr.folder / "config.json").is_file() else 0
-            except CorruptCheckpoint:  # alone: its run says so in one line
-                start = f"unreadable {tr.name}"
-            groups.setdefault((stack_key(tr.cfg), start or 0), []).append(tr)
-        for group in groups.values():
+            else:
+                ready[tr.name] = tr
+        # a trial run again continues from its checkpoint: it stacks with trials at the same round (as a group's runs)
+        for names in stack_groups({n: tr.cfg for n, tr in ready.items()}, self.out / variant, resume=True,
+                                  limit=len(trials)):
+            group = [ready[n] for n in names]
             summaries = self._stacked(group) if len(group) > 1 else {}
             for tr in group:
                 if tr.name not in summaries:
