@@ -4,6 +4,7 @@ folders, and the one-line refusals of bad [tune] values."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import tomllib
@@ -13,6 +14,8 @@ import pytest
 
 pytest.importorskip("optuna")
 
+from test_tune import TOML  # noqa: E402
+
 from fedsl.algorithms.spec import Range  # noqa: E402
 from fedsl.experiments import runner  # noqa: E402
 from fedsl.experiments import tune as T  # noqa: E402
@@ -20,39 +23,15 @@ from fedsl.experiments import tune_edges as E  # noqa: E402
 from fedsl.experiments.callbacks import Callback, StopRun  # noqa: E402
 from fedsl.experiments.config import ConfigError, validate  # noqa: E402
 
-TOML = """
-name = "tiny"
-rounds = 6
-threads = 1
-dtype = "float64"
-executor = "sequential"
-checkpoint_every = 2
-eval_every = 2
-eval_final_window = false
-[data]
-dataset = "synthetic_chars"
-num_clients = 10
-classes_per_client = 2
-server_size = 50
-train_per_class = 60
-test_per_class = 10
-[model]
-name = "mlp"
-[algorithm]
-name = "fsl"
-clients_per_round = 3
-local_lr = 0.05
-batch_size = 10
-[tune]
-trials = 3
-startup_trials = 1
-edge_widenings = 0
-pruner = "none"
-"""
+# test_tune.py's tiny study, one variant, in float64 with the sequential executor (exact comparisons), evaluated
+# every other round, every trial whole
+BASE = {**{k: v for k, v in tomllib.loads(TOML).items() if k != "variants"}, "rounds": 6, "dtype": "float64",
+        "executor": "sequential", "eval_every": 2, "eval_final_window": False}
+BASE["tune"] = {**BASE["tune"], "pruner": "none"}
 
 
 def _cfg(tune: dict | None = None, **top):
-    data = tomllib.loads(TOML)
+    data = copy.deepcopy(BASE)
     data["tune"].update(tune or {})
     data.update(top)
     return validate(data)
@@ -111,7 +90,7 @@ class _StopAt(Callback):
 def test_a_run_stopped_in_a_stack_leaves_it_and_the_others_equal_their_runs_alone(tmp_path):
     """A callback's StopRun ends its run alone after recording that round whole (its metrics row); the stack goes
     on without it and its other runs end as they would alone."""
-    cfgs = [_cfg(algorithm={**tomllib.loads(TOML)["algorithm"], "local_lr": lr}) for lr in (0.05, 0.1, 0.2)]
+    cfgs = [_cfg(algorithm={**BASE["algorithm"], "local_lr": lr}) for lr in (0.05, 0.1, 0.2)]
     ends = runner.run_stacked(cfgs, [tmp_path / f"s{i}" for i in range(3)], log=lambda s: None, progress=False,
                               callbacks=[[], [_StopAt(2)], []])
     assert [e["status"] for e in ends] == ["completed", "pruned", "completed"]
