@@ -144,8 +144,10 @@ def _base_glyph(path: str, char: str, canvas: int) -> tuple[np.ndarray, int, int
     # (dilation) and t > 0.5 moves them in (erosion), smoothly and in a batch.
     sigma = _BASE_BLUR * _SS  # canvas is _SS x the output size
     r = math.ceil(3 * sigma)
-    g = _gauss_matrix(canvas, sigma, r)
-    img = g @ np.pad(img, r) @ g.T
+    # torch's matmul rather than numpy's: it keeps to fedsl's thread setting, where numpy's OpenBLAS threads
+    # busy-wait and, beside other busy processes, made a first run's rendering crawl (the float32 glyphs are equal)
+    g = torch.from_numpy(_gauss_matrix(canvas, sigma, r))
+    img = (g @ torch.from_numpy(np.pad(img, r)) @ g.T).numpy()
     return np.clip(img, 0, 1).astype(np.float32), w, h
 
 
