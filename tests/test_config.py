@@ -62,8 +62,44 @@ def test_minimal_config_validates_with_documented_defaults():
 
 def test_defaults_are_independent_between_configs():
     a = validate(copy.deepcopy(MINIMAL))
-    b = validate(minimal(server={"gamma": 0.5}))
+    b = validate(minimal(algorithm={"name": "fsl"}, data={"dataset": "synthetic_chars", "server_size": 20},
+                         server={"gamma": 0.5}))
     assert a.server.gamma == 1.0 and b.server.gamma == 0.5
+
+
+@pytest.mark.parametrize("key,value", [("gamma", 0.5), ("steps", 7), ("lr", 0.1), ("gamma_schedule", "cosine"),
+                                       ("batch_size", 8), ("epochs", 2)])
+def test_a_server_learning_key_without_server_learning_is_refused(key, value):
+    """FedAvg reads none of server learning's keys: set, each would change nothing (a sweep of one would run one run
+    many times). With server.learning adding server learning to FedAvg they are read; w0 only in FSL-p's parallel
+    mode; γ = 0 is what a run without server learning has (DS at γ = 0 in the paper's Fig. 3), so it may say so."""
+    problem = error_of(minimal(server={key: value}))
+    assert problem.startswith(f"server.{key} = {value!r}: read only with server learning (algorithm.name = 'fsl', "
+                              "'fsl_p', ") and problem.endswith("or server.learning = 'incremental' or 'parallel'), "
+                                                                "not server learning 'off': expected it unset"), problem
+    d0 = {"dataset": "synthetic_chars", "server_size": 20}
+    assert getattr(validate(minimal(data=d0, server={"learning": "incremental", key: value})).server, key) == value
+    assert validate(minimal(server={"gamma": 0.0})).server.gamma == 0.0
+    assert error_of(minimal(algorithm={"name": "fsl"}, data=d0, server={"weight": 0.3})).startswith(
+        "server.weight = 0.3: read only with server learning (algorithm.name = 'fsl_p', or server.learning = "
+        "'parallel'), not server learning 'incremental'")
+
+
+def test_a_sweep_over_gamma_runs_fedavg_once_and_a_fedavg_only_sweep_over_it_is_refused():
+    """γ is read by the runs that learn on the server: a sweep over it runs FSL at each value and FedAvg once (its
+    runs could not differ); a sweep over γ that only FedAvg variants would run is refused, as is a γ template key that
+    only they would inherit (a FedAvg variant of an FSL template runs without it)."""
+    d0 = {"dataset": "synthetic_chars", "server_size": 20}
+    runs = expand_variants(validate(minimal(data=d0, sweep={"server.gamma": [0.5, 2.0]}, algorithm={"name": "fsl"},
+                                            variants={"FSL": {}, "FedAvg": {"algorithm": {"name": "fedavg"}}})))
+    assert sorted(runs) == ["FSL-gamma=0.5", "FSL-gamma=2", "FedAvg"]
+    assert runs["FedAvg"].server.gamma == 1.0
+    with pytest.raises(ConfigError, match=r"^sweep over server\.gamma: read by no variant"):
+        expand_variants(validate(minimal(sweep={"server.gamma": [0.5, 2.0]})))
+    runs = expand_variants(validate(minimal(data=d0, algorithm={"name": "fsl"}, server={"gamma": 0.5, "steps": 3},
+                                            variants={"FSL": {}, "FedAvg": {"algorithm": {"name": "fedavg"}}})))
+    assert (runs["FSL"].server.gamma, runs["FSL"].server.steps) == (0.5, 3)
+    assert (runs["FedAvg"].server.gamma, runs["FedAvg"].server.steps) == (1.0, None)
 
 
 def test_quickstart_preset_validates_and_its_variants_expand():

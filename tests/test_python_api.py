@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import random_federation
@@ -71,3 +73,60 @@ def test_the_simulator_sets_threads_as_the_command_line_does(monkeypatch):
         assert torch.get_num_threads() == 3  # pinned
     finally:
         torch.set_num_threads(before)
+
+
+README_TOML = """
+name = "my-run"
+rounds = 2
+[data]
+dataset = "synthetic_chars"
+num_clients = 4
+classes_per_client = 2
+samples_per_client = 20
+server_size = 20
+[model]
+name = "small_cnn"
+[algorithm]
+name = "fsl"
+clients_per_round = 2
+local_lr = 0.05
+batch_size = 10
+"""
+
+
+def test_one_toml_is_one_experiment_from_the_command_line_and_from_python(tmp_path):
+    """The README's config, variants FSL (the top level as it is) and FedAvg: `loading.load` + `run_group` runs the
+    runs `fedsl run` runs; `runner.run` runs one run and refuses the group in one line; a top level whose algorithm
+    no variant runs (variants FedAvg alone under an FSL top level: `fedsl run` ran FedAvg only, Python FSL only) is
+    refused by `load` in one line, naming the fix."""
+    from fedsl.experiments import loading, runner
+    from fedsl.experiments.compare import run_group
+    from fedsl.experiments.config import ConfigError
+    from fedsl.experiments.sweep import expand_variants
+
+    path = tmp_path / "my.toml"
+    path.write_text(README_TOML + '[variants.FSL]\n[variants.FedAvg.algorithm]\nname = "fedavg"\n')
+    cfg = loading.load(path)
+    ends = run_group(cfg, tmp_path / "g", log=lambda s: None, progress=False)
+    assert [(e["name"], e["algorithm"]) for e in ends] == [("FSL", "fsl"), ("FedAvg", "fedavg")]
+    with pytest.raises(ConfigError, match=r"^config 'my-run' is a group of runs \(variants FSL, FedAvg\) and run\(\) "
+                                          r"runs one: expected fedsl\.experiments\.compare\.run_group\(cfg, out\)"):
+        runner.run(cfg, tmp_path / "one")
+    assert not (tmp_path / "one").exists()
+    alone = runner.run(expand_variants(cfg)["FedAvg"], tmp_path / "one", log=lambda s: None, progress=False)
+    assert alone["final_accuracy"] == ends[1]["final_accuracy"]  # the group's FedAvg run, run alone
+    for extra, what in (("seeds = [0, 1]\n", "seeds = [0, 1]"),
+                        ('[sweep]\n"algorithm.local_lr" = [0.01, 0.1]\n', "a sweep over algorithm.local_lr")):
+        path.write_text(README_TOML.replace("rounds = 2\n", "rounds = 2\n" + extra) if "seeds" in extra
+                        else README_TOML + extra)
+        with pytest.raises(ConfigError, match=rf"is a group of runs \({re.escape(what)}\)"):
+            runner.run(loading.load(path), tmp_path / "x")
+
+    path.write_text(README_TOML + '[variants.FedAvg.algorithm]\nname = "fedavg"\n')
+    with pytest.raises(ConfigError) as info:
+        loading.load(path)
+    assert str(info.value) == (
+        "algorithm.name = 'fsl' at the top level is run by no variant: the variant FedAvg sets its own algorithm.name "
+        "(the top level is the variants' template, not a run): expected a variant that runs it, e.g. an empty "
+        "[variants.fsl] table (the top level as it is), or the top level's algorithm.name set to one of theirs "
+        "('fedavg')")

@@ -438,5 +438,5 @@ def validate_saved(data: dict) -> RunConfig:
         data = dict(data)
         for rule in OWN_KEYS:
             if isinstance(data.get(rule.section), dict):
-                data[rule.section] = without_unread(rule, data[rule.section], lookup(data, rule.selector))
+                data[rule.section] = without_unread(rule, data[rule.section], rule.choice_in(data))
     return validate(data)

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, switched, validate, without_unread
+from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, lookup, switched, validate, without_unread
 
 
 def read_file(path: str | Path) -> dict:
@@ -61,7 +61,7 @@ def apply_overrides(data: dict, overrides: list[str], variants: list[str] | None
         if problem := shadowed(out, key, raw.strip(), variants):
             raise ConfigError(f"--set {item!r}: {problem}")
     for rule, choice in switched(out, data):
-        if rule.selector in keys and isinstance(out.get(rule.section), dict):
+        if any(s in keys for s in rule.selectors) and isinstance(out.get(rule.section), dict):
             out[rule.section] = without_unread(rule, out[rule.section], choice,
                                                lambda k, s=rule.section: f"{s}.{k}" in keys)
     return out
@@ -156,4 +156,24 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, bas
         data["paper_rounds"] = rounds
     if quick:
         data = apply_quick(data)
-    return validate(apply_overrides(data, overrides or [], variants))
+    cfg = validate(apply_overrides(data, overrides or [], variants))
+    check_top_level_runs(cfg)
+    return cfg
+
+
+def check_top_level_runs(cfg: RunConfig) -> None:
+    """One config, one experiment: with variants, the top level is their template, and its ``algorithm.name`` must be
+    one a variant runs. Otherwise `fedsl run` would compare the variants without it while the top level reads as a
+    run of its own (as the Python API, given the config, would run it): refused in one line. (A group run of some
+    variants alone, ``--variants``, is checked before they are chosen.)"""
+    if not cfg.variants:
+        return
+    top = cfg.algorithm.name
+    theirs = {lookup(over, "algorithm.name") or top for over in cfg.variants.values() if isinstance(over, dict)}
+    if top not in theirs:
+        raise ConfigError(
+            f"algorithm.name = {top!r} at the top level is run by no variant: "
+            f"{'the variant ' if len(cfg.variants) == 1 else 'each of the variants '}{', '.join(cfg.variants)} "
+            f"sets its own algorithm.name (the top level is the variants' template, not a run): expected a variant "
+            f"that runs it, e.g. an empty [variants.{top}] table (the top level as it is), or the "
+            f"top level's algorithm.name set to one of theirs ({', '.join(repr(t) for t in sorted(theirs))})")

@@ -48,6 +48,7 @@ class RunSession:
 
     def __init__(self, cfg: RunConfig, out: str | Path, *, resume: bool, log: Log, progress: bool | None,
                  prep: Prepared | None = None, built: Built | None = None, callbacks: Sequence[Callback] = ()) -> None:
+        refuse_group(cfg)
         self.cfg, self.log = cfg, log
         self.rd = rd = RunDir(out)
         for p in rd.remove_stale_tmp():
@@ -207,6 +208,18 @@ class RunSession:
             target = group if is_group(group) else self.rd.path
             self.log(f"{self.cfg.name}: interrupted after round {self.done}; continue with: fedsl resume {target}")
         return summary
+
+
+def refuse_group(cfg: RunConfig) -> None:
+    """A config with variants, a sweep or a list of seeds is a group of runs (``compare.run_group``, what `fedsl run`
+    runs), not one run: refused in one line rather than run as its top level alone."""
+    what = [f"variants {', '.join(cfg.variants)}"] if cfg.variants else []
+    what += [f"a sweep over {', '.join(cfg.sweep)}"] if cfg.sweep else []
+    what += [f"seeds = {cfg.seeds}"] if cfg.seeds else []
+    if what:
+        raise ConfigError(f"config {cfg.name!r} is a group of runs ({'; '.join(what)}) and run() runs one: expected "
+                          "fedsl.experiments.compare.run_group(cfg, out) for all of them, as `fedsl run` runs it, or "
+                          "one of them: fedsl.experiments.sweep.expand_variants(cfg)[RUN_NAME]")
 
 
 def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = print,

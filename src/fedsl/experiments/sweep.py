@@ -14,7 +14,6 @@ from fedsl.experiments.config import (
     ConfigError,
     OwnKeys,
     RunConfig,
-    changed,
     lookup,
     slug,
     validate,
@@ -48,10 +47,11 @@ def _reads(cfg: RunConfig, over: dict, key: str) -> bool:
     """Whether the variant with overrides ``over`` reads swept ``key`` (False only for a key of another algorithm,
     dataset, attack or robust rule than the variant's, its choice not swept itself)."""
     section, _, name = key.partition(".")
+    base = cfg.model_dump(include={s.split(".")[0] for r in OWN_KEYS for s in r.selectors})
     for rule in OWN_KEYS:
-        if rule.section == section and name in rule.readers and rule.selector not in cfg.sweep:
-            choice = get_dotted(over, rule.selector) if has_dotted(over, rule.selector) else rule.choice(cfg)
-            return choice in rule.readers[name]
+        if rule.section == section and name in rule.readers and not any(s in cfg.sweep for s in rule.selectors):
+            choice = rule.choose(lambda s: get_dotted(over, s) if has_dotted(over, s) else lookup(base, s))
+            return rule.reads(name, choice)
     return True
 
 
@@ -104,7 +104,7 @@ def _template_keys(cfg: RunConfig) -> dict[tuple[str, str], tuple[OwnKeys, Any]]
     some algorithms, datasets, attacks or robust rules read, set away from their defaults: the only such keys a run
     can inherit at another value than the default."""
     return {(rule.section, key): (rule, getattr(getattr(cfg, rule.section), key)) for rule in OWN_KEYS
-            for key in rule.readers if changed(getattr(cfg, rule.section), key)}
+            for key in rule.readers if rule.set_away(getattr(cfg, rule.section), key)}
 
 
 def _not_inherited(merged: dict, template: dict[tuple[str, str], tuple[OwnKeys, Any]], own: set[str],
@@ -116,7 +116,7 @@ def _not_inherited(merged: dict, template: dict[tuple[str, str], tuple[OwnKeys, 
     for (section, key), (rule, _) in template.items():
         if f"{section}.{key}" in own or not isinstance(merged.get(section), dict):
             continue  # the variant's own (a section that is not a table: validation says so)
-        if lookup(merged, rule.selector) in rule.readers[key]:
+        if rule.reads(key, rule.choice_in(merged)):
             read.add((section, key))
         else:
             merged[section] = {k: v for k, v in merged[section].items() if k != key}  # the run takes the default
@@ -191,12 +191,11 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
     for key in cfg.sweep:
         if not any(_reads(cfg, over, key) for over in variants.values() if isinstance(over, dict)):
             raise ConfigError(f"sweep over {key}: read by no variant of the config (a key of other algorithms, "
-                              "datasets, attacks or robust rules than theirs): expected a variant that reads it")
+                              "datasets, attacks or robust rules than theirs, or of server learning): expected a variant that reads it")
     for (section, key), (rule, value) in template.items():
         if (section, key) not in read:  # set for all runs, read by none: it would change nothing
             theirs = sorted({rule.choice(c) for _, c in out.values()})
-            raise ConfigError(f"{section}.{key} = {value!r}: read only with {rule.selector} = "
-                              f"{' or '.join(repr(b) for b in rule.readers[key])}, and no run of the config has "
-                              f"one (theirs: {', '.join(repr(t) for t in theirs)}): expected it unset, or set in "
-                              "the variants that read it")
+            raise ConfigError(f"{section}.{key} = {value!r}: read only with {rule.only_with(key)}, and no run of "
+                              f"the config has one (theirs: {', '.join(rule.named(t) for t in theirs)}): "
+                              "expected it unset, or set in the variants that read it")
     return out

@@ -451,13 +451,13 @@ def apply_best(cfg: RunConfig, study: str | Path) -> RunConfig:
         for key, value in row["params"].items():
             set_dotted(target, key, value)
     if cfg.variants:  # a template value that every variant reading it now sets itself is read by no run (refused)
-        from fedsl.experiments.config import OWN_KEYS, lookup
+        from fedsl.experiments.config import OWN_KEYS
         from fedsl.experiments.loading import deep_merge, has_dotted
 
         def reads(over: dict, key: str) -> bool:
             section, _, name = key.partition(".")
             merged = deep_merge(data, over)
-            return all(lookup(merged, r.selector) in r.readers[name] for r in OWN_KEYS
+            return all(r.reads(name, r.choice_in(merged)) for r in OWN_KEYS
                        if r.section == section and name in r.readers)
 
         for key in {k for r in chosen.values() for k in r.get("params", {})}:
