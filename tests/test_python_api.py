@@ -98,11 +98,11 @@ def test_one_toml_is_one_experiment_from_the_command_line_and_from_python(tmp_pa
     """The README's config, variants FSL (the top level as it is) and FedAvg: `loading.load` + `run_group` runs the
     runs `fedsl run` runs; `runner.run` runs one run and refuses the group in one line; a top level whose algorithm
     no variant runs (variants FedAvg alone under an FSL top level: `fedsl run` ran FedAvg only, Python FSL only) is
-    refused by `load` in one line, naming the fix."""
+    refused in one line as the runs are made, naming the fix; `--variants` may still pick variants that do not run it."""
     from fedsl.experiments import loading, runner
     from fedsl.experiments.compare import run_group
     from fedsl.experiments.config import ConfigError
-    from fedsl.experiments.sweep import expand_variants
+    from fedsl.experiments.sweep import expand_variants, only_variants
 
     path = tmp_path / "my.toml"
     path.write_text(README_TOML + '[variants.FSL]\n[variants.FedAvg.algorithm]\nname = "fedavg"\n')
@@ -124,9 +124,13 @@ def test_one_toml_is_one_experiment_from_the_command_line_and_from_python(tmp_pa
 
     path.write_text(README_TOML + '[variants.FedAvg.algorithm]\nname = "fedavg"\n')
     with pytest.raises(ConfigError) as info:
-        loading.load(path)
+        run_group(loading.load(path), tmp_path / "h")
     assert str(info.value) == (
         "algorithm.name = 'fsl' at the top level is run by no variant: the variant FedAvg sets its own algorithm.name "
         "(the top level is the variants' template, not a run): expected a variant that runs it, e.g. an empty "
         "[variants.fsl] table (the top level as it is), or the top level's algorithm.name set to one of theirs "
         "('fedavg')")
+    assert not (tmp_path / "h").exists()
+    path.write_text(README_TOML + '[variants.FSL]\n[variants.FedAvg.algorithm]\nname = "fedavg"\n')
+    some = only_variants(loading.load(path), ["FedAvg"])
+    assert list(expand_variants(some)) == ["FedAvg"] and some.algorithm.name == "fedavg"

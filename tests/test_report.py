@@ -150,6 +150,32 @@ def test_bars_say_not_reached_and_draw_no_error_bars_for_one_seed():
     plt.close(fig)
 
 
+def test_a_time_some_seeds_never_reached_says_k_of_n_in_tables_and_bars():
+    """Seed 0 reached 0.5 at round 15, seed 1 never: the variant's T_0.5 is '15 (1 of 2 seeds)' in the tables, its
+    bar hatched with '1 of 2' above it and no error bar; one no seed reached is 'not reached (0 of 2 seeds)' and
+    no bar; one all seeds reached is its mean ± std as before."""
+    from matplotlib.container import BarContainer, ErrorbarContainer
+
+    from fedsl.report.plots import plt
+    from fedsl.report.report import bars_figure
+    from fedsl.report.tables import Reached, fmt
+
+    some, none, all_ = Reached([15, None]), Reached([None, ""]), Reached([10, 20])
+    assert (tuple(some), some.k, some.n) == ((15.0, 0.0), 1, 2)
+    assert [fmt(x, "T_0.5") for x in (some, none, all_)] == ["15 (1 of 2 seeds)", "not reached (0 of 2 seeds)",
+                                                             "15.0 ± 7.1"]
+    rows = [{"variant": v, "seeds": 2, "final_accuracy": (0.5, 0.01), "rise_time": all_, "T_0.5": t}
+            for v, t in (("A", some), ("B", none), ("C", all_))]
+    fig = bars_figure(rows)
+    t05 = fig.axes[2]
+    (bars,) = [c for c in t05.containers if isinstance(c, BarContainer)]
+    assert [(round(b.get_x() + b.get_width() / 2), b.get_hatch()) for b in bars] == [(0, "//"), (2, None)]
+    assert sorted(t.get_text() for t in t05.texts) == ["1 of 2", "not reached (0 of 2)"]
+    errs = [c for c in t05.containers if isinstance(c, ErrorbarContainer)]
+    assert [round(seg[0][0]) for seg in errs[0].lines[2][0].get_segments()] == [2]  # C only: A's mean is partial
+    plt.close(fig)
+
+
 def test_curves_have_whole_round_ticks_and_a_legend_clear_of_the_line_ends():
     from fedsl.report.plots import curves_figure, plt
 

@@ -121,6 +121,25 @@ def test_a_time_never_reached_by_a_run_that_diverged_early_is_its_planned_rounds
     assert V.run_value({"status": "completed", "rounds_done": 100}, "T_0.5") == 100  # nothing else known
 
 
+def test_a_time_some_seeds_never_reached_is_given_as_a_bound_and_one_no_seed_reached_is_not_shown(tmp_path):
+    """T_0.5 never reached is censored at T: the evidence gives that side's mean as a bound with its count of seeds
+    that reached ('≥ 100 (0 of 3 reached)'), and where no seed of either side reached it (a quick form's 2 rounds)
+    the claim is not shown, with the reason, not '2.0 vs 2.0 ... +0' judged as a tie."""
+    rows = [{"run": f"{b}-s{s}", "base": b, "seed": s, "final_accuracy": 0.5, "T_0.5": t(s)}
+            for b, t in (("A", lambda s: 30 + s), ("B", lambda s: 80 if s == 0 else "")) for s in range(3)]
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    v = V.judge(claim(better="A", worse="B", metric="T_0.5"), V.group_values(_group(tmp_path / "a", rows)))[0]
+    assert v.reached == (3, 1) and v.means == pytest.approx((31, 280 / 3)) and v.verdict == "holds"
+    assert v.line().startswith("A 31.0 vs B ≥ 93.3 (1 of 3 reached) (3; 3 seeds): +62.33 ± ")
+    none = [{**r, "T_0.5": ""} for r in rows]
+    v = V.judge(claim(better="A", worse="B", metric="T_0.5"), V.group_values(_group(tmp_path / "b", none)))[0]
+    assert (v.verdict, v.reached) == ("not shown", (0, 0))
+    assert v.line() == ("A ≥ 100.0 (0 of 3 reached) vs B ≥ 100.0 (0 of 3 reached) (3; 3 seeds): +0, no seed of "
+                        "either side reached it (both censored at T)")
+    acc = V.judge(claim(better="A", worse="B"), V.group_values(_group(tmp_path / "b", none)))[0]
+    assert acc.reached == () and " reached" not in acc.line()  # accuracy has no bound
+
+
 def test_a_run_that_diverged_before_any_score_is_left_out_not_a_nan(tmp_path):
     """robustness-emnist's Krum: one seed diverged at round 10, before its first evaluation, so its final
     accuracy is NaN; it used to make the mean and the verdict NaN ('+nan, not shown'). It is left out, and the

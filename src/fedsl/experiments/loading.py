@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, lookup, switched, validate, without_unread
+from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, switched, validate, without_unread
 
 
 def read_file(path: str | Path) -> dict:
@@ -156,24 +156,4 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, bas
         data["paper_rounds"] = rounds
     if quick:
         data = apply_quick(data)
-    cfg = validate(apply_overrides(data, overrides or [], variants))
-    check_top_level_runs(cfg)
-    return cfg
-
-
-def check_top_level_runs(cfg: RunConfig) -> None:
-    """One config, one experiment: with variants, the top level is their template, and its ``algorithm.name`` must be
-    one a variant runs. Otherwise `fedsl run` would compare the variants without it while the top level reads as a
-    run of its own (as the Python API, given the config, would run it): refused in one line. (A group run of some
-    variants alone, ``--variants``, is checked before they are chosen.)"""
-    if not cfg.variants:
-        return
-    top = cfg.algorithm.name
-    theirs = {lookup(over, "algorithm.name") or top for over in cfg.variants.values() if isinstance(over, dict)}
-    if top not in theirs:
-        raise ConfigError(
-            f"algorithm.name = {top!r} at the top level is run by no variant: "
-            f"{'the variant ' if len(cfg.variants) == 1 else 'each of the variants '}{', '.join(cfg.variants)} "
-            f"sets its own algorithm.name (the top level is the variants' template, not a run): expected a variant "
-            f"that runs it, e.g. an empty [variants.{top}] table (the top level as it is), or the "
-            f"top level's algorithm.name set to one of theirs ({', '.join(repr(t) for t in sorted(theirs))})")
+    return validate(apply_overrides(data, overrides or [], variants))

@@ -64,6 +64,9 @@ def only_variants(cfg: RunConfig, names: list[str]) -> RunConfig:
     unread = [(section, key) for section, key in _template_keys(cfg)
               if not any(_reads(cfg, over, f"{section}.{key}") for over in kept.values() if isinstance(over, dict))]
     update: dict[str, Any] = {"variants": kept}
+    theirs = [lookup(over, "algorithm.name") or cfg.algorithm.name for over in kept.values() if isinstance(over, dict)]
+    if theirs and cfg.algorithm.name not in theirs:  # the kept runs all set their own: the template takes one of theirs
+        update["algorithm"] = cfg.algorithm.model_copy(update={"name": theirs[0]})
     for section in dict.fromkeys(s for s, _ in unread):
         table = getattr(cfg, section)
         update[section] = table.model_copy(update={k: type(table).model_fields[k].default for s, k in unread
@@ -191,11 +194,28 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
     for key in cfg.sweep:
         if not any(_reads(cfg, over, key) for over in variants.values() if isinstance(over, dict)):
             raise ConfigError(f"sweep over {key}: read by no variant of the config (a key of other algorithms, "
-                              "datasets, attacks or robust rules than theirs, or of server learning): expected a variant that reads it")
+                              "datasets, attacks or robust rules than theirs, or of server learning): expected a "
+                              "variant that reads it")
     for (section, key), (rule, value) in template.items():
         if (section, key) not in read:  # set for all runs, read by none: it would change nothing
             theirs = sorted({rule.choice(c) for _, c in out.values()})
             raise ConfigError(f"{section}.{key} = {value!r}: read only with {rule.only_with(key)}, and no run of "
                               f"the config has one (theirs: {', '.join(rule.named(t) for t in theirs)}): "
                               "expected it unset, or set in the variants that read it")
+    _check_top_level_runs(cfg, {c.algorithm.name for _, c in out.values()})
     return out
+
+
+def _check_top_level_runs(cfg: RunConfig, theirs: set[str]) -> None:
+    """One config, one experiment: with variants, the top level is their template, and its ``algorithm.name`` must be
+    one a run has (``theirs``). Otherwise `fedsl run` would compare the variants without it while the top level reads
+    as a run of its own (as ``runner.run``, given the config, ran it before it refused groups): refused in one line.
+    (``only_variants`` keeps a subset of variants that does not run it valid.)"""
+    top = cfg.algorithm.name
+    if cfg.variants and top not in theirs:
+        raise ConfigError(
+            f"algorithm.name = {top!r} at the top level is run by no variant: "
+            f"{'the variant ' if len(cfg.variants) == 1 else 'each of the variants '}{', '.join(cfg.variants)} "
+            f"sets its own algorithm.name (the top level is the variants' template, not a run): expected a variant "
+            f"that runs it, e.g. an empty [variants.{top}] table (the top level as it is), or the top level's "
+            f"algorithm.name set to one of theirs ({', '.join(repr(t) for t in sorted(theirs))})")

@@ -36,7 +36,8 @@ NOT_REACHED = "not reached"
 def bars_figure(rows: list[dict]) -> Figure:
     """Final accuracy, rise time and T_0.5 per variant (``variant_rows``). A variant whose runs never
     reached the level has no bar but the words "not reached" (a zero-height bar would read as
-    round 0); error bars only for variants with several seeds (one seed has no spread)."""
+    round 0); one whose seeds reached it only in part has a hatched bar (the mean of those that did, no error
+    bar) marked "k of n" above it; error bars only for variants with several seeds (one seed has no spread)."""
     from matplotlib.transforms import blended_transform_factory
 
     names = [r["variant"] for r in rows]
@@ -45,10 +46,18 @@ def bars_figure(rows: list[dict]) -> Figure:
     for ax, col, label in zip(axes, ("final_accuracy", "rise_time", "T_0.5"),
                               ("final accuracy", "rise time (rounds)", "T_0.5 (rounds)")):
         means = np.array([r[col][0] for r in rows], dtype=float)
-        stds = np.array([r[col][1] if r.get("seeds", 1) > 1 else np.nan for r in rows], dtype=float)
+        partial = np.array([bool(getattr(r[col], "partial", False)) for r in rows])
+        stds = np.array([r[col][1] if r.get("seeds", 1) > 1 and not p else np.nan for r, p in zip(rows, partial)],
+                        dtype=float)
         shown = np.isfinite(means)
         xs = np.flatnonzero(shown)
-        ax.bar(xs, means[shown], color=[palette[names[i]] for i in xs])
+        ax.bar(xs, means[shown], color=[palette[names[i]] for i in xs],
+               hatch=["//" if partial[i] else None for i in xs], edgecolor="white", linewidth=0)
+        for i in np.flatnonzero(shown & partial):  # a mean over the seeds that got there: not the variant's
+            ax.annotate(f"{rows[i][col].k} of {rows[i][col].n}", (i, means[i]), xytext=(0, 2),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=7, color="0.25")
+        if (shown & partial).any():
+            ax.set_ylim(top=means[shown].max() * 1.12)  # room for the marks
         spread = shown & np.isfinite(stds)
         if spread.any():
             ax.errorbar(np.flatnonzero(spread), means[spread], yerr=stds[spread], fmt="none", ecolor="black",
@@ -56,7 +65,9 @@ def bars_figure(rows: list[dict]) -> Figure:
         # x in data units, y in axes units: the words stand at the bar's place whatever the scale
         at = blended_transform_factory(ax.transData, ax.transAxes)
         for i in np.flatnonzero(~shown):
-            ax.text(i, 0.03, NOT_REACHED if col != "final_accuracy" else "no data", transform=at, rotation=90,
+            seeds = getattr(rows[i][col], "n", 1)
+            words = NOT_REACHED + (f" (0 of {seeds})" if seeds > 1 else "")
+            ax.text(i, 0.03, words if col != "final_accuracy" else "no data", transform=at, rotation=90,
                     ha="center", va="bottom", fontsize=8, color="0.35")
         ax.set_xlim(-0.6, len(names) - 0.4)
         if col != "final_accuracy":

@@ -7,6 +7,7 @@ one run folder per run); writes nothing into the runs themselves.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,26 @@ from fedsl.report.plots import accuracy_curves
 
 RUN_COLUMNS = ("run", "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done", "wall_time")
 VARIANT_COLUMNS = ("variant", "seeds", "final_accuracy", "rise_time", "T_0.5")
+ROUND_COUNTS = ("rise_time", "T_0.5")  # a round at which a run reached a level: it may never have
+
+
+class Reached(tuple):
+    """A round count over a variant's seeds: (mean, sample std) over the seeds that reached its level, with ``k``
+    of the ``n`` seeds that did. A mean over some seeds is never a variant's mean: ``fmt`` says "k of n seeds",
+    bars.png marks the bar, and one that no seed reached is "not reached"."""
+
+    k: int
+    n: int
+
+    def __new__(cls, values: list) -> "Reached":
+        got = [float(v) for v in values if v not in (None, "") and math.isfinite(float(v))]
+        self = super().__new__(cls, metrics.mean_std(got))
+        self.k, self.n = len(got), len(values)
+        return self
+
+    @property
+    def partial(self) -> bool:
+        return self.k < self.n
 
 
 def _variant_of(path: Path) -> dict[str, str]:
@@ -42,7 +63,8 @@ def variant_rows(path: str | Path) -> list[dict]:
     for v, sums in by_variant.items():
         row: dict = {"variant": v, "seeds": len(sums)}
         for c in VARIANT_COLUMNS[2:]:
-            row[c] = metrics.mean_std([s.get(c) for s in sums])
+            values = [s.get(c) for s in sums]
+            row[c] = Reached(values) if c in ROUND_COUNTS else metrics.mean_std(values)
         rows.append(row)
     return rows
 
@@ -50,6 +72,11 @@ def variant_rows(path: str | Path) -> list[dict]:
 def fmt(v, column: str = "") -> str:
     if column == "wall_time" and isinstance(v, (int, float)):
         return f"{v:.1f}"
+    if isinstance(v, Reached) and v.partial:  # some seeds never reached the level: say how many did
+        seeds = f"{v.k} of {v.n} seeds"
+        if v.k == 0:
+            return "not reached" + (f" ({seeds})" if v.n > 1 else "")
+        return f"{fmt(tuple(v), column)} ({seeds})"
     if (column in ("rise_time", "rounds_done") or column.startswith("T_")) and v is not None:
         if isinstance(v, tuple):  # mean ± std of round numbers
             m, s = v

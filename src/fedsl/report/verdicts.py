@@ -30,8 +30,10 @@ level, one-sided in the claimed direction:
 Verdict: **holds** when the one-sided p-value in the claimed direction is below 0.05,
 **contradicted** when the one in the opposite direction is, **not shown** otherwise (inside
 the noise), **no runs** when a side has none. The verdict's words are this per-claim rule and
-nothing else. A T_a that was never reached counts as the run's planned rounds T (a lower bound: it
-understates the gap when the slower side never got there), also for a run that diverged before T.
+nothing else. A T_a that was never reached is censored: it counts as the run's planned rounds T (a lower bound: it
+understates the gap when the slower side never got there), also for a run that diverged before T; the evidence
+gives such a side's mean as a bound ("≥ 100 (0 of 3 reached)"), and when no seed of either side reached it the
+claim is *not shown* (both sides sit at the bound: nothing was measured).
 A diverged run counts with its last measured accuracy; one that diverged before any was measured has
 no final accuracy and is left out (the verdict's seed counts show it).
 
@@ -91,6 +93,7 @@ class Verdict:
     p_against: float = math.nan  # one-sided, against the claimed direction (what 'contradicted' reads)
     p_holm: float = math.nan     # Holm's adjusted p of the verdict's own p over its group's tests (``with_holm``)
     seeds_paired: tuple = ()     # the seeds a paired test paired on (empty: not paired)
+    reached: tuple = ()          # T_a / rise time: (A's, B's) seeds that reached the level (empty: all did)
 
     @property
     def p_own(self) -> float:
@@ -121,7 +124,8 @@ class Verdict:
         if self.kind == "trend":
             return (f"{self.names[0]}: slope {self.means[0]:+.4g} per unit of {self.names[1]} ± {self.se:.2g} (SE) "
                     f"({self.n[0]} runs, {self.n[1]} values), {self.test}, {self.p_text()}{where}")
-        fa, fb = (_num(m, self.metric) for m in self.means)
+        fa, fb = (_num(m, self.metric) if not self.reached or k == n else f"≥ {_num(m, self.metric)} ({k} of {n} "
+                  "reached)" for m, k, n in zip(self.means, self.reached or self.n, self.n))
         head = f"{self.names[0]} {fa} vs {self.names[1]} {fb} ({self.n[0]}; {self.n[1]} seeds): {self.diff:+.4g}"
         if math.isnan(self.se):
             return f"{head}, {self.test}{where}"
@@ -134,6 +138,7 @@ class RunValue:
     seed: int | None
     params: dict[str, Any]
     values: dict[str, float] = field(default_factory=dict)
+    censored: frozenset = frozenset()  # the metrics whose value is the bound T: a level never reached
 
 
 def _p(p: float) -> str:
@@ -198,7 +203,8 @@ def group_values(path: str | Path) -> list[RunValue]:
         if summary.get("status") not in ("completed", "diverged"):
             continue
         vals = {m: v for m in HIGHER_IS_BETTER if (v := run_value(summary, m, planned)) is not None}
-        out.append(RunValue(base_of(rs, run), rs.get("seed"), dict(rs.get("params", {})), vals))
+        censored = frozenset(m for m in vals if m != "final_accuracy" and summary.get(m) in (None, ""))
+        out.append(RunValue(base_of(rs, run), rs.get("seed"), dict(rs.get("params", {})), vals, censored))
         if summary.get("final_accuracy_finetuned") not in (None, ""):  # server.finetune_epochs: its own variant
             out.append(RunValue(base_of(rs, run) + FINETUNED, rs.get("seed"), dict(rs.get("params", {})),
                                 {"final_accuracy": float(summary["final_accuracy_finetuned"])}))
@@ -269,9 +275,10 @@ def t_test(v: Verdict) -> None:
 
 
 def ordering(claim: Any, a: list[float], b: list[float], cell: dict[str, Any],
-             seeds: tuple[list[Any], list[Any]] | None = None) -> Verdict:
+             seeds: tuple[list[Any], list[Any]] | None = None, reached: tuple[int, int] | None = None) -> Verdict:
     """Judge 'A beats B' on per-seed values ``a`` and ``b`` (see the module docstring for the rule); ``seeds``, the
-    seed of each value of ``a`` and of ``b``, lets the test pair them (``paired_seeds``)."""
+    seed of each value of ``a`` and of ``b``, lets the test pair them (``paired_seeds``); ``reached``, for a round
+    count, how many of each side's values are measured rather than the bound T of a level never reached."""
     metric = claim.metric
     v = Verdict(claim.text, "ordering", metric, cell, "no runs", (len(a), len(b)), names=(claim.better, claim.worse))
     if not a or not b:
@@ -281,6 +288,11 @@ def ordering(claim: Any, a: list[float], b: list[float], cell: dict[str, Any],
     v.means = (float(xa.mean()), float(xb.mean()))
     v.stds = tuple(float(x.std(ddof=1)) if len(x) > 1 else math.nan for x in (xa, xb))
     v.diff = sign * (v.means[0] - v.means[1]) + 0.0  # + 0.0: no '-0' for a tie
+    if reached is not None and tuple(reached) != v.n:
+        v.reached = tuple(reached)
+        if not any(reached):  # both sides at the bound T: nothing measured to compare
+            v.verdict, v.test = "not shown", "no seed of either side reached it (both censored at T)"
+            return v
     pair = paired_seeds(*seeds) if seeds is not None else None
     d = None
     if pair is not None:
@@ -343,7 +355,8 @@ def judge(claim: Any, runs: list[RunValue]) -> list[Verdict]:
         ra = [rv for rv in mine if tuple(sorted(rv.params.items())) == key]
         rb = [rv for rv in theirs if tuple(sorted(rv.params.items())) == key]
         out.append(ordering(claim, [rv.values[claim.metric] for rv in ra], [rv.values[claim.metric] for rv in rb],
-                            cell, seeds=([rv.seed for rv in ra], [rv.seed for rv in rb])))
+                            cell, seeds=([rv.seed for rv in ra], [rv.seed for rv in rb]),
+                            reached=tuple(sum(claim.metric not in rv.censored for rv in r) for r in (ra, rb))))
     return out or [ordering(claim, [], [], {})]
 
 
