@@ -1,8 +1,8 @@
 """The example Flower App in Flower's simulation, run as a first-time user runs it: HOME an empty folder (a new
 ``~/.flwr``, Flower's isolated runtime environment, an empty fedsl data cache), through the documented command
 ``python -m fedsl.flower.simulate examples/flower-app``. A completed run exits 0; a run whose ServerApp fails exits
-1 with one line naming its status; one stopped by SIGTERM exits 130; each way the local SuperLink the command started is stopped (free ports here,
-through Flower's own port variables)."""
+1 with one line naming its status; one stopped by SIGTERM exits 130; each way the local SuperLink the command
+started is stopped with everything under it (free ports here, through Flower's own port variables)."""
 
 from __future__ import annotations
 

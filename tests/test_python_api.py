@@ -98,7 +98,8 @@ def test_one_toml_is_one_experiment_from_the_command_line_and_from_python(tmp_pa
     """The README's config, variants FSL (the top level as it is) and FedAvg: `loading.load` + `run_group` runs the
     runs `fedsl run` runs; `runner.run` runs one run and refuses the group in one line; a top level whose algorithm
     no variant runs (variants FedAvg alone under an FSL top level: `fedsl run` ran FedAvg only, Python FSL only) is
-    refused in one line as the runs are made, naming the fix; `--variants` may still pick variants that do not run it."""
+    refused in one line as the runs are made, naming the fix; `--variants` may still pick variants that do not run
+    it."""
     from fedsl.experiments import loading, runner
     from fedsl.experiments.compare import run_group
     from fedsl.experiments.config import ConfigError
