@@ -173,7 +173,8 @@ def private_update(x: Params, results: ClientResults, dp: DifferentialPrivacy, s
         x: x_t, the model the clients started from.
         results: the round's replies (their final models x_i); those that arrived.
         dp: C, z and S (and adaptive clipping's settings).
-        seed, t: the run's seed and the round: the noise's stream.
+        seed: the run's seed, and
+        t: the round: together the noise's stream.
         clip: C_t, the round's clip norm under adaptive clipping (None: ``dp.clip``).
     """
     c = dp.clip if clip is None else clip

@@ -312,8 +312,11 @@ def server_updates(algs: Sequence[Algorithm], states: Sequence[RunState], result
     learning on D0 from x̄ (line 10: K0 steps of γ_t·η0; FedDF distils x̄ first), then γ's adaptation.
 
     Args:
-        algs, states, results, servers: each run's algorithm, state x_t, clients' replies (None: none
-            reached the server) and engine side (N, n0, LocalSGD on D0, ∇f0).
+        algs: each run's algorithm.
+        states: each run's state x_t.
+        results: each run's clients' replies (None: none reached the server).
+        t: the round.
+        servers: each run's engine side (N, n0, LocalSGD on D0, ∇f0).
         rule_updates: the engine's rule update of all runs in one call, used when every run replied and
             every run's lines 8-9 are the rule's update alone (default: run by run).
         line10: the engine's line 10 of several runs in one call (default: run by run, ``server.train``).

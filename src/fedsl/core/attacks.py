@@ -101,9 +101,11 @@ def attacked_update(attack: Attack, delta: Params, seed: int, t: int, client: in
     Args:
         attack: the attack (one of ``UPDATE_KINDS``).
         delta: Δ_i = x_i − x_t, the update the client computed honestly.
-        seed, t, client: the run's seed, the round t and the client's id i: gaussian's ξ is drawn from
-            ``rng(seed, t, ATTACK_NOISE, i)`` (float64 on the host, the parameters in sorted name order),
-            so it does not depend on the device, the other clients or the engine.
+        seed: the run's seed; gaussian's ξ is drawn from ``rng(seed, t, ATTACK_NOISE, i)`` (float64 on the
+            host, the parameters in sorted name order), so it does not depend on the device, the other clients or
+            the engine.
+        t: the round t.
+        client: the client's id i.
     """
     if attack.kind == "sign_flip":
         return {n: -attack.lam * d for n, d in delta.items()}
@@ -133,7 +135,8 @@ def attack_finals(attack: Attack, x: Params, finals: Params, ids: Sequence[int],
         finals: the clients' final models x_i, stacked [S, ...].
         ids: the clients' ids, in the order of ``finals``' rows.
         malicious: M, the run's malicious ids (``malicious_clients``).
-        seed, t: the run's seed and the round.
+        seed: the run's seed.
+        t: the round.
     """
     bad = set(malicious.tolist())
     rows = [j for j, i in enumerate(ids) if int(i) in bad]
