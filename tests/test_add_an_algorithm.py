@@ -20,15 +20,25 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "add-an-algorit
 NAME = "fednesterov"  # the page's rule
 
 
+def _page_module() -> str:
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S) if "\nSPEC = " in b]
+    assert len(blocks) == 1, "the page shows one complete rule module"
+    return blocks[0]
+
+
 @pytest.fixture
 def rule(monkeypatch):
     """The page's module block as the module it says it is (``fedsl.algorithms.fednesterov``), its SPEC checked by
-    ``registry`` with every built-in spec and added to ``SPECS`` for the test."""
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S) if "\nSPEC = " in b]
-    assert len(blocks) == 1, "the page shows one complete rule module"
+    ``registry`` with every built-in spec and added to ``SPECS`` for the test; or, where a reader has followed the
+    page (the module in the tree and registered), that module."""
+    if NAME in SPECS:
+        import importlib
+        module = importlib.import_module(f"fedsl.algorithms.{NAME}")
+        assert SPECS[NAME] is module.SPEC
+        return module
     module = types.ModuleType(f"fedsl.algorithms.{NAME}")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(blocks[0], str(PAGE), "exec"), module.__dict__)  # noqa: S102 - the repository's own documentation
+    exec(compile(_page_module(), str(PAGE), "exec"), module.__dict__)  # noqa: S102 - the repository's own documentation
     spec = module.SPEC
     assert spec.name == NAME and NAME not in SPECS
     assert registry((*SPECS.values(), spec))[NAME] is spec  # its key collides with no built-in rule's
@@ -134,3 +144,43 @@ def test_a_rule_that_redeclares_a_built_in_key_is_refused_in_one_line():
     same = Spec("mine", FedAvgM, (beta,), global_lr=1.0)
     assert registry((*SPECS.values(), same))["mine"] is same
     assert AlgorithmConfig.model_fields["momentum"].default == 0.9
+
+
+@pytest.mark.slow
+def test_the_pages_steps_applied_to_a_copy_of_the_tree_pass_the_tests_it_names(tmp_path):
+    """A reader's path through the page: the module written to ``src/fedsl/algorithms/fednesterov.py``, the page's
+    diffs applied to ``__init__.py`` as they read (each one's '-' and context lines found exactly once in today's
+    file), then the tests the page names run on that tree and pass, the new rule among the built-in ones."""
+    import shutil
+    import subprocess
+
+    if NAME in SPECS:
+        pytest.skip("this tree holds the page's rule already (this test, run inside the copy it makes)")
+    root = PAGE.parents[2]
+    for part in ("src", "tests"):
+        shutil.copytree(root / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "docs" / "how-to").mkdir(parents=True)
+    shutil.copy(PAGE, tmp_path / "docs" / "how-to" / PAGE.name)
+    shutil.copy(root / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "src" / "fedsl" / "algorithms" / f"{NAME}.py").write_text(_page_module())
+    init = tmp_path / "src" / "fedsl" / "algorithms" / "__init__.py"
+    text = init.read_text()
+    diffs = re.findall(r"```diff\n(.*?)```", PAGE.read_text(), re.S)
+    assert len(diffs) == 2, "the page's steps: two places in __init__.py"
+    for diff in diffs:
+        lines = diff.splitlines()
+        old = "".join(line[1:] + "\n" for line in lines if line[:1] in (" ", "-"))
+        new = "".join(line[1:] + "\n" for line in lines if line[:1] in (" ", "+"))
+        assert text.count(old) == 1, f"the page's diff does not apply to today's __init__.py:\n{diff}"
+        text = text.replace(old, new)
+    init.write_text(text)
+    named = re.search(r"\.venv/bin/python -m pytest -n0 (tests/\S+(?: tests/\S+)*)", PAGE.read_text())
+    assert named, "the page names the tests to run"
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path / "src"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider",
+                           *named.group(1).split()], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    check = subprocess.run([sys.executable, "-c", "from fedsl.algorithms import SPECS; import fedsl; "
+                            f"print(fedsl.__file__, '{NAME}' in SPECS)"], env=env, capture_output=True, text=True)
+    assert check.stdout.split() == [str(tmp_path / "src" / "fedsl" / "__init__.py"), "True"], check
