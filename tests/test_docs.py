@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import shared_data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -265,7 +266,8 @@ def test_a_documented_config_runs(block, tmp_path, one_thread):
     the quickstart preset, through `fedsl run`'s own steps (validation, every run's build and data checks, the
     group's runs) at a tiny size (``_tiny``), each run completed. A Flower App's run config (Flower's keys, e.g.
     ``federation``) goes through ``parse_run_config`` over the example app's; the flwr CLI's [superlink.*] is
-    Flower's own. A block that names a placeholder folder (``/path/to/...``) stops at its data, and only there."""
+    Flower's own. A block that names a placeholder folder (``/path/to/...``) stops at its data, and only there; one
+    whose placeholder is the data root (``/path/to/data``) runs on the offline data where it holds the dataset."""
     import tomllib
 
     from fedsl.data import hf_files
@@ -289,6 +291,11 @@ def test_a_documented_config_runs(block, tmp_path, one_thread):
         return
     data = _tiny(loading.deep_merge(presets.load("quickstart"), part), part)
     folder = str(part.get("data", {}).get("data_dir", ""))
+    shipped = shared_data_dir()
+    if folder == "/path/to/data" and (shipped / part["data"]["dataset"]).is_dir():
+        # the offline data root stands for the reader's: the block runs at its written sizes on the shipped data
+        data["data"] = {**data["data"], "data_dir": str(shipped)}
+        folder = str(shipped)
     if folder.startswith("/path/to/"):  # the reader's files: absent here, and the one thing missing
         from fedsl.data.errors import DataError
         with pytest.raises((ConfigError, DataError)) as e:
