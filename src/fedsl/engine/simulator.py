@@ -173,6 +173,7 @@ class Simulator:
         self._label_counts: LabelCounts | None = None
         self._unlabelled_parts: tuple[np.ndarray, torch.Tensor] | None = None
         self._validation: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._label_mix: np.ndarray | None = None  # p_i(c), for the clients' accuracies (made on first use)
 
     def initial_params(self, pretrain: Pretraining | None = None) -> Params:
         """x_0: the model's initialisation, optionally pretrained on D0 (before round 1)."""
@@ -544,6 +545,16 @@ class Simulator:
         """(accuracy, loss) of the global model on the test set."""
         return evaluate(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test, self.eval_batch_size,
                         self.eval_precision)
+
+    def evaluate_clients(self, params: Params) -> dict[str, float]:
+        """The global model's accuracy on each client's label mix, summarised over the N clients (mean, std, worst
+        10%: ``fedsl.engine.per_client``); one more pass over the test set, per class. Reads the model only."""
+        from fedsl.engine import per_client
+        if self._label_mix is None:
+            self._label_mix = per_client.label_mix(self.fed)
+        acc_c = per_client.class_accuracy(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test,
+                                          self.fed.num_classes, self.eval_batch_size, self.eval_precision)
+        return per_client.summarise(per_client.client_accuracies(self._label_mix, acc_c))
 
     def evaluate_validation(self, params: Params) -> tuple[float, float] | None:
         """(accuracy, loss) of the global model on the validation set (``Federation.validation``: samples of the

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from fedsl.algorithms import SPECS, check_server_learning
+from fedsl.algorithms import SPECS, check_client_optimizer, check_server_learning
 from fedsl.algorithms.robust import BUCKETED, bucket_count, default_bulyan_f, default_krum_f
 from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.core.attacks import Attack
@@ -116,6 +116,11 @@ class RunConfig(_Strict):
                           "1/eval_every of the evaluation cost elsewhere; false = the final accuracy is the mean of "
                           "the evaluations that fall in the window (parity-cifar10: the last 3 of every 10)")
     eval_batch_size: int = Field(100, ge=1, le=BATCH_MAX, description="evaluation batch size (at most 10^6)")
+    eval_per_client: bool = Field(
+        False, description="also measure each client's accuracy at every evaluation: the global model's test "
+                           "accuracy on the client's label mix (fedsl.engine.per_client); metrics.csv gets "
+                           "client_acc_mean, client_acc_std (over the N clients) and client_acc_worst10 (the mean of "
+                           "the worst 10%), summary.json their final values")
     eval_precision: Literal[EVAL_PRECISIONS] = Field(
         "float32", description="evaluation's forward passes: 'float32' (as trained), or 'bfloat16' autocast "
                                "(opt-in; what it changes in accuracy and time for the paper's CNN: "
@@ -258,6 +263,7 @@ class RunConfig(_Strict):
                 f"algorithm.clients_per_round = {a.clients_per_round}: expected at most "
                 f"data.num_clients = {d.num_clients}")
         check_server_learning(a.name, self.server.learning, d.has_server_data)  # needs D0, composes with FSL-p
+        check_client_optimizer(a.name, a.client_momentum)  # the rules that read a client's update as plain SGD's
         sp = SPECS[a.name]
         if sp.sets_gamma and self.server.gamma_schedule == "adaptive":
             raise ValueError(f"server.gamma_schedule = 'adaptive' adapts γ from cos θ_t, and {sp.display} sets γ_t "
@@ -284,6 +290,9 @@ class RunConfig(_Strict):
         if self.diag_every:
             raise ValueError(f"diag_every = {self.diag_every} takes every client's full-batch gradient, and {where}: "
                              "expected diag_every = 0")
+        if self.eval_per_client:
+            raise ValueError(f"eval_per_client = true reads every client's labels, and {where}: expected "
+                             "eval_per_client = false")
         if self.attack.kind == "label_flip":
             raise ValueError(f"attack.kind = 'label_flip' copies the malicious clients' samples into the pool, and "
                              f"{where}: expected an attack on the updates")

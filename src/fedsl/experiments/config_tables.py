@@ -316,7 +316,9 @@ class PrivacyConfig(_Strict):
         return self.clip is not None
 
 
-CLAIM_METRICS = ("final_accuracy", "T_0.5", "rise_time")
+CLAIM_METRICS = ("final_accuracy", "T_0.5", "rise_time",
+                 # eval_per_client's, at the last evaluation: the clients' mean, spread and worst 10%
+                 "final_client_acc_mean", "final_client_acc_std", "final_client_acc_worst10")
 
 
 class Claim(_Strict):

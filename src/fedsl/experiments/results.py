@@ -31,6 +31,8 @@ METRIC_COLUMNS = ["round", "accuracy", "loss", "rolling_accuracy", "wall_time", 
 # a run with a validation set (data.validation > 0) has these columns too, after the others: the accuracy and loss
 # on the validation set and its rolling accuracy; a run without one has METRIC_COLUMNS only, as before they existed
 VALIDATION_COLUMNS = ["val_accuracy", "val_loss", "rolling_val_accuracy"]
+# a run with eval_per_client has these too, last: the clients' accuracies (fedsl.engine.per_client)
+CLIENT_COLUMNS = ["client_acc_mean", "client_acc_std", "client_acc_worst10"]
 
 
 class FolderInUse(RuntimeError):
@@ -90,12 +92,13 @@ class RunDir:
             p.unlink(missing_ok=True)
         return stale
 
-    def create(self, config: dict, validation: bool = False) -> None:
+    def create(self, config: dict, validation: bool = False, per_client: bool = False) -> None:
         """A new run's folder: config.json and metrics.csv's header (with ``validation``: ``VALIDATION_COLUMNS``
-        too)."""
+        too; with ``per_client``: ``CLIENT_COLUMNS``)."""
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.config_file, lambda p: p.write_text(json.dumps(config, indent=2, ensure_ascii=False)))
-        self._columns = METRIC_COLUMNS + (VALIDATION_COLUMNS if validation else [])
+        self._columns = (METRIC_COLUMNS + (VALIDATION_COLUMNS if validation else [])
+                         + (CLIENT_COLUMNS if per_client else []))
         with open(self.metrics_file, "w", newline="") as f:
             csv.writer(f).writerow(self._columns)
 

@@ -20,7 +20,7 @@ from fedsl.engine import metrics
 from fedsl.engine.diagnostics import Diagnostics
 from fedsl.engine.simulator import RunState
 from fedsl.experiments.callbacks import Callback
-from fedsl.experiments.results import RunDir
+from fedsl.experiments.results import CLIENT_COLUMNS, RunDir
 
 if TYPE_CHECKING:
     from fedsl.experiments.build import Prepared
@@ -165,6 +165,14 @@ class RunSummary(Callback):
         self.validated = len(fed.validation) > 0
         valid = [r for r in history if r["round"] > 0 and r.get("val_accuracy") is not None]
         self.val_rounds, self.val_accs = [int(r["round"]) for r in valid], [r["val_accuracy"] for r in valid]
+        for r in history:  # eval_per_client: the last evaluation's (a resumed run's, until it evaluates again)
+            self._clients(r)
+
+    def _clients(self, row: dict[str, Any]) -> None:
+        """summary.json's final_client_acc_mean / _std / _worst10: the clients' accuracies at the last evaluation
+        (``eval_per_client``; not a rolling mean: the spread of one model)."""
+        if row.get("client_acc_mean") is not None:
+            self.fields.update({f"final_{c}": row[c] for c in CLIENT_COLUMNS})
 
     def on_evaluation(self, round: int, metrics: dict[str, Any]) -> None:
         if round == 0:
@@ -178,6 +186,7 @@ class RunSummary(Callback):
             if "val_accuracy" in metrics:
                 self.val_rounds.append(round)
                 self.val_accs.append(metrics["val_accuracy"])
+            self._clients(metrics)
 
     def write(self, status: str, done: int, wall: float, finetuned: dict[str, Any] | None) -> dict[str, Any]:
         """Close the summary with ``status`` after ``done`` rounds and write summary.json; returns its content."""

@@ -80,7 +80,7 @@ class RunSession:
                 rd.truncate_metrics(-1)  # no checkpoint (checkpoint_every = 0): the run starts over, round 0 too
             log(f"{cfg.name}: resuming at round {self.start + 1} of {cfg.rounds}")
         else:
-            rd.create(cfg.model_dump(), validation=len(prep.fed.validation) > 0)
+            rd.create(cfg.model_dump(), validation=len(prep.fed.validation) > 0, per_client=cfg.eval_per_client)
         fed = prep.fed
         log(f"{cfg.name}: {prep.algorithm.name} on {cfg.data.dataset} — N={fed.num_clients}, n={fed.n}, "
             f"n0={fed.n0}, test={len(fed.y_test)}, {cfg.rounds} rounds, {sim.executor.name} executor on {prep.device}\n"
@@ -120,8 +120,9 @@ class RunSession:
         val = sim.evaluate_validation(self.state.x)
         valid = {} if val is None else {"val_accuracy": val[0], "val_loss": val[1], "rolling_val_accuracy": val[0]}
         # metrics.csv's row 0, x_0's checkpoint, summary.json's initial accuracy (and diagnostics), ...
+        clients = sim.evaluate_clients(self.state.x) if cfg.eval_per_client else {}
         self.callbacks.on_evaluation(0, {"accuracy": acc, "loss": loss, "rolling_accuracy": acc, **valid, **diag,
-                                         **self._epsilon(0)})
+                                         **clients, **self._epsilon(0)})
         if self.prep.pretrain is not None:
             self.log(f"{cfg.name}: pretrained on D0, test accuracy {acc:.4f}")
 
@@ -172,6 +173,7 @@ class RunSession:
             diag = cfg.diag_every and done % cfg.diag_every == 0
             scores = {"accuracy": acc, "loss": loss, "rolling_accuracy": self._rolled(self.window, done, acc),
                       **self._validation(done, state),
+                      **(sim.evaluate_clients(state.x) if cfg.eval_per_client else {}),
                       **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})}
             try:
                 self.callbacks.on_evaluation(done, scores)

@@ -165,6 +165,9 @@ def check_open_federation(cfg: RunConfig, options: FlowerOptions) -> None:
     why = open_refusal(algorithm_spec(alg.name))
     if why:
         raise ConfigError(f"algorithm.name = {alg.name!r} {why}: {replay}")
+    if cfg.eval_per_client:
+        raise ConfigError(f"eval_per_client = true weighs the test accuracy by each client's label mix, which open "
+                          f"clients do not report: {replay}")
 
 
 def open_refusal(sp: Spec) -> str:

@@ -518,8 +518,11 @@ class FedslStrategy(FedAvg):
         r = self.offset + server_round
         if not cfg.evaluates(r) or any(e["round"] == r for e in self.evaluations):
             return None
-        acc, loss = self.sim.evaluate(self._params(arrays) if len(arrays) else self.state.x)
-        self.evaluations.append({"round": r, "accuracy": acc, "loss": loss})
+        params = self._params(arrays) if len(arrays) else self.state.x
+        acc, loss = self.sim.evaluate(params)
+        # eval_per_client (a replayed federation: the server rebuilds every client's partition), as the simulator
+        self.evaluations.append({"round": r, "accuracy": acc, "loss": loss,
+                                 **(self.sim.evaluate_clients(params) if cfg.eval_per_client else {})})
         self._write()
         return MetricRecord({"accuracy": acc, "loss": loss})
 

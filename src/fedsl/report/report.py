@@ -298,6 +298,32 @@ def _tuning(best: Path) -> list[str]:
     return ["\n".join(lines) + "\n"]
 
 
+CLIENT_METRICS = (("final_client_acc_mean", "mean"), ("final_client_acc_std", "std over clients"),
+                  ("final_client_acc_worst10", "worst 10%"))
+
+
+def _clients(path: Path) -> list[str]:
+    """The clients' accuracies at the last evaluation (runs with ``eval_per_client``), per variant: mean ± sample std
+    over seeds of each run's mean, spread and worst 10% over its N clients; nothing when no run measured them."""
+    by: dict[str, list[dict]] = {}
+    for run, rd in group_runs(path).items():
+        s = rd.read_summary()
+        if s.get("final_client_acc_mean") is not None:
+            by.setdefault(s.get("name", run), []).append(s)
+    if not by:
+        return []
+    lines = ["## The clients' accuracy\n",
+             "The global model's test accuracy on each client's label mix at the last evaluation "
+             "(`eval_per_client`): over the N clients, its mean, its spread and the mean of the worst 10%; mean ± "
+             "sample std over seeds.\n",
+             "| variant | seeds | " + " | ".join(w for _, w in CLIENT_METRICS) + " |",
+             "|---|---|" + "---|" * len(CLIENT_METRICS)]
+    for v, sums in by.items():
+        cells = [fmt(metrics.mean_std([s[k] for s in sums])) for k, _ in CLIENT_METRICS]
+        lines.append(f"| {v} | {len(sums)} | " + " | ".join(cells) + " |")
+    return ["\n".join(lines) + "\n"]
+
+
 def write_report(path: str | Path) -> Path:
     """Write ``path/report/`` (figures and report.md) for the group at ``path``; returns report.md."""
     path = Path(path)
@@ -328,6 +354,7 @@ def write_report(path: str | Path) -> Path:
         parts.append(f"## Final accuracy over {keys[0]} × {keys[1]}\n\n![heat map](heatmap.png)\n")
     if _diagnostics(path, out / "diagnostics.png"):
         parts.append("## Non-IIDness diagnostics\n\n![diagnostics](diagnostics.png)\n")
+    parts += _clients(path)
 
     parts += _tuning(path / "tune" / "best.json")
     paper = spec.get("paper") or {}

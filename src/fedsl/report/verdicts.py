@@ -67,7 +67,10 @@ RULE = ("one-sided tests at the 5% level over seeds: a paired t-test for an orde
         "std with one seed, the slope's t-test for a trend; 'holds' (p < 0.05 in the claimed direction), "
         "'contradicted' (p < 0.05 against it), else 'not shown'; ± is the standard error (SE) of the difference; "
         "Holm's adjusted p over the group's tests beside each p (a verdict stands after Holm when it is below 0.05)")
-HIGHER_IS_BETTER = {"final_accuracy": True, "T_0.5": False, "rise_time": False}
+HIGHER_IS_BETTER = {"final_accuracy": True, "T_0.5": False, "rise_time": False,
+                    # eval_per_client: the clients' accuracies at the last evaluation (fairness: a higher worst 10%,
+                    # a narrower spread)
+                    "final_client_acc_mean": True, "final_client_acc_worst10": True, "final_client_acc_std": False}
 # A run fine-tuned on D0 after its last round (server.finetune_epochs) is also judged as the variant
 # "NAME+FT", whose final accuracy is the fine-tuned model's (summary.json: final_accuracy_finetuned).
 FINETUNED = "+FT"
@@ -151,8 +154,11 @@ def _eq(p: float) -> str:
     return text if text.startswith("<") else f"= {text}"
 
 
+ROUND_METRICS = ("T_0.5", "rise_time")  # round counts (a level may never be reached); the others are accuracies
+
+
 def _num(v: float, metric: str) -> str:
-    return f"{v:.1f}" if metric != "final_accuracy" else f"{v:.4f}"
+    return f"{v:.1f}" if metric in ROUND_METRICS else f"{v:.4f}"
 
 
 def run_value(summary: dict, metric: str, planned: int | None = None) -> float | None:
@@ -164,7 +170,7 @@ def run_value(summary: dict, metric: str, planned: int | None = None) -> float |
     rounds without reaching a. Its last round would rank a run that diverged at round 10 as the fastest."""
     v = summary.get(metric)
     if v in (None, ""):
-        if metric == "final_accuracy":
+        if metric not in ROUND_METRICS:
             return None
         for bound in (summary.get("rounds"), planned, summary.get("rounds_done")):
             if bound not in (None, ""):
@@ -203,7 +209,7 @@ def group_values(path: str | Path) -> list[RunValue]:
         if summary.get("status") not in ("completed", "diverged"):
             continue
         vals = {m: v for m in HIGHER_IS_BETTER if (v := run_value(summary, m, planned)) is not None}
-        censored = frozenset(m for m in vals if m != "final_accuracy" and summary.get(m) in (None, ""))
+        censored = frozenset(m for m in vals if m in ROUND_METRICS and summary.get(m) in (None, ""))
         out.append(RunValue(base_of(rs, run), rs.get("seed"), dict(rs.get("params", {})), vals, censored))
         if summary.get("final_accuracy_finetuned") not in (None, ""):  # server.finetune_epochs: its own variant
             out.append(RunValue(base_of(rs, run) + FINETUNED, rs.get("seed"), dict(rs.get("params", {})),
