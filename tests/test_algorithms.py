@@ -247,3 +247,8 @@ def test_resolved_hyperparameters_scenario_2_cifar():
     assert table["K"] == 5 and table["E_s"] == 1 and table["K0"] == 50
     assert alg.server_learning.lr == pytest.approx(math.sqrt(10) * 0.05 * 5 / 50)
     assert alg.global_lr == pytest.approx(math.sqrt(10))
+    # server.steps fixes K0: E_s is not read, so the table does not list it (it printed 'E_s 1 [paper default]')
+    cfg = _cfg("fsl", 10, 10, 0.05, 500)
+    cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"steps": 7})})
+    table = {h.symbol: h for h in resolve(cfg, _fake_fed(1000, 50, 500))[2]}
+    assert "E_s" not in table and (table["K0"].value, table["K0"].source) == (7, "set")

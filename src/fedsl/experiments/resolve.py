@@ -91,8 +91,9 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
         note("n0", "server samples |D0|", n0, True)
         note("γ", "server loss weight", s.gamma, s.gamma if s.gamma != defaults.GAMMA else None)
         note("B0", "server batch size", b0, s.batch_size, "paper default B")
-        e_s = note("E_s", "server epochs per round", s.epochs or defaults.server_epochs(n, N, n0, a.local_epochs),
-                   s.epochs, "paper default ⌈n/(N·n0)·E_c⌉")
+        e_s = s.epochs or defaults.server_epochs(n, N, n0, a.local_epochs)
+        if s.steps is None:  # server.steps fixes K0 itself: E_s is then not read, and not listed as if it were
+            note("E_s", "server epochs per round", e_s, s.epochs, "paper default ⌈n/(N·n0)·E_c⌉")
         k0 = round_steps(s.steps, e_s, n0, b0)
         note("K0", "server steps per round", k0, s.steps, "derived: E_s·⌈n0/B0⌉")
         if sp.server_lr == "local_lr":  # the rule's server steps take the clients' step size (FedDU)
