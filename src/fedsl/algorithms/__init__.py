@@ -128,6 +128,16 @@ def check_server_learning(name: str, learning: str, has_server_data: bool) -> st
     return sp.server_mode(learning)
 
 
+def check_client_optimizer(name: str, momentum: float) -> None:
+    """A ValueError of one line when algorithm ``name`` cannot take the clients' heavy-ball momentum μ_c
+    (``algorithm.client_momentum``; its spec's ``momentum_refused``): the one check, made by config validation and
+    by ``make_algorithm``. Weight decay composes with every rule (it is part of the gradient)."""
+    sp = spec(name)
+    if momentum and sp.momentum_refused:
+        raise ValueError(f"algorithm.client_momentum = {momentum!r} with algorithm.name = {name!r}: {sp.display} "
+                         f"{sp.momentum_refused}: expected algorithm.client_momentum = 0")
+
+
 def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: ServerLearning | None,
                    weighted: bool = False, robust: Robust | None = None, privacy: DifferentialPrivacy | None = None,
                    distillation: Distillation | None = None, **hp) -> Algorithm:
@@ -144,8 +154,10 @@ def make_algorithm(name: str, local: LocalTraining, global_lr: float, server: Se
     ``privacy``: DP-FedAvg's clipped, noised mean of the clients' updates before the rule reads them (None: off).
     ``distillation``: FedDF's settings, for a rule whose spec ``distills`` (default: ``Distillation()``'s); it
     reads each client's model, so it takes no robust rule or privacy (config validation refuses them).
+    ``local``'s momentum μ_c must compose with the rule (``check_client_optimizer``; ValueError otherwise).
     """
     sp = spec(name)
+    check_client_optimizer(name, local.momentum)
     rule = make_rule(name, global_lr, **hp)
     if sp.server_learning != "off":
         assert server is not None, f"{name} needs server learning (check_server_learning)"
@@ -168,4 +180,4 @@ __all__ = ["ALGORITHMS", "SPECS", "HyperParam", "Spec", "spec", "Algorithm", "Cl
            "GammaSchedule",
            "LocalTraining", "Pretraining", "QFedAvg", "Robust", "RoundContext", "Scaffold", "ServerLearning",
            "ServerRule", "State", "make_algorithm", "make_rule",
-           "check_server_learning"]
+           "check_server_learning", "check_client_optimizer"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsl.algorithms.base import LocalTraining, ServerRule
+from fedsl.algorithms.base import LocalSGD, LocalTraining, ServerRule
 from fedsl.algorithms.distillation import Distillation
 from fedsl.algorithms.privacy import DifferentialPrivacy
 from fedsl.algorithms.robust import Robust
@@ -32,7 +32,7 @@ class Algorithm:
 
     Attributes:
         name: e.g. "fedavg", "fsl", "scaffold", "feddyn+sl".
-        local: the clients' LocalSGD schedule (η_l, B, E, K).
+        local: the clients' LocalSGD schedule (η_l, B, E, K) and optimiser (momentum μ_c, weight decay λ).
         rule: the algorithm's two halves (FedAvg, SCAFFOLD, FedDyn, FedProx, FedAvgM, FedAdam, FedNova).
         weighted: weight Δ_i by n_i instead of the plain mean of Algorithm 1.
         server_learning: SL on D0 after (incremental) or beside (parallel) aggregation.
@@ -56,6 +56,12 @@ class Algorithm:
     spec: Spec | None = None  # the algorithm's spec (fedsl.algorithms.spec); set by make_algorithm
     robust: Robust | None = None  # a robust server rule (fedsl.algorithms.robust); None or "mean": none
     distillation: Distillation | None = None  # FedDF's fusion (fedsl.algorithms.distillation); None: off
+
+    @property
+    def client(self) -> LocalSGD:
+        """The client half the engines run: the rule's, with the clients' momentum and weight decay of ``local``
+        (``LocalTraining.client``; the rule itself when both are 0)."""
+        return self.local.client(self.rule)
 
     @property
     def global_lr(self) -> float | None:

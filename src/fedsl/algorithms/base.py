@@ -14,7 +14,10 @@ stacked clients and runs, padded steps masked):
   optimiser buffers that change every step, and what stays fixed over the round (``aux``: a
   control-variate correction, a proximal anchor).
 - ``client_step(carry, aux, g, lr) -> carry``: one local step, given the gradient g of the batch
-  loss at ``carry["y"]`` (computed by the engine from the model) and η_l.
+  loss at ``carry["y"]`` (computed by the engine from the model) and η_l. LocalSGD's is
+  y ← y - η_l·d with d = ``direction(carry, aux, g)``: g plus the rule's correction (FedProx's
+  μ(y - x_t), SCAFFOLD's c - c_i), so that a rule which only corrects the gradient overrides
+  ``direction`` and the clients' optimiser (``ClientOptimizer``: momentum, weight decay) wraps it.
 - ``client_final(x, client_state, sent, carry, steps, lr) -> (x_i, client_state⁺)``: the model sent
   back and the client's new state (SCAFFOLD's c_i⁺, FedDyn's ∇L_i⁺), after ``steps`` = K_i steps.
 
@@ -216,8 +219,14 @@ class LocalSGD:
     def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
         return {"y": x}, {}
 
+    def direction(self, carry: Carry, aux: State, g: Params) -> Params:
+        """d, what a local step descends along: the batch gradient g at ``carry["y"]`` plus the rule's correction
+        (none here; FedProx's μ(y - x_t), SCAFFOLD's c - c_i). A rule that only corrects the gradient overrides
+        this, not ``client_step``, so that the clients' momentum (``ClientOptimizer``) composes with it."""
+        return g
+
     def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
-        return {"y": sgd(carry["y"], g, lr)}
+        return {"y": sgd(carry["y"], self.direction(carry, aux, g), lr)}
 
     def client_final(self, x: Params, client: State, sent: State, carry: Carry, steps, lr) -> tuple[Params, State]:
         return carry["y"], {}
@@ -282,9 +291,99 @@ class LocalTraining:
         batch_size: B.
         epochs: E_c, local epochs (paper: 1); K = E_c·⌈n_i/B⌉.
         steps: K, local steps; overrides ``epochs`` when set.
+        momentum: μ_c, the clients' heavy-ball momentum (``algorithm.client_momentum``; 0: the paper's plain SGD);
+            its buffer lives within a round (``ClientOptimizer``).
+        weight_decay: λ, L2 weight decay added to the clients' gradients (``algorithm.weight_decay``; 0: none).
     """
 
     lr: float
     batch_size: int
     epochs: int = LOCAL_EPOCHS
     steps: int | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def client(self, rule: LocalSGD) -> LocalSGD:
+        """The client half the engines run for ``rule``: the rule itself with plain SGD (μ_c = λ = 0, the paper's,
+        the same objects and operations as before these settings existed), else wrapped in ``ClientOptimizer``."""
+        if self.momentum == 0 and self.weight_decay == 0:
+            return rule
+        return ClientOptimizer(rule, self.momentum, self.weight_decay)
+
+
+MOMENTUM_BUFFER = "momentum_buffer"  # the carry's heavy-ball buffer (torch.optim.SGD's state name)
+
+
+@dataclass(frozen=True)
+class ClientOptimizer(LocalSGD):
+    """A rule's client half whose local steps are PyTorch's SGD with momentum and weight decay.
+
+    At each local step, from the batch gradient g at y (``torch.optim.SGD`` with ``dampening = 0``,
+    ``nesterov = False``; its documented update):
+
+        g' = g + λ·y                            weight decay, added first, as torch.optim.SGD does
+        d  = rule.direction(carry, aux, g')     the rule's correction (FedProx's μ(y - x_t), SCAFFOLD's c - c_i)
+        b  ← μ_c·b + d                          the heavy-ball buffer, b = 0 before the round's first step
+        y  ← y - η_l·b
+
+    The buffer lives in the carry, so it starts at 0 at each round's first local step and is dropped after the last:
+    no client state across rounds, as a client that builds a fresh ``torch.optim.SGD`` each round (Flower's PyTorch
+    clients) has (its first step sets b = d, which μ_c·0 + d is). With μ_c = 0 the step is the rule's own
+    ``client_step`` on g' (FedNova's heavy-ball ρ then takes g + λ·y, as PyTorch would).
+
+    Attributes:
+        rule: the algorithm's client half (``LocalSGD`` or a rule built on it).
+        momentum: μ_c ∈ [0, 1).
+        weight_decay: λ ≥ 0.
+    Raises:
+        ValueError: a value out of range, or μ_c > 0 with a rule that takes its own step (overrides
+            ``client_step``, as FedNova's heavy-ball clients do): its arithmetic has no place for a second buffer.
+    """
+
+    rule: LocalSGD
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        mu, wd = self.momentum, self.weight_decay
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu < 1:
+            raise ValueError(f"algorithm.client_momentum = {mu!r}: expected a number in [0, 1)")
+        if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not 0 <= wd < float("inf"):
+            raise ValueError(f"algorithm.weight_decay = {wd!r}: expected a finite number >= 0")
+        if mu and type(self.rule).client_step is not LocalSGD.client_step:
+            raise ValueError(f"algorithm.client_momentum = {mu!r}: {type(self.rule).__name__}'s clients take their own "
+                             "local step, which has no place for the momentum buffer: expected 0")
+
+    @property
+    def name(self) -> str:
+        return getattr(self.rule, "name", type(self.rule).__name__)
+
+    @property
+    def local_loss(self):  # the rule's term of the local loss: the engine differentiates it as the rule's
+        return self.rule.local_loss
+
+    def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
+        carry, aux = self.rule.client_init(x, client, sent)
+        if self.momentum:
+            carry = {**carry, MOMENTUM_BUFFER: {n: torch.zeros_like(p) for n, p in x.items()}}
+        return carry, aux
+
+    def decayed(self, y: Params, g: Params) -> Params:
+        """g + λ·y (g itself when λ = 0)."""
+        if not self.weight_decay:
+            return g
+        return {n: g[n] + self.weight_decay * p for n, p in y.items()}
+
+    def direction(self, carry: Carry, aux: State, g: Params) -> Params:
+        return self.rule.direction(carry, aux, self.decayed(carry["y"], g))
+
+    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
+        if not self.momentum:
+            return self.rule.client_step(carry, aux, self.decayed(carry["y"], g), lr)
+        d = self.direction(carry, aux, g)
+        buf = {n: self.momentum * carry[MOMENTUM_BUFFER][n] + d[n] for n in carry["y"]}
+        return {**carry, "y": sgd(carry["y"], buf, lr), MOMENTUM_BUFFER: buf}
+
+    def client_final(self, x: Params, client: State, sent: State, carry: Carry, steps, lr) -> tuple[Params, State]:
+        own = {k: v for k, v in carry.items() if k != MOMENTUM_BUFFER}  # the rule's carry, as it made it
+        return self.rule.client_final(x, client, sent, own, steps, lr)

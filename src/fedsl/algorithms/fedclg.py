@@ -59,7 +59,7 @@ class FedCLGC(FedAvg):
         g_s, g_i = sent["server_grad"], sent["start_grad"]
         return {"y": x}, {"correction": {n: g_s[n] - g_i[n] for n in x}}
 
-    client_step = Scaffold.client_step  # y ← y − η_l (g + correction): SCAFFOLD's corrected step, c − c_i = g_s − g_i
+    direction = Scaffold.direction  # d = g + correction: SCAFFOLD's corrected direction, c − c_i = g_s − g_i
 
 
 @dataclass(frozen=True)
@@ -91,5 +91,7 @@ SPECS = (
          server_measures=("server_grad",), comm_factor=1.5, title="FedCLG-S",
          secagg_refused="corrects each client's update by its own K_i·η_l·(g_s − g_i), which needs each client's "
                         "gradient and steps",
+         momentum_refused="corrects each Δ_i by K_i·η_l·(g_s − g_i), plain SGD's displacement under a constant "
+                          "gradient, which momentum scales by up to 1/(1 − μ_c)",
          summary="FedCLG-S: FSL whose aggregation corrects each Δ_i by K_i η_l (g_s − g_i)"),
 )

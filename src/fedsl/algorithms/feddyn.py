@@ -35,9 +35,9 @@ class FedDyn(LocalSGD):
     def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
         return {"y": x}, {"anchor": x, "linear": {n: -v for n, v in client["grad_i"].items()}}
 
-    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
+    def direction(self, carry: Carry, aux: State, g: Params) -> Params:
         anchor, lin = aux["anchor"], aux["linear"]
-        return {"y": {n: p - lr * (g[n] + self.alpha * (p - anchor[n]) + lin[n]) for n, p in carry["y"].items()}}
+        return {n: g[n] + self.alpha * (p - anchor[n]) + lin[n] for n, p in carry["y"].items()}
 
     def client_final(self, x: Params, client: State, sent: State, carry: Carry, steps, lr) -> tuple[Params, State]:
         y = carry["y"]

@@ -71,4 +71,6 @@ class FedNova(FedAvg):
 SPEC = Spec("fednova", FedNova, (HyperParam("rho", 0.0, "ρ", "FedNova clients' local momentum", ge=0, lt=1),),
             global_lr=1.0, local_keys=("rho",),
             secagg_refused="normalises each client's update by its own local steps (Δ_i / a_i) before averaging",
+            momentum_refused="takes its own heavy-ball client step, whose momentum ρ its normalisation a_i accounts "
+                             "for (set algorithm.rho instead)",
             summary="FedNova: updates normalised by each client's local steps (and momentum)")

@@ -25,9 +25,8 @@ class FedProx(FedAvg):
     def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
         return {"y": x}, {"anchor": x}
 
-    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
-        y = carry["y"]
-        return {"y": {n: p - lr * (g[n] + self.mu * (p - aux["anchor"][n])) for n, p in y.items()}}
+    def direction(self, carry: Carry, aux: State, g: Params) -> Params:
+        return {n: g[n] + self.mu * (p - aux["anchor"][n]) for n, p in carry["y"].items()}
 
 
 SPEC = Spec("fedprox", FedProx, (HyperParam("mu", 0.01, "μ", "FedProx proximal weight", ge=0,

@@ -70,4 +70,6 @@ SPEC = Spec("qfedavg", QFedAvg, (HyperParam("q", 0.1, "q", "q-FedAvg fairness ex
             global_lr=None, reply=("start_loss",), title="q-FedAvg",
             secagg_refused="weights each client's update by its own loss F_k(x_t)^q over Σ h_k, which needs each "
                            "client's update norm",
+            momentum_refused="reads L·(x_t − x_k), L = 1/η_l, as the client's gradient, plain SGD's scale, which "
+                             "momentum changes by up to 1/(1 − μ_c)",
             summary="q-FedAvg: clients weighted by F_k(x_t)^q, step 1/Σ h_k (fair resource allocation)")

@@ -43,9 +43,9 @@ class Scaffold(LocalSGD):
     def client_init(self, x: Params, client: State, sent: State) -> tuple[Carry, State]:
         return {"y": x}, {"correction": {n: sent["c"][n] - client["c_i"][n] for n in x}}
 
-    def client_step(self, carry: Carry, aux: State, g: Params, lr) -> Carry:
+    def direction(self, carry: Carry, aux: State, g: Params) -> Params:
         corr = aux["correction"]
-        return {"y": {n: p - lr * (g[n] + corr[n]) for n, p in carry["y"].items()}}
+        return {n: g[n] + corr[n] for n in carry["y"]}
 
     def client_final(self, x: Params, client: State, sent: State, carry: Carry, steps, lr) -> tuple[Params, State]:
         y, scale = carry["y"], 1.0 / (steps * lr)  # 1/(K_i η_l)
@@ -68,4 +68,6 @@ class Scaffold(LocalSGD):
 SPEC = Spec("scaffold", Scaffold, sends=("c",), client_state=("c_i",), comm_factor=2,
             secagg_refused="updates its control variate c with each client's update scaled by 1/(K_i·η_l), and "
                            "sends c with x_t, which Flower's SecAgg+ train message (one array list) cannot carry",
+            momentum_refused="derives its option-II control variates c_i⁺ = c_i − c + (x − y_i)/(K_i·η_l) from plain "
+                             "SGD's displacement, which momentum scales by up to 1/(1 − μ_c)",
             summary="SCAFFOLD: control variates c - c_i correct local gradients")

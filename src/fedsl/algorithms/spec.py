@@ -154,6 +154,10 @@ class Spec:
         secagg_refused: why the server half cannot run on the sum of the clients' models that SecAgg+
             leaves the server (SCAFFOLD, FedNova), as a message's clause; "" = it can (a rule that
             ``sends`` server state is refused for that, too).
+        momentum_refused: why the rule cannot take the clients' heavy-ball momentum (``algorithm.client_momentum``,
+            ``base.ClientOptimizer``), as a message's clause: its arithmetic reads a client's update as plain SGD's
+            (SCAFFOLD's c_i⁺ from (x - y_i)/(K_i·η_l)) or takes its own heavy-ball step (FedNova); "" = it composes
+            (the rule's correction is added to the gradient before the momentum). Weight decay composes with every rule.
         global_lr_search: the range a tuning study searches η_g in (None: a rule without η_g); log scale.
         distills: the server distils the ensemble of the round's client models into x̄_t on unlabelled server data
             (FedDF, ``distillation``): it reads each client's model, so a robust rule or DP-FedAvg in front of the
@@ -182,6 +186,7 @@ class Spec:
     server_measures: tuple[str, ...] = ()
     plain_mean: bool = False
     secagg_refused: str = ""
+    momentum_refused: str = ""
     distills: bool = False
     global_lr_search: Range | None = Range(0.1, 10.0, log=True)
     summary: str = field(default="", compare=False)

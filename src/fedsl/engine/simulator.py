@@ -404,7 +404,7 @@ class Simulator:
         rows = self.client_rows(state.clients, work)
         s = len(work.ids)
         x, y = work.pool if work.pool is not None else (self.fed.x, self.fed.y)
-        return self.executor.train(self.alg.rule, [state.x] * s, work.plan, x, y, self.alg.local.lr, rows,
+        return self.executor.train(self.alg.client, [state.x] * s, work.plan, x, y, self.alg.local.lr, rows,
                                    self.client_inputs(state, work))
 
     def end_round(self, new: RunState, work: ClientWork, rows: State, metrics: ServerMetrics

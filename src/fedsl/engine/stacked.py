@@ -79,7 +79,8 @@ class StackedSimulator:
     """R runs (one ``Simulator`` each) advanced together; see the module's docstring.
 
     The runs must share the model's architecture, device, dtype and the algorithm's kind
-    (rule class, server-learning mode, data sharing); anything numeric may differ, and so
+    (rule class, server-learning mode, data sharing) and the numbers of its local step (the spec's
+    ``local_keys``, the clients' momentum and weight decay); anything else numeric may differ, and so
     may the data pools (identical pools are shared, different ones concatenated).
     """
 
@@ -138,6 +139,10 @@ class StackedSimulator:
         if any(getattr(a.alg.rule, k, None) != getattr(b.alg.rule, k, None) for k in sorted(local)):
             return (f"a hyper-parameter of the local step ({', '.join(sorted(local))}) differs; "
                     "one vmapped step takes one")
+        optimiser = ("momentum", "weight_decay")  # the clients' μ_c and λ (LocalTraining): every rule's local step
+        if any(getattr(a.alg.local, k) != getattr(b.alg.local, k) for k in optimiser):
+            return ("the clients' momentum or weight decay (algorithm.client_momentum, algorithm.weight_decay) "
+                    "differs; one vmapped step takes one")
         if a.alg.share_server_data != b.alg.share_server_data:
             return "one shares the server data with clients (DS) and the other does not"
         return ""
@@ -161,14 +166,14 @@ class StackedSimulator:
         works = [sim.measure_clients(w, st.x) for sim, w, st in zip(self.sims, works, states)]  # the rule's, at x_t
         sizes = [w.plan.num_clients for w in works]
         # the clients of all runs in one call: each starts from its run's x_t, with its run's η_l and
-        # server state, and its own row of its run's tables (one rule: the runs share its local keys)
+        # server state, and its own row of its run's tables (one rule: the runs share its local keys, μ_c and λ)
         starts = [st.x for st, s in zip(states, sizes) for _ in range(s)]
         lrs = [sim.alg.local.lr for sim, s in zip(self.sims, sizes) for _ in range(s)]
         sent = [inputs for sim, st, w in zip(self.sims, states, works) for inputs in sim.client_inputs(st, w)]
         mine = [sim.client_rows(st.clients, w) for sim, st, w in zip(self.sims, states, works)]
         rows = {k: {n: torch.cat([m[k][n] for m in mine]) for n in g} for k, g in mine[0].items()}
         if sum(sizes):
-            finals, new_rows = self.executor.train(self.sims[0].alg.rule, starts, plan, host.x, host.y, lrs, rows,
+            finals, new_rows = self.executor.train(self.sims[0].alg.client, starts, plan, host.x, host.y, lrs, rows,
                                                    sent)
         else:  # no run has an available client this round (algorithm.availability < 1)
             finals, new_rows = {n: torch.empty(0) for n in states[0].x}, {k: {n: v for n, v in g.items()}

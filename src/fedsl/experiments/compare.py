@@ -104,12 +104,14 @@ def run_unit(out: Path, names: list[str], cfgs: list[RunConfig], *, resume: bool
 
 
 def stack_key(cfg: RunConfig) -> tuple:
-    """Runs with equal keys may share a stack (the StackedSimulator checks the rest)."""
+    """Runs with equal keys may share a stack (the StackedSimulator checks the rest): among them what enters the
+    clients' local step, which one vmapped step takes once (the rule's ``local_keys``, the clients' momentum and
+    weight decay)."""
     from fedsl.algorithms import spec
     a = cfg.algorithm
     return (cfg.model.name, a.name, cfg.data.dataset, cfg.device, cfg.dtype, cfg.executor, cfg.compile,
             cfg.client_tables, cfg.eval_precision, cfg.rounds,
-            *(getattr(a, k) for k in spec(a.name).local_keys), cfg.server.learning)
+            *(getattr(a, k) for k in spec(a.name).local_keys), a.client_momentum, a.weight_decay, cfg.server.learning)
 
 
 def stack_groups(pending: dict[str, RunConfig], out: Path, resume: bool, limit: int | None = None

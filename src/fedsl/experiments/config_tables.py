@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, create_model, model_validator
 
 from fedsl.algorithms import ALGORITHMS, SPECS, defaults
+from fedsl.algorithms.base import LocalTraining
 from fedsl.algorithms.distillation import SCHEDULES as DISTILL_SCHEDULES
 from fedsl.algorithms.distillation import Distillation
 from fedsl.algorithms.gamma_schedule import GammaSchedule
@@ -36,6 +37,7 @@ _SCHEDULE, _ROBUST, _ATTACK, _PARTICIPATION = GammaSchedule(), Robust(), Attack(
 _ADAPTIVE = AdaptiveClipping()  # [privacy]'s adaptive clipping (fedsl.algorithms.privacy)
 _DISTILL = Distillation()  # FedDF's [distill] table
 _STORE = StoreSettings()  # the clients' states' store ([client_state]; fedsl.engine.client_state)
+_LOCAL = LocalTraining(lr=1.0, batch_size=1)  # the clients' optimiser's defaults (client_momentum, weight_decay)
 
 
 class ModelConfig(_Strict):
@@ -74,6 +76,19 @@ class AlgorithmConfig(_Strict):
                                                                                       "(paper: 1; at most 10,000)")
     local_steps: int | None = Field(None, ge=1, le=STEPS_MAX, description="K, client steps per round (overrides "
                                                                           "local_epochs; at most 10^6)")
+    # the clients' optimiser (fedsl.algorithms.base.ClientOptimizer): torch.optim.SGD's momentum and weight decay;
+    # 0 is the paper's plain SGD, with the code path and numbers it always had
+    client_momentum: float = Field(
+        _LOCAL.momentum, ge=0, lt=1,
+        description="μ_c, the clients' heavy-ball momentum (torch.optim.SGD's: buffer b ← μ_c·b + g, step η_l·b; b = 0 "
+                    "at each round's first local step, so no client state across rounds); 0 = the paper's plain SGD. "
+                    "Server learning's steps on D0 stay plain SGD. Refused by "
+                    + ", ".join(n for n, s in SPECS.items() if s.momentum_refused)
+                    + ", which read a client's update as plain SGD's or step their own")
+    weight_decay: float = Field(
+        _LOCAL.weight_decay, ge=0,
+        description="λ, L2 weight decay on the clients' local steps: λ·y added to the batch gradient before any "
+                    "momentum (torch.optim.SGD's weight_decay); 0 = none. Server learning's steps on D0 take none")
     global_lr: float | None = Field(None, gt=0, description="η_g, server step size (paper: √S)")
     weighted: bool = Field(False, description="weight client updates by n_i (Algorithm 1: plain mean)")
     # partial participation and stragglers (fedsl.core.participation); the defaults are the paper's setting

@@ -80,7 +80,12 @@ def resolve(cfg: RunConfig, fed: Federation) -> tuple[Algorithm, Pretraining | N
     rule_hp = {h.key: getattr(a, h.key) for h in sp.hyperparams}
     for h in sp.hyperparams:
         note(h.symbol, h.meaning, rule_hp[h.key], given(a, h.key), f"default for {sp.display}")
-    local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps)
+    # the clients' optimiser: listed when set away from plain SGD (a table without them is the paper's)
+    if a.client_momentum:
+        note("μ_c", "client momentum (heavy-ball, within a round)", a.client_momentum, True)
+    if a.weight_decay:
+        note("λ", "client weight decay (L2, on the local gradients)", a.weight_decay, True)
+    local = LocalTraining(a.local_lr, a.batch_size, a.local_epochs, a.local_steps, a.client_momentum, a.weight_decay)
 
     server = None
     mode = sp.server_mode(s.learning)

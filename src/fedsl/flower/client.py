@@ -92,7 +92,8 @@ def train_partition(sim: Simulator, params: Params, t: int, cid: int, server_sta
     sent = {k: here(v) for k, v in (server_state or {}).items()}
     plan = sim.plan_clients([cid], t, loc)  # from rng(seed, t, CLIENT_BATCHES, i): the simulator's batches
     # the simulator's own client phase, for one client (its state as a table of one row)
-    finals, new = sim.executor.train(rule, [params], plan, sim.fed.x, sim.fed.y, loc.lr,
+    # the rule's client half with the clients' momentum and weight decay (the run config's), as the simulator runs it
+    finals, new = sim.executor.train(loc.client(rule), [params], plan, sim.fed.x, sim.fed.y, loc.lr,
                                      {k: {n: v.unsqueeze(0) for n, v in g.items()} for k, g in state.items()}, [sent])
     return {n: v[0] for n, v in finals.items()}, plan.steps[0], {k: {n: v[0] for n, v in g.items()}
                                                                  for k, g in new.items()}

@@ -13,7 +13,8 @@ does not. Keys that are neither (their first dotted part is no fedsl key, e.g. a
 ``data-dir``) are left to the user's code: fedsl ignores them, except a near miss
 of one of its keys (``rouds``, ``eval-every``), refused as a likely typo. A ClientApp needs little of
 the config (``CLIENT_DEFAULTS``): ``data.*`` (the federation it holds a partition of), ``seed``,
-``model.*``, ``dtype``; η_l, B, E, K come from the train message when it carries them.
+``model.*``, ``dtype``; η_l, B, E, K come from the train message when it carries them, the clients' momentum and
+weight decay (``algorithm.client_momentum``, ``algorithm.weight_decay``) from the run config, as in ``fedsl run``.
 """
 
 from __future__ import annotations

@@ -99,7 +99,8 @@ def plain_client_half(rule: object) -> bool:
     Flower client that trains and returns its model runs the algorithm. SCAFFOLD, FedDyn, FedProx and MOON
     correct the client's steps, which a stock client does not do."""
     cls = type(rule)
-    return (all(getattr(cls, f) is getattr(LocalSGD, f) for f in ("client_init", "client_step", "client_final"))
+    return (all(getattr(cls, f) is getattr(LocalSGD, f)
+                for f in ("client_init", "direction", "client_step", "client_final"))
             and cls.local_loss is None)
 
 
