@@ -245,3 +245,21 @@ def test_a_group_with_runs_not_yet_finished_reports_what_it_has(tmp_path, capsys
     assert row.rstrip(" |").endswith("did not run") and "not reached" not in row, row
     assert "0 of" not in md and "Not comparable" not in md
     capsys.readouterr()
+
+
+def test_a_quick_report_says_its_names_and_claims_are_the_full_presets_and_what_ran(tmp_path, capsys):
+    """A quick form shrinks D0 under variant names that state the full size ("FSL-500"): the report says so and
+    gives each variant's n0 as its runs recorded it."""
+    top = 'paper = { FSL-500 = { final_accuracy = 0.61 } }\n'
+    cfg = tmp_path / "g.toml"
+    body = tiny(tmp_path, rounds=2).read_text()
+    cfg.write_text(top + body + '\n[quick]\nrounds = 2\n"variants.FSL-500.data.server_size" = 12\n'
+                   '[variants.FSL-500]\ndata = { "server_size" = 20 }\n[variants.FSL-250]\n'
+                   'data = { "server_size" = 10 }\n')
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--quick", "--out", str(out), "--quiet"]) == 0
+    assert main(["report", str(out)]) == 0
+    md = (out / "report" / "report.md").read_text()
+    assert ("**Names and claims are the full preset's;** the server data of this quick form: FSL-500: n0 = 12, "
+            "FSL-250: n0 = 10.") in md, md
+    capsys.readouterr()

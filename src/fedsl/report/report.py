@@ -298,6 +298,17 @@ def _tuning(best: Path) -> list[str]:
     return ["\n".join(lines) + "\n"]
 
 
+def _server_sizes(path: Path) -> dict[str, int]:
+    """Each variant's n0 as its runs record it (summary.json's server_data.size; 0 or none: left out)."""
+    sizes: dict[str, int] = {}
+    for run, rd in group_runs(path).items():
+        s = rd.read_summary()
+        n0 = (s.get("server_data") or {}).get("size")
+        if n0:
+            sizes.setdefault(s.get("name", run), int(n0))
+    return sizes
+
+
 CLIENT_METRICS = (("final_client_acc_mean", "mean"), ("final_client_acc_std", "std over clients"),
                   ("final_client_acc_worst10", "worst 10%"))
 
@@ -371,6 +382,11 @@ def write_report(path: str | Path) -> Path:
             what = "a `--quick` run (few rounds, one seed, small subsets)" if quick else "a shorter run"
             parts.append(f"**Not comparable: this is {what}.** Our numbers are after {shortest:,} rounds, the "
                          f"paper's after {paper_rounds:,} ({group_note}).\n")
+        if quick:  # the names and claims are the full preset's ("FSL-500", "n0 = 500"): say what ran here
+            sizes = _server_sizes(path)
+            if sizes:
+                parts.append("**Names and claims are the full preset's;** the server data of this quick form: "
+                             + ", ".join(f"{v}: n0 = {n:,}" for v, n in sizes.items()) + ".\n")
         test_size = (cfg.get("data") or {}).get("test_size")
         if test_size:
             parts.append(f"**Our accuracies are on {test_size:,} test samples** (`data.test_size`, a class-balanced "
