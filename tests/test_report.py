@@ -263,3 +263,18 @@ def test_a_quick_report_says_its_names_and_claims_are_the_full_presets_and_what_
     assert ("**Names and claims are the full preset's;** the server data of this quick form: FSL-500: n0 = 12, "
             "FSL-250: n0 = 10.") in md, md
     capsys.readouterr()
+
+
+def test_the_diagnostics_legend_stands_beside_the_plots_not_over_a_curve():
+    from fedsl.report.plots import plt
+    from fedsl.report.report import diagnostics_figure
+
+    series = {f"run{i}": [{"round": r, "xi2": 1.0 + i + r, "G2": 2.0 + i * r} for r in (0, 10, 20)] for i in range(3)}
+    fig = diagnostics_figure(series)
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    assert [t.get_text() for t in legend.get_texts()] == ["run0", "run1", "run2"]
+    assert all(not box.overlaps(ax.get_window_extent()) for ax in fig.axes)
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    plt.close(fig)

@@ -211,6 +211,14 @@ def _diagnostics(path: Path, out: Path) -> Path | None:
             series[r] = rows
     if not series:
         return None
+    fig = diagnostics_figure(series)
+    fig.savefig(out, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def diagnostics_figure(series: dict[str, list[dict]]) -> Figure:
+    """ξ² and G² over rounds, a line per run (metrics.csv rows with the diagnostics), the legend beside the plots."""
     palette = colours(list(series))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
     for r, rows in series.items():
@@ -223,11 +231,11 @@ def _diagnostics(path: Path, out: Path) -> Path | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
+    # beside the plots, never over a curve: one entry a run, in columns when there are many
+    fig.legend(*axes[1].get_legend_handles_labels(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7,
+               ncols=1 + len(series) // 16, frameon=False)
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def _paper_rounds(spec: dict) -> int | None:
