@@ -352,3 +352,22 @@ def test_a_flower_client_app_gives_the_simulators_update(flower_task_identity):
     assert max_diff(plain.x, expected.x) > 1e-6
     with pytest.raises(ConfigError, match="client_momentum = 0.9 with algorithm.name = 'scaffold'"):
         parse_run_config({**rc, "algorithm.name": "scaffold"})
+
+
+def test_the_captured_vectorised_step_equals_the_eager_one():
+    """``compile``: the vmapped step with the momentum buffer in its carry, captured by torch.compile ('aot_eager':
+    the capture without code generation), computes the eager step's rounds, in one graph (no graph break)."""
+    from torch._dynamo.utils import counters
+    fed = random_federation(SIZES, n0=14, dtype=torch.float64)
+    local = LocalTraining(0.1, 8, momentum=0.9, weight_decay=1e-2)
+
+    def sim(compile_mode):
+        fm = FunctionalModel(build_model("mlp", 4, (1, 8, 8), seed=3).to(torch.float64))
+        alg = make_algorithm("fedprox", local, 1.0, None, mu=0.3)
+        return Simulator(fm, fed, alg, VectorisedExecutor(fm, compile_mode), clients_per_round=4, seed=3)
+    counters.clear()
+    a, _ = run_rounds(sim("off"), 2)
+    b, _ = run_rounds(sim("aot_eager"), 2)
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
+    for n in a.x:
+        torch.testing.assert_close(a.x[n], b.x[n], rtol=0, atol=1e-12, msg=n)
