@@ -32,6 +32,10 @@ PARALLEL_HELP = ("run the sweep's runs side by side in N processes on this machi
 RAY_HELP = ("run the sweep's runs as tasks on a Ray cluster: HOST:PORT of its head (`ray start --head`), 'auto', or "
             "'local' (Ray on this machine); the --out folder must be on a filesystem all nodes share; "
             "needs the \\[ray] extra")  # help texts are rich markup: "\\[" keeps the '['
+ROUNDS_HELP = ("take the run or group on to T rounds, as if it had been asked for T from the start (the same model "
+               "and metrics.csv rows, bit for bit): a completed run continues from its last checkpoint, an unfinished "
+               "one takes T as its target; refused in one line where a run of T rounds differs from round 1 on (a "
+               "linear or cosine server.gamma_schedule, privacy.target_epsilon, SCAFFOLD's states of a completed run)")
 RAY_RESOURCES_HELP = "resources of each run's Ray task, e.g. 'cpus=2,gpus=0.5,memory=4GB' (default: cpus=threads or 1)"
 
 
@@ -177,10 +181,18 @@ def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
            parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP, show_default=False),
            ray: Optional[str] = typer.Option(None, "--ray", help=RAY_HELP, show_default=False),
            ray_resources: Optional[str] = typer.Option(None, "--ray-resources", help=RAY_RESOURCES_HELP,
-                                                       show_default=False)) -> None:
-    """Continue an interrupted run, group of runs or study (fedsl tune) from its last checkpoint."""
+                                                       show_default=False),
+           rounds: Optional[int] = typer.Option(None, "--rounds", help=ROUNDS_HELP, show_default=False)) -> None:
+    """Continue an interrupted run, group of runs or study (fedsl tune) from its last checkpoint; with --rounds T,
+    take a run or group on to T rounds, as if it had been asked for T from the start."""
     from fedsl.experiments import tune as T
     from fedsl.experiments.compare import group_config, group_runs, is_group, run_group
+    if rounds is not None and T.is_tune_folder(path):
+        raise UserError(f"--rounds {rounds}: {str(path)!r} is a study of `fedsl tune`, whose trials have their own "
+                        "rounds (tune.rounds): expected a run or group folder of `fedsl run`")
+    if rounds is not None and T.is_tune_folder(path / "tune") and group_config(path) is None:
+        raise UserError(f"--rounds {rounds}: {str(path)!r} is a `fedsl run --tuned` still in its studies: expected "
+                        "its runs started; finish it with `fedsl resume` alone first")
     if T.is_tune_folder(path):
         from fedsl.experiments.interrupts import terminate_as_interrupt
         from fedsl.experiments.results import folder_lock
@@ -209,17 +221,23 @@ def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
     runs = group_runs(path)
     if group_cfg is None and not any(rd.is_run() for rd in runs.values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
+    from fedsl.experiments import extend
     from fedsl.experiments.results import folder_lock
     with folder_lock(path), terminate_as_interrupt(), _connected(backend if group_cfg is not None else None):
         if group_cfg is not None:  # the group's own config: unstarted runs start, the others continue
+            if rounds is not None:  # group.json and every run's files made those of T rounds first
+                group_cfg = extend.extend_group(path, group_cfg, rounds)
             run_group(group_cfg, path, resume=True, log=log, progress=progress, backend=backend)
         else:
             for name, rd in runs.items():
-                if rd.read_summary().get("status") in ("completed", "diverged"):
-                    continue
-                if not rd.is_run():
+                if not rd.is_run() and rd.read_summary().get("status") not in ("completed", "diverged"):
                     raise UserError(f"run {name!r} in {str(path)!r} never started and the group was written by "
                                     "an older fedsl without its config; re-run the group with `fedsl run`")
+            if rounds is not None:  # each run's files made those of T rounds first: it then continues as any
+                extend.extend_runs(path, runs, rounds)
+            for rd in runs.values():
+                if rd.read_summary().get("status") in ("completed", "diverged"):
+                    continue
                 run_one(C.validate_saved(rd.read_config()), rd.path, resume=True, log=log, progress=progress)
     if is_group(path):
         write_comparison(path)
