@@ -328,8 +328,9 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
     from fedsl.data.datasets import is_text, load_arrays
     from fedsl.report.plots import contact_sheet
     ds = load_arrays(_data_config(name, data_dir, False, split, carve))
-    text = is_text(ds.train.x)
-    shape = f"windows of {ds.train.x.shape[1]} characters" if text else f"image {tuple(ds.train.x.shape[1:])}"
+    text, features = is_text(ds.train.x), ds.train.x.dtype.kind == "f"
+    shape = (f"windows of {ds.train.x.shape[1]} characters" if text else
+             f"features {tuple(ds.train.x.shape[1:])}" if features else f"image {tuple(ds.train.x.shape[1:])}")
     console.print(f"{name}: {len(ds.train)} train / {len(ds.test)} test, {shape}", markup=False, highlight=False)
     table = Table()
     for col in ("class", "train", "test"):
@@ -340,6 +341,11 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
     for c, cname in enumerate(ds.class_names):
         table.add_row(repr(cname) if text else cname, str(tr[c]), str(te[c]))
     console.print(table)
+    if features:  # no pixels to show: the features' scale instead
+        lo, hi = float(ds.train.x.min()), float(ds.train.x.max())
+        console.print(f"features: values from {lo:.4g} to {hi:.4g}; no contact sheet (they are not images)",
+                      markup=False, highlight=False)
+        return
     if text:  # a contact sheet of text is its lines: the last window of each of the first clients, and its target
         chars = np.asarray(ds.class_names)
         for i, owner in enumerate((ds.train.owner_names or [])[:5]):

@@ -15,15 +15,14 @@ the rolling window, rise time, T_0.5, status, rounds, wall time). It has no chec
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
-import json
-
 from fedsl.engine import metrics
 from fedsl.engine.simulator import Simulator
-from fedsl.experiments.config_base import ConfigError, name_problem
 from fedsl.experiments.checkpoint import atomic_write
+from fedsl.experiments.config_base import ConfigError, name_problem
 from fedsl.experiments.results import RunDir
 
 
