@@ -55,7 +55,7 @@ def test_server_sources_are_registry_entries_the_config_and_loader_read():
         assert source.dataset is None or source.dataset in DATASETS, source.name
     choices = typing.get_args(DataConfig.model_fields["server_dataset"].annotation)
     assert choices == registry.server_source_names() == ("fslsyn", "synthetic_chars", "stl10", "stl10_unlabelled",
-                                                         "image_folder")
+                                                         "image_folder", "arrays")
     # FedDF's unlabelled data: D0's images, or any source (labels never read; stl10_unlabelled has none)
     assert typing.get_args(DataConfig.model_fields["unlabelled"].annotation) == ("server", *choices)
     assert [s.name for s in registry.SERVER_SOURCES.values() if not s.labelled] == ["stl10_unlabelled"]

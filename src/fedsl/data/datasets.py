@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import stat
 import warnings
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def load_arrays(d) -> ArrayDataset:
     """The dataset of data config ``d`` (train and test splits); memoised per process."""
     key = (d.dataset, d.chars, d.train_per_class, d.test_per_class, d.data_dir, d.download, d.carve, d.carve_test,
            d.emnist_split, tuple(d.classes) if isinstance(d.classes, list) else d.classes, d.id_column,
-           d.label_column, d.test_fraction, d.text, d.seq_length, d.stride, d.min_samples)
+           d.label_column, d.test_fraction, d.text, d.seq_length, d.stride, d.min_samples, _file_stamp(d.data_dir))
     if key not in _LOADED:
         if len(_LOADED) >= 2:
             _LOADED.pop(next(iter(_LOADED)))
@@ -109,6 +110,18 @@ def load_arrays(d) -> ArrayDataset:
             _STATS.clear()
         _LOADED[key] = _load_arrays(d)
     return _LOADED[key]
+
+
+def _file_stamp(data_dir: str | None) -> tuple[int, int] | None:
+    """(size, modification time) of the file ``data.data_dir`` names (an .npz of ``arrays``), None for a folder:
+    a file written anew in the same session (a notebook) is read anew, not taken from the memo."""
+    if not data_dir:
+        return None
+    try:
+        st = Path(data_dir).expanduser().stat()
+    except OSError:  # absent: the loader says so
+        return None
+    return None if stat.S_ISDIR(st.st_mode) else (st.st_size, st.st_mtime_ns)
 
 
 def _load_arrays(d) -> ArrayDataset:
@@ -212,6 +225,28 @@ def channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     return mean, std
 
 
+def feature_stats(x: np.ndarray) -> tuple[list[float], list[float]]:
+    """Mean and (population) std of each feature of float features ``x`` [n, F, ...]: axis 1 is the feature (a
+    column of [n, d], a channel of [n, C, H, W]), averaged over the samples and any further axes, in float64 and
+    piece by piece (no float64 copy of the pool). A constant feature's std is 1: it is only centred."""
+    x = np.asarray(x)
+    if x.ndim < 2 or x.dtype.kind != "f":
+        raise DataError(f"features of shape {x.shape} and dtype {x.dtype}: expected float features [n, F, ...]")
+    axes = (0, *range(2, x.ndim))
+    count = len(x) * math.prod(x.shape[2:])
+    rows = max(1, _CHUNK_PIXELS // max(1, math.prod(x.shape[1:])))
+    total = np.zeros(x.shape[1])
+    for i in range(0, len(x), rows):
+        total += x[i:i + rows].sum(axis=axes, dtype=np.float64)
+    mean = total / max(count, 1)
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    squares = np.zeros(x.shape[1])
+    for i in range(0, len(x), rows):  # squared deviations from the mean: no cancellation of E[x²] − E[x]²
+        squares += ((x[i:i + rows].astype(np.float64) - mean.reshape(shape)) ** 2).sum(axis=axes)
+    std = np.sqrt(squares / max(count, 1))
+    return mean.tolist(), [float(s) if s > 0 else 1.0 for s in std]
+
+
 def is_text(x: np.ndarray | torch.Tensor) -> bool:
     """Whether samples ``x`` (an array or a tensor) are text: uint8 [n, L] character indices (images have 3 or 4
     dimensions)."""
@@ -220,28 +255,43 @@ def is_text(x: np.ndarray | torch.Tensor) -> bool:
 
 def to_tensor(images: np.ndarray, stats: tuple[list[float], list[float]] | None = None) -> torch.Tensor:
     """uint8 [n, H, W(, C)] -> float32 [n, C, H, W]: pixels / 255, then (x - mean) / std per channel when
-    ``stats`` = (mean, std) are given. One tensor per loaded array and stats, shared between runs. Text, uint8
-    [n, L] character indices, stays as it is (the array's memory, no copy): the model embeds the indices."""
+    ``stats`` = (mean, std) are given (``channel_stats``). One tensor per loaded array and stats, shared between
+    runs. Text, uint8 [n, L] character indices, stays as it is (the array's memory, no copy): the model embeds the
+    indices. Float features [n, F, ...] (the ``arrays`` dataset's, or your own from Python) keep their shape and
+    values, as float32 in a tensor of their own (the array is never changed), then (x - mean) / std per feature
+    (axis 1) when ``stats`` are given (``feature_stats``).
+
+    Raises:
+        DataError: an array that is neither uint8 images or text nor float features (integer features: convert
+            them, ``x.astype(np.float32)``)."""
     if is_text(images):
         return torch.from_numpy(np.ascontiguousarray(images))
+    images = np.asarray(images)
+    features = images.dtype.kind == "f"
+    if not features and (images.dtype != np.uint8 or images.ndim not in (3, 4)):
+        raise DataError(f"inputs of dtype {images.dtype} and shape {images.shape}: expected uint8 images "
+                        "[n, H, W(, C)] or float features [n, F, ...] (x.astype(np.float32))")
     key = (id(images), None if stats is None else (tuple(stats[0]), tuple(stats[1])))
     hit = _TENSORS.get(key)
     if hit is not None and hit[0] is images:
         return hit[1]
     src = torch.from_numpy(np.ascontiguousarray(images))
-    src = src.unsqueeze(1) if src.dim() == 3 else src.permute(0, 3, 1, 2)  # a view: [n, C, H, W]
+    if not features:
+        src = src.unsqueeze(1) if src.dim() == 3 else src.permute(0, 3, 1, 2)  # a view: [n, C, H, W]
     t = torch.empty(src.shape, dtype=torch.float32)
     if stats is not None:
-        shape = (1, len(stats[0]), 1, 1)
+        shape = (1, len(stats[0])) + (1,) * (src.dim() - 2)
         mean, std = torch.tensor(stats[0]).view(shape), torch.tensor(stats[1]).view(shape)
     # converted piece by piece, each piece's every step while it is in cache: the same operations on the same
     # values as on the whole pool at once (each is element by element), so the same numbers; on one thread, since
     # thousands of small parallel regions in a row spent most of their time waiting on each other
-    rows = max(1, _CHUNK_PIXELS // max(1, math.prod(src.shape[2:])))
+    rows = max(1, _CHUNK_PIXELS // max(1, math.prod(src.shape[1 if features else 2:])))
     with one_thread():
         for i in range(0, len(t), rows):
             part = t[i:i + rows]
-            part.copy_(src[i:i + rows]).div_(255.0)
+            part.copy_(src[i:i + rows])
+            if not features:  # pixels to [0, 1]; features keep their scale
+                part.div_(255.0)
             if stats is not None:
                 part.sub_(mean).div_(std)
     if any(images is ds.train.x or images is ds.test.x for ds in _LOADED.values()):
@@ -251,6 +301,7 @@ def to_tensor(images: np.ndarray, stats: tuple[list[float], list[float]] | None 
 
 def input_stats(d, ds: ArrayDataset) -> tuple[list[float], list[float]] | None:
     """The (mean, std) per channel that standardise every input of the run, or None (``normalize = 'unit'``).
+    Float features (``arrays``): per feature, on their own scale (``feature_stats``).
 
     Taken from the training split the clients draw from (all of it, not only the samples
     dealt out: a function of the dataset alone, so every seed and run of a sweep shares one
@@ -265,7 +316,8 @@ def input_stats(d, ds: ArrayDataset) -> tuple[list[float], list[float]] | None:
     key = id(ds.train.x)
     hit = _STATS.get(key)
     if hit is None or hit[0] is not ds.train.x:
-        hit = _STATS[key] = (ds.train.x, channel_stats(ds.train.x))
+        stats = feature_stats(ds.train.x) if ds.train.x.dtype.kind == "f" else channel_stats(ds.train.x)
+        hit = _STATS[key] = (ds.train.x, stats)
     return hit[1]
 
 

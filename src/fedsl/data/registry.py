@@ -145,6 +145,10 @@ DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
                 markers=("*.parquet", "*.csv", "*.json", "*.jsonl", "train", "data"), natural=True,
                 check_config=lazy("fedsl.data.hf_files", "check_config"),
                 reads=("id_column", "label_column", "test_fraction")),
+    DatasetInfo("arrays", lazy("fedsl.data.array_files", "load"),
+                note="your own features and labels: an .npz of x_train, y_train, x_test, y_test (data.data_dir: the "
+                     "file, or a folder holding arrays.npz)",
+                markers=("arrays.npz",), check_config=lazy("fedsl.data.array_files", "check_config")),
     DatasetInfo("toy", lazy("fedsl.data.toy", "load"), 160, 40, 4, 1, (12, 12), stats=((0.5,), (0.25,)),
                 note="generated stripes, for tests and examples"),
     DatasetInfo("synthetic_fedprox", None, num_classes=10,
@@ -217,6 +221,8 @@ SERVER_SOURCES: dict[str, ServerSource] = {source.name: source for source in (
     ServerSource("stl10_unlabelled", lazy("fedsl.data.stl10", "unlabelled_set"), dataset="stl10", labelled=False,
                  note="STL-10's 100,000 unlabelled images; data.unlabelled only"),
     ServerSource("image_folder", lazy("fedsl.data.image_folder", "server_set")),
+    ServerSource("arrays", lazy("fedsl.data.array_files", "server_set"), per_class=False,
+                 note="x_train, y_train of the .npz data.server_data_dir names; with data.dataset = 'arrays'"),
 )}
 
 

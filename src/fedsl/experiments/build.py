@@ -76,7 +76,8 @@ def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
                           f"data.dataset = {cfg.data.dataset!r} gives {'text' if text else 'images or features'}: "
                           f"expected {want}{', '.join(TEXT_MODELS)}")
     try:
-        return FunctionalModel(build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed, cfg.model.init))
+        return FunctionalModel(build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed, cfg.model.init,
+                                           cfg.model.import_dir))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -21,7 +21,8 @@ UNLABELLED_SOURCES = ("server", *SERVER_DATASETS)  # FedDF's unlabelled data: D0
 class DataConfig(_Strict):
     dataset: Literal[DATASETS] = Field(description="dataset name: " + ", ".join(DATASETS))
     data_dir: str | None = Field(None, description="folder with the dataset files (else env FEDSL_DATA_DIR, "
-                                                   "else ~/.cache/fedsl/data)")
+                                                   "else ~/.cache/fedsl/data); arrays: the .npz file, or a folder "
+                                                   "holding arrays.npz")
     download: bool = Field(False, description="download missing publisher files (needs a network)")
     emnist_split: Literal["balanced", "bymerge", "byclass", "letters", "digits", "mnist"] = Field(
         "balanced", description="EMNIST split")
@@ -31,7 +32,8 @@ class DataConfig(_Strict):
                                            "the one split that exists locally, e.g. EMNIST ByMerge test")
     normalize: Literal["standardize", "unit"] = Field(
         "standardize", description="inputs: 'standardize' (pixels/255, then per-channel mean and std of the "
-                                   "training split, for clients, D0 and test set alike) or 'unit' (pixels/255 only)")
+                                   "training split, for clients, D0 and test set alike; arrays: each feature's mean "
+                                   "and std, axis 1) or 'unit' (pixels/255 only; arrays: the features as given)")
     carve_test: Literal["up_to", "exact"] = Field(
         "up_to", description="carving: a class short of train_per_class + test_per_class gives the test set what "
                              "is left after its training share ('up_to', the test size is in summary.json) or is "
@@ -62,7 +64,8 @@ class DataConfig(_Strict):
     server_dataset: Literal[SERVER_DATASETS] = Field(
         "fslsyn", description="other-source D0: " + ", ".join(
             f"'{s.name}'" + (f" ({s.note})" if s.note else "") for s in registry.SERVER_SOURCES.values()))
-    server_data_dir: str | None = Field(None, description="folder of the other-source D0 (default: data_dir)")
+    server_data_dir: str | None = Field(None, description="folder of the other-source D0 (default: data_dir; "
+                                                          "server_dataset 'arrays': its .npz)")
     server_per_class: int | None = Field(None, ge=1, le=100_000, description="other-source D0: samples per class "
                                                                                "(paper FSLsyn: STL-10 56 or 80; "
                                                                                "at most 100,000)")
@@ -153,6 +156,12 @@ class DataConfig(_Strict):
             raise ValueError(f"data.server_dataset = {self.server_dataset!r} has no labels, and D0 needs them: "
                              f"expected a labelled source, or data.unlabelled = {self.server_dataset!r} (FedDF's "
                              "unlabelled data)")
+        arrays_source = [key for key, used in (("server_dataset", self.server_source == "dataset"),
+                                               ("unlabelled", self.unlabelled != "server"))
+                         if used and getattr(self, key) == "arrays"]
+        if arrays_source and self.dataset != "arrays":
+            raise ValueError(f"data.{arrays_source[0]} = 'arrays' gives features from an .npz, but data.dataset = "
+                             f"{self.dataset!r} gives images or text: expected data.dataset = 'arrays'")
         if self.synthetic_clusters is not None and abs(sum(self.synthetic_clusters) - 1) > 1e-6:
             raise ValueError(f"data.synthetic_clusters = {self.synthetic_clusters}: expected probabilities summing "
                              "to 1")

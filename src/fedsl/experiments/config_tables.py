@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, create_model, model_validator
@@ -50,6 +51,15 @@ class ModelConfig(_Strict):
         "auto", description="initialisation: 'keras' (Glorot-uniform kernels, zero biases, as the paper's Keras "
                             "models), 'torch' (PyTorch's layer defaults), 'auto' (keras for the built-in models, "
                             "an imported factory's own init)")
+    import_dir: str | None = Field(
+        None, min_length=1, description="an imported factory's folder: put first on the Python path while "
+                                        "model.name's module is imported (a module beside the config wins over one "
+                                        "of the same name elsewhere), then kept at the path's end, so that worker "
+                                        "processes can load the model. Default: the config file's own folder when "
+                                        "model.name (or a variant's, or a swept value) is an import path (`fedsl run "
+                                        "my.toml`: my.toml's folder; a preset has none). Relative: from the config "
+                                        "file's folder (from the working directory when given by --set or from "
+                                        "Python); kept absolute. Read only for an import path")
 
     @model_validator(mode="after")
     def _known_or_import_path(self) -> "ModelConfig":
@@ -59,6 +69,9 @@ class ModelConfig(_Strict):
                              "or an import path 'package.module:factory'")
         if self.name not in MODELS and (problem := import_problem(self.name)):
             raise ValueError(problem)  # an import path runs code: only where the user opted in
+        if self.import_dir is not None and not Path(self.import_dir).expanduser().is_absolute():
+            # absolute from here on: a run resumed or run by a worker in another folder imports the same module
+            self.import_dir = str(Path(self.import_dir).expanduser().resolve())
         return self
 
 

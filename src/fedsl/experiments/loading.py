@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, switched, validate, without_unread
+from fedsl.experiments.own_keys import lookup
 
 
 def read_file(path: str | Path) -> dict:
@@ -149,6 +150,8 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, bas
     ``variants`` (the variants that will run; default all) or the sweep would replace them.
     """
     data = read_file(path) if path is not None else copy.deepcopy(base or {})
+    if path is not None:
+        _import_dir_from_file(data, Path(path).expanduser().resolve().parent)
     rounds = data.get("rounds")
     if (data.get("paper") or data.get("paper_claims")) and "paper_rounds" not in data and \
             type(rounds) is int and 1 <= rounds <= ROUNDS_MAX:  # a bad `rounds` is reported as itself
@@ -156,4 +159,38 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None, bas
         data["paper_rounds"] = rounds
     if quick:
         data = apply_quick(data)
-    return validate(apply_overrides(data, overrides or [], variants))
+    data = apply_overrides(data, overrides or [], variants)
+    if path is not None and _imports_a_model(data) and isinstance(data.setdefault("model", {}), dict):
+        # the config's own folder, looked in first for its model's module (fedsl run from anywhere finds it)
+        data["model"].setdefault("import_dir", str(Path(path).expanduser().resolve().parent))
+    return validate(data)
+
+
+def _import_dir_from_file(data: dict, folder: Path) -> None:
+    """A relative ``model.import_dir`` of a config file (top level or a variant's), taken from the file's folder
+    ``folder``: the config means the folder beside it, wherever it is run from."""
+    if not isinstance(data, dict):  # validation says what a config is
+        return
+    variants = data.get("variants")
+    for table in [data, *(v for v in variants.values() if isinstance(v, dict))] if isinstance(variants, dict) \
+            else [data]:
+        model = table.get("model")
+        if isinstance(model, dict) and isinstance(model.get("import_dir"), str) and model["import_dir"]:
+            model["import_dir"] = str((folder / Path(model["import_dir"]).expanduser()).resolve())
+
+
+def _imports_a_model(data: dict) -> bool:
+    """Whether a run of config dict ``data`` imports its model (``model.name`` an import path 'module:factory':
+    at the top level, in a variant, or among the swept values), so its file's folder is where that module is
+    looked for first (``model.import_dir``)."""
+    if not isinstance(data, dict):
+        return False
+    names = [lookup(data, "model.name")]
+    variants = data.get("variants")
+    for over in variants.values() if isinstance(variants, dict) else ():
+        if isinstance(over, dict):
+            names += [lookup(over, "model.name"), over.get("model.name")]
+    sweep = data.get("sweep")
+    if isinstance(sweep, dict) and isinstance(sweep.get("model.name"), list):
+        names += sweep["model.name"]
+    return any(isinstance(n, str) and ":" in n for n in names)

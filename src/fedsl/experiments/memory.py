@@ -70,13 +70,14 @@ def model_params(cfg: RunConfig) -> float:
         classes = info.num_classes  # the publisher's split: the head is a small part of d
     if classes is None or info.channels is None or info.image_size is None:
         return UNKNOWN_MODEL_PARAMS
-    return count_params(cfg.model.name, classes, (info.channels, *info.image_size))
+    return count_params(cfg.model.name, classes, (info.channels, *info.image_size), cfg.model.import_dir)
 
 
 @functools.cache
-def count_params(model: str, num_classes: int, input_shape: tuple[int, ...]) -> float:
+def count_params(model: str, num_classes: int, input_shape: tuple[int, ...], import_dir: str | None = None) -> float:
     """d of model ``model`` built for ``num_classes`` classes and inputs of ``input_shape`` (built once)."""
     try:
-        return count_parameters(build_model(model, num_classes, input_shape, seed=0, init="torch"))
+        return count_parameters(build_model(model, num_classes, input_shape, seed=0, init="torch",
+                                            import_dir=import_dir))
     except ValueError:  # an imported factory not allowed here, or inputs the model refuses: the run says so
         return UNKNOWN_MODEL_PARAMS

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import math
 import os
-from typing import Callable
+import sys
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -54,17 +56,40 @@ def import_problem(path: str) -> str | None:
     return None
 
 
-def _import_factory(path: str) -> Callable[..., nn.Module]:
-    """The factory at ``path``, checked to be callable as factory(num_classes=..., input_shape=...)."""
+@contextlib.contextmanager
+def _first_on_path(folder: str | None) -> Iterator[None]:
+    """``folder`` first on ``sys.path`` for the block, so that a module beside a config wins over one of the same
+    name elsewhere; afterwards at the path's end, where it shadows no other module but lets a process that
+    unpickles the model (the 'processes' executor's workers, spawned with this path) import its module."""
+    if folder is None:
+        yield
+        return
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)  # the first occurrence: the one inserted above
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
+def _import_factory(path: str, import_dir: str | None = None) -> Callable[..., nn.Module]:
+    """The factory at ``path``, checked to be callable as factory(num_classes=..., input_shape=...), its module
+    looked for in ``import_dir`` first (``model.import_dir``: the config's folder)."""
     if problem := import_problem(path):
         raise ValueError(problem)
+    if import_dir is not None and not os.path.isdir(import_dir):
+        raise ValueError(f"model.import_dir = {import_dir!r} is not a folder: expected the folder of {path!r}'s "
+                         "module (by default the config file's own)")
     module_name, _, attr = path.partition(":")
     expected = "expected 'package.module:factory', a factory(num_classes, input_shape) returning a torch.nn.Module"
+    where = f"in {import_dir!r} or " if import_dir is not None else ""
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        with _first_on_path(import_dir):
+            factory = getattr(importlib.import_module(module_name), attr)
     except Exception as e:  # noqa: BLE001 — ImportError, AttributeError or the module's own error: one line
         raise ValueError(f"model.name = {path!r}: cannot import it ({type(e).__name__}: {e}); {expected} "
-                         "on the Python path") from None
+                         f"{where}on the Python path") from None
     if not callable(factory):
         raise ValueError(f"model.name = {path!r} is a {type(factory).__name__}, not callable: {expected}")
     try:
@@ -102,7 +127,7 @@ def keras_init_(model: nn.Module) -> nn.Module:
 
 
 def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed: int,
-                init: str = "auto") -> nn.Module:
+                init: str = "auto", import_dir: str | None = None) -> nn.Module:
     """Build model ``name`` for inputs of ``input_shape`` (C, H, W), initialised from ``seed``.
 
     ``name`` is a built-in model or ``'package.module:factory'``, a callable taking
@@ -110,13 +135,14 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed:
     ``init``: ``'keras'`` (Glorot-uniform kernels, zero biases: the paper's Keras models,
     ``keras_init_``), ``'torch'`` (PyTorch's layer defaults, as the constructor leaves them)
     or ``'auto'`` (keras for the built-in models, the factory's own for an imported one).
+    ``import_dir``: the folder an imported factory's module is looked for in first (``model.import_dir``).
     """
     if init not in INITS:
         raise ValueError(f"model.init = {init!r}: expected one of {', '.join(INITS)}")
     if ":" in name:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            factory = _import_factory(name)
+            factory = _import_factory(name, import_dir)
             try:
                 model = factory(num_classes=num_classes, input_shape=tuple(input_shape))
             except Exception as e:  # noqa: BLE001 — the factory's own error, as one line
@@ -140,6 +166,10 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed:
                                  "Shakespeare JSON)")
             model = MODELS[name](num_classes=num_classes)
         elif name == "small_cnn":
+            if len(input_shape) != 3:
+                raise ValueError(f"model.name = 'small_cnn' reads images (C, H, W), but the dataset gives inputs of "
+                                 f"shape {tuple(input_shape)}: expected mlp, linear or logreg for features, or "
+                                 "features shaped [n, C, H, W]")
             model = small_cnn(num_classes=num_classes, in_channels=c, image_size=input_shape[-1])
         else:
             expected = (1, 28, 28) if name == "emnist_cnn" else (3, 32, 32)
