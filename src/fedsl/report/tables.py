@@ -46,9 +46,11 @@ def _variant_of(path: Path) -> dict[str, str]:
 
 
 def run_rows(path: str | Path) -> list[dict]:
-    """One row per run: status and its summary metrics."""
-    return [{"run": r, **{c: rd.read_summary().get(c) for c in RUN_COLUMNS[1:]}}
-            for r, rd in group_runs(path).items()]
+    """One row per run: status and its summary metrics; a run killed or in progress, which has no summary.json of
+    where it is, as its other files say (``run_status.shown_summary``: 'interrupted' or 'running')."""
+    from fedsl.experiments.run_status import shown_summary
+    return [{"run": r, **{c: s.get(c) for c in RUN_COLUMNS[1:]}}
+            for r, s in ((r, shown_summary(rd)) for r, rd in group_runs(path).items())]
 
 
 def variant_rows(path: str | Path) -> list[dict]:
