@@ -56,6 +56,13 @@ def test_help_keeps_bracketed_words():
     assert checked >= 3  # [sweep] in `fedsl --help` and `fedsl sweep --help`, [ray] in run/resume
 
 
+def test_version_prints_the_package_version(capsys):
+    import fedsl
+    from fedsl.cli import main
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"fedsl {fedsl.__version__}"
+
+
 def test_unknown_key_suggests_the_closest(capsys):
     from fedsl.cli import main
 

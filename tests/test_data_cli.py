@@ -19,6 +19,24 @@ def test_data_show_counts_and_contact_sheet(tmp_path, capsys):
     assert "2000 train / 1000 test" in out and png.stat().st_size > 5_000
 
 
+def test_data_pictures_go_where_asked_or_under_runs(tmp_path, monkeypatch, capsys):
+    """`fedsl data show` and `fedsl data partition` write their PNG where --out says (its folder made), else a
+    file of their own under runs/, as `fedsl run` does: never a contact-sheet.png or partition.png dropped into the
+    working directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "show", "toy"]) == 0
+    assert main(["data", "partition", "--preset", "quickstart", "--set", "data.dataset='toy'",
+                 "--set", "data.num_clients=8", "--set", "data.server_size=8"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+    pictures = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(pictures) == 2 and pictures[0].startswith("quickstart-partition-") and \
+        pictures[1].startswith("toy-samples-") and all(p.endswith(".png") for p in pictures)
+    out = capsys.readouterr().out
+    assert f"samples: runs/{pictures[1]}" in out and f"heat map: runs/{pictures[0]}" in out
+    assert main(["data", "show", "toy", "--out", str(tmp_path / "pictures" / "toy.png")]) == 0
+    assert (tmp_path / "pictures" / "toy.png").stat().st_size > 1_000
+
+
 def test_data_prepare_decodes_and_caches(shared_data, capsys):
     assert main(["data", "prepare", "cifar10", "--data-dir", str(shared_data)]) == 0
     assert "50000 train, 10000 test, 10 classes" in capsys.readouterr().out

@@ -22,6 +22,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Federated Learning with Server Learning (FSL): simulate, compare, reproduce.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from fedsl import __version__
+        console.print(f"fedsl {__version__}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="print fedsl's version and exit")) -> None:
+    """Federated Learning with Server Learning (FSL): simulate, compare, reproduce."""
+
+
+def _default_picture(what: str) -> Path:
+    """Where a `fedsl data` command puts its picture without --out: a file of its own under runs/, as `fedsl run`
+    puts its results, not beside the user's files in the working directory."""
+    return Path("runs") / f"{what}-{time.strftime('%Y%m%d-%H%M%S')}.png"
+
 
 BIG_SWEEP = 500  # `fedsl run` asks for --yes beyond this many runs
 
@@ -323,7 +341,8 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
               data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
               split: str = typer.Option("balanced", "--split", help="EMNIST split"),
               carve: bool = typer.Option(False, "--carve", help="carve train/test out of the one local split"),
-              out: Path = typer.Option(Path("contact-sheet.png"), "--out", "-o", help="PNG of samples")) -> None:
+              out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG of samples (default "
+                                                 "runs/NAME-samples-TIME.png)", show_default=False)) -> None:
     """Counts per class and a contact sheet of samples."""
     from fedsl.data.datasets import is_text, load_arrays
     from fedsl.report.plots import contact_sheet
@@ -353,6 +372,8 @@ def data_show(name: str = typer.Argument(..., help="dataset name"),
             console.print(f"{owner}: {''.join(chars[ds.train.x[last]])!r} -> {str(chars[ds.train.y[last]])!r}",
                           markup=False, highlight=False)
         return
+    out = out or _default_picture(f"{name}-samples")
+    out.parent.mkdir(parents=True, exist_ok=True)
     contact_sheet(ds.train.x, ds.train.y, ds.class_names, out, title=name)
     console.print(f"samples: {out}", markup=False)
 
@@ -400,7 +421,8 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
                    preset: Optional[str] = typer.Option(None, "--preset", "-p", help=PRESET_HELP),
                    set_: List[str] = typer.Option([], "--set", "-s", help="override a key: --set data.num_clients=50"),
                    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
-                   out: Path = typer.Option(Path("partition.png"), "--out", "-o", help="heat-map PNG")) -> None:
+                   out: Optional[Path] = typer.Option(None, "--out", "-o", help="heat-map PNG (default "
+                                                      "runs/NAME-partition-TIME.png)", show_default=False)) -> None:
     """Per-client class histograms of a config's partition, and a heat map."""
     import torch
 
@@ -433,6 +455,8 @@ def data_partition(config: Optional[Path] = typer.Argument(None, help="TOML conf
     console.print(table)
     if fed.num_clients > 50:
         console.print(f"(first 50 of {fed.num_clients} clients shown)")
+    out = out or _default_picture(f"{cfg.name}-partition")
+    out.parent.mkdir(parents=True, exist_ok=True)
     partition_heatmap(counts, fed.class_names, out, title=f"{cfg.name}: {kind}")
     console.print(f"heat map: {out}", markup=False)
 
