@@ -1,11 +1,13 @@
 """`fedsl show` on what summary.json does not describe: a run killed with kill -9 (interrupted, at its checkpoint's
-round) or in progress (running)."""
+round) or in progress (running), and a Flower ServerApp's out-dir."""
 
+import json
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
-from conftest import TINY, start_paused
+from conftest import FLOWER_RUN, TINY, start_paused
 
 from fedsl.cli import main
 from fedsl.engine import metrics
@@ -75,3 +77,65 @@ def test_a_run_killed_after_an_interruption_shows_its_later_checkpoint(tmp_path,
     assert rd.checkpoint_round() == 4
     assert main(["show", str(rd.path)]) == 0
     assert table_row(capsys.readouterr().out, "run") == expected_row(rd, 4, "interrupted")
+
+
+def flower_out_dir(tmp_path: Path) -> Path:
+    """A Flower ServerApp's out-dir: FSL for 3 rounds on nodes in this process (tests/test_flower.py's ``LoopGrid``),
+    evaluated every round as the ServerApp evaluates, then the end it writes (``finish``: final.pt, done.json)."""
+    pytest.importorskip("flwr")
+    from test_flower import LoopGrid
+
+    from fedsl.flower import FedslStrategy, load_setup
+    from fedsl.flower.records import to_record
+    out = tmp_path / "flower-out"
+    rc = {**FLOWER_RUN, "eval_every": 1, "out-dir": str(out)}
+    strategy = FedslStrategy(load_setup(rc))
+    strategy.start(LoopGrid(rc, {100 + i: i for i in range(4)}), to_record(strategy.state.x), num_rounds=3,
+                   timeout=5.0, evaluate_fn=strategy.evaluate)
+    strategy.finish()
+    return out
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_show_a_flower_out_dir(tmp_path, capsys, one_thread):
+    """Completed (done.json): its row as a run's, with 3 of 3 rounds and the paper's metrics over evaluations.json's
+    rounds 1..3, what the rounds aggregated, and each evaluation. Failed (failed.json): its reason. Neither:
+    unfinished. A malformed evaluations.json: one line naming it."""
+    out = flower_out_dir(tmp_path)
+    evals = json.loads((out / "evaluations.json").read_text())
+    history = json.loads((out / "rounds.json").read_text())
+    assert [e["round"] for e in evals] == [0, 1, 2, 3] and (out / "done.json").is_file()
+    scored = evals[1:]
+    s = metrics.summarize([e["round"] for e in scored], [e["accuracy"] for e in scored], 20)
+    seconds = sum(h["seconds"] for h in history)
+
+    assert main(["show", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert table_row(printed, out.name) == [out.name, "completed", fmt(s["final_accuracy"], "final_accuracy"),
+                                            fmt(s["rise_time"], "rise_time"), fmt(s["T_0.5"], "T_0.5"), "3 of 3",
+                                            fmt(seconds, "wall_time")]
+    trained = sum(len(h["trained"]) for h in history)
+    assert f"{trained} client updates aggregated in 3 rounds (0 rounds without one), 0 replies rejected; " \
+           "federation replay" in printed
+    rolling = metrics.rolling([1, 2, 3], [e["accuracy"] for e in scored], 20)
+    assert table_row(printed, "0")[1:] == [f"{evals[0]['accuracy']:.4f}", f"{evals[0]['loss']:.4f}",
+                                           f"{evals[0]['accuracy']:.4f}"]
+    for e, roll in zip(scored, rolling):
+        assert table_row(printed, str(e["round"]))[1:] == [f"{e['accuracy']:.4f}", f"{e['loss']:.4f}", f"{roll:.4f}"]
+
+    # what fail() writes instead of done.json and final.pt
+    (out / "done.json").unlink()
+    (out / "final.pt").unlink()
+    (out / "failed.json").write_text(json.dumps({"status": "failed", "reason": "no SuperNode to train", "rounds": 3}))
+    assert main(["show", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert table_row(printed, out.name)[1] == "failed" and "failed: no SuperNode to train" in printed
+    (out / "failed.json").unlink()
+    assert main(["show", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert table_row(printed, out.name)[1] == "unfinished" and "no done.json or failed.json" in printed
+
+    (out / "evaluations.json").write_text('[{"round": 1, "accuracy": "high"}]')
+    assert main(["show", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "evaluations.json' is not a list of entries with round, accuracy, loss" in err

@@ -264,15 +264,22 @@ def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
 
 @app.command()
 @_clean_errors
-def show(path: Path = typer.Argument(..., help="a run, group or tune folder")) -> None:
-    """Summary table of a run, a group of runs or a study (fedsl tune)."""
+def show(path: Path = typer.Argument(..., help="a run, group or tune folder, or a Flower ServerApp's "
+                                                "out-dir")) -> None:
+    """Summary table of a run, a group of runs, a study (fedsl tune) or a Flower ServerApp's out-dir. A run
+    killed (kill -9) shows as interrupted at its checkpoint's round, one in progress as running."""
+    from fedsl.cli_flower import is_flower_folder, print_flower
     from fedsl.experiments import tune as T
     if T.is_tune_folder(path):
         print_tune(path)
         return
+    if is_flower_folder(path):
+        print_flower(path)
+        return
     from fedsl.experiments.compare import group_runs
     if not any(rd.summary_file.is_file() or rd.is_run() for rd in group_runs(path).values()):
-        raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
+        raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run` "
+                        "(or a Flower ServerApp's out-dir)")
     _print_tables(path, str(path))
 
 
