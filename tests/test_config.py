@@ -120,7 +120,7 @@ def test_quickstart_preset_validates_and_its_variants_expand():
 
 def test_a_variant_that_sets_a_swept_key_is_pinned_at_its_value():
     """Fig. 3: DS sits at γ = 0 and runs once per η_l, while FSL runs the whole γ × η_l grid."""
-    cfg = validate(minimal(data={"dataset": "synthetic_chars", "server_size": 20},
+    cfg = validate(minimal(data={"dataset": "synthetic_chars", "server_size": 20}, algorithm={"name": "fsl"},
                            sweep={"server.gamma": [0.5, 1.0], "algorithm.local_lr": [0.01, 0.02]},
                            variants={"DS": {"algorithm": {"name": "ds"}, "server": {"gamma": 0.0}},
                                      "FSL": {"algorithm": {"name": "fsl"}}}))
@@ -541,6 +541,7 @@ def test_a_template_key_goes_to_the_runs_that_read_it_and_must_be_read_by_one():
     reaches the FedDF runs only; a key no run reads (μ over FedAvg variants only) is refused in one line. A single
     run's config with [distill] and no FedDF is refused as any key its choice does not read."""
     d = minimal(data={"dataset": "synthetic_chars", "server_size": 20}, distill={"lr": 1e-4},
+                algorithm={"name": "fsl"},
                 variants={"FSL": {"algorithm": {"name": "fsl"}}, "FedDF": {"algorithm": {"name": "feddf"}}})
     runs = expand_variants(validate(d))
     assert (runs["FSL"].distill.lr, runs["FedDF"].distill.lr) == (1e-3, 1e-4)

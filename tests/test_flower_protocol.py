@@ -242,9 +242,10 @@ def test_the_train_message_carries_what_a_plain_client_needs(one_thread):
 
 def test_rule_specific_keys_and_arrays(one_thread):
     """FedProx sends μ under Flower's own key; SCAFFOLD sends c as arrays named c/<parameter>."""
-    _, grid = run_fedsl({**BASE, "rounds": 1, "algorithm.name": "fedprox", "algorithm.mu": 0.3}, fedsl_nodes(4))
+    plain = {k: v for k, v in BASE.items() if k != "server.batch_size"}  # FedProx, SCAFFOLD: no server learning
+    _, grid = run_fedsl({**plain, "rounds": 1, "algorithm.name": "fedprox", "algorithm.mu": 0.3}, fedsl_nodes(4))
     assert trains(grid)[0].content["config"]["proximal-mu"] == 0.3
-    strategy, grid = run_fedsl({**BASE, "rounds": 1, "algorithm.name": "scaffold"}, fedsl_nodes(4))
+    strategy, grid = run_fedsl({**plain, "rounds": 1, "algorithm.name": "scaffold"}, fedsl_nodes(4))
     state = trains(grid)[0].content.array_records["server-state"]
     assert sorted(state) == sorted(f"c/{n}" for n in strategy.sim.fm.names)
 

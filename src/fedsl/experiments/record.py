@@ -4,13 +4,13 @@ that ``fedsl show`` and ``fedsl report`` read it as a run of ``fedsl run``.
     from fedsl.experiments.record import run_simulator
     summary = run_simulator(sim, "runs/mine", rounds=30, name="my-fsl")
 
-writes ``runs/mine/`` as `fedsl run` writes a config without variants: group.json (a group of one run) and the run's
-folder ``runs/mine/my-fsl/`` with config.json (what the run was: its name, rounds, evaluation settings, the simulator's
-algorithm and model in words), metrics.csv (the columns of ``fedsl run``'s: accuracy, loss, rolling accuracy, wall
-time, γ_t, cos θ_t, parameters sent; a row at round 0 and at every evaluated round) and summary.json (final accuracy over
-the rolling window, rise time, T_0.5, status, rounds, wall time). It has no checkpoint: such a run is not resumed
-(a run made from a config is: ``fedsl.experiments.runner.run``). Ctrl-C keeps what was done, status
-"interrupted", and stops.
+writes ``runs/mine/`` as `fedsl run` writes a config without variants: group.json (a group of one run) and the
+run's folder ``runs/mine/my-fsl/`` with config.json (what the run was: its name, rounds, evaluation settings, the
+simulator's algorithm and model in words), metrics.csv (the columns of ``fedsl run``'s: accuracy, loss, rolling
+accuracy, wall time, γ_t, cos θ_t, parameters sent; a row at round 0 and at every evaluated round) and summary.json
+(final accuracy over the rolling window, rise time, T_0.5, status, rounds, wall time). It has no checkpoint: such a
+run is not resumed (a run made from a config is: ``fedsl.experiments.runner.run``). Ctrl-C keeps what was done,
+status "interrupted", and stops.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def _label(value: Any) -> str:
     return slug(str(value))
 
 
-def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
+def expand_variants(cfg: RunConfig, *, picked: bool = False) -> dict[str, RunConfig]:
     """One validated RunConfig per (variant, sweep point, seed).
 
     Runs are named ``VARIANT[-key=value...][-seedS]``; a run's ``name`` (what tables
@@ -38,9 +38,11 @@ def expand_variants(cfg: RunConfig) -> dict[str, RunConfig]:
     is the one variant; without ``seeds`` each runs once with ``seed``. A variant that sets a
     swept key to one value is not swept over that key (e.g. DS pinned at ``server.gamma = 0`` in a
     sweep over γ, as in the paper's Fig. 3): it runs once per point of the other keys. One that
-    sets it to a list runs at the sweep's values in that list (``variant_points``).
+    sets it to a list runs at the sweep's values in that list (``variant_points``). ``picked``: the variants were
+    picked out of a whole config (Flower's ``variant``), so a top-level algorithm none of them runs is not refused
+    here (``_check_top_level_runs``).
     """
-    return {run: c for run, (_, c) in expand_runs(cfg).items()}
+    return {run: c for run, (_, c) in expand_runs(cfg, picked=picked).items()}
 
 
 def _reads(cfg: RunConfig, over: dict, key: str) -> bool:
@@ -135,7 +137,7 @@ def count_runs(cfg: RunConfig) -> int:
     return total
 
 
-def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
+def expand_runs(cfg: RunConfig, *, picked: bool = False) -> dict[str, tuple[str, RunConfig]]:
     """``expand_variants`` with each run's variant name: run name -> (variant, RunConfig)."""
     total = count_runs(cfg)
     if total > RUNS_MAX:
@@ -202,7 +204,8 @@ def expand_runs(cfg: RunConfig) -> dict[str, tuple[str, RunConfig]]:
             raise ConfigError(f"{section}.{key} = {value!r}: read only with {rule.only_with(key)}, and no run of "
                               f"the config has one (theirs: {', '.join(rule.named(t) for t in theirs)}): "
                               "expected it unset, or set in the variants that read it")
-    _check_top_level_runs(cfg, {c.algorithm.name for _, c in out.values()})
+    if not picked:
+        _check_top_level_runs(cfg, {c.algorithm.name for _, c in out.values()})
     return out
 
 

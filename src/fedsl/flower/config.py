@@ -342,7 +342,7 @@ def parse_run_config(run_config: Mapping[str, Any], app_dir: str | Path | None =
         raise ConfigError(f"the config has variants {sorted(variants)}: a Flower run is one run; "
                           "pick one with the run config key variant = \"NAME\"")
     cfg = validate(data)
-    (cfg,) = expand_variants(cfg).values()
+    (cfg,) = expand_variants(cfg, picked=bool(variant)).values()
     if registry.on_demand(cfg.data.dataset):  # a node would make its partition's samples: not built there
         raise ConfigError(f"data.dataset = {cfg.data.dataset!r} makes each client's samples on demand, which runs in "
                           "`fedsl run`; a Flower node trains on data it holds: expected a dataset of files")
