@@ -331,7 +331,7 @@ def _run(root: Path, executor: str, algorithm: str = "fsl", rounds: int = 2):
                     "data": _data(root, min_samples=1, num_clients=3, server_size=12),
                     "model": {"name": "char_lstm_small"},
                     "algorithm": {"name": algorithm, "clients_per_round": 2, "batch_size": 3, "local_steps": 2,
-                                  "local_lr": 0.5}, "server": {"steps": 2}})
+                                  "local_lr": 0.5}, "server": {"steps": 2} if algorithm == "fsl" else {}})
     b = prepare(cfg)
     st = b.sim.initial_state()
     for t in range(rounds):
