@@ -105,6 +105,10 @@ def test_replace_dropout_in_user_module():
 def test_batchnorm_and_stateful_modules_are_refused():
     with pytest.raises(ValueError, match="BatchNorm2d"):
         FunctionalModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)))
+    # without running statistics it is refused for the reason it has: batch statistics over padded batches
+    with pytest.raises(ValueError, match=r"is BatchNorm2d without running statistics: its statistics over a batch "
+                                         r"would count the zero-weight rows"):
+        FunctionalModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)))
 
     class WithBuffer(nn.Module):
         def __init__(self):

@@ -27,10 +27,19 @@ from fedsl.models.dropout import replace_dropout
 def check_model(model: nn.Module) -> None:
     """Refuse modules the engine cannot treat as a pure function of their parameters."""
     for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._NormBase):
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
             raise ValueError(
                 f"model layer {name!r} is {type(m).__name__}: batch-norm running statistics are state that "
-                "federated averaging does not define; use GroupNorm/LayerNorm or no normalisation"
+                "federated averaging does not define (fedsl neither averages them nor keeps them per client, FedBN); "
+                "use GroupNorm/LayerNorm or no normalisation"
+            )
+        if isinstance(m, nn.modules.batchnorm._NormBase):
+            # no running statistics, but a batch's own: the engine pads a client's short batches with zero-weight
+            # copies of a real sample, which a loss ignores and batch statistics would not
+            raise ValueError(
+                f"model layer {name!r} is {type(m).__name__} without running statistics: its statistics over a "
+                "batch would count the zero-weight rows the engine pads a client's short batches with; use "
+                "GroupNorm/LayerNorm or no normalisation"
             )
     extra = [n for n, _ in model.named_buffers() if not n.endswith(".key")]
     if extra:
