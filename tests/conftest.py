@@ -421,3 +421,16 @@ def postgres_url(_postgres_server) -> str:
     finally:
         conn.close()
     return f"postgresql+psycopg2://postgres@/{name}?host={base}&port={port}"
+
+
+def flower_rc(*parts: dict) -> dict:
+    """Flower run configs merged left to right, switching the algorithm as `--set` does: server learning's keys
+    (``server.gamma``, ``server.batch_size``, ...) are dropped where the result learns nothing on the server, since a
+    run config refuses a key its run does not read."""
+    from fedsl.algorithms import SPECS
+    rc = {k: v for p in parts for k, v in p.items()}
+    name, learning = rc.get("algorithm.name"), rc.get("server.learning", "auto")
+    if name in SPECS and SPECS[name].server_mode(learning) == "off":
+        kept = ("server.learning", "server.pretrain", "server.finetune", "server.log_angle")
+        rc = {k: v for k, v in rc.items() if not k.startswith("server.") or k.startswith(kept)}
+    return rc

@@ -27,7 +27,7 @@ import torch
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
-from conftest import max_diff
+from conftest import flower_rc, max_diff
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from test_flower_protocol import BASE, export_partitions, fedsl_nodes, load_plain_client, run_fedsl, serve, trains
 
@@ -181,7 +181,8 @@ def test_the_aggregate_is_the_mean_of_the_stock_replies(one_thread, stock):
     """FedAvg with η_g = 1 and no server learning: x_1 is exactly the plain mean of the replied models."""
     rc, nodes = stock
     replies: list[Message] = []
-    rc = {**rc, "rounds": 1, "algorithm.name": "fedavg", "algorithm.global_lr": 1.0, "algorithm.clients_per_round": 4}
+    rc = flower_rc(rc, {"rounds": 1, "algorithm.name": "fedavg", "algorithm.global_lr": 1.0,
+                         "algorithm.clients_per_round": 4})
     strategy, _ = run_fedsl(rc, nodes, tamper={n: _recording(replies) for n in nodes})
     assert len(replies) == 4 and strategy.history[0]["trained"] == sorted(nodes)
     models = [r.content["arrays"].to_torch_state_dict() for r in replies]
@@ -202,8 +203,8 @@ def test_weighted_aggregation_uses_the_reported_num_examples(one_thread, stock):
             return replies[node]
         return tamper
 
-    rc = {**rc, "rounds": 1, "algorithm.name": "fedavg", "algorithm.global_lr": 1.0, "algorithm.weighted": True,
-          "algorithm.clients_per_round": 2}
+    rc = flower_rc(rc, {"rounds": 1, "algorithm.name": "fedavg", "algorithm.global_lr": 1.0,
+                        "algorithm.weighted": True, "algorithm.clients_per_round": 2})
     (a, b) = rng.sample_nodes(1, 0, list(nodes), 2)
     strategy, _ = run_fedsl(rc, nodes, tamper={a: claim(a, 10), b: claim(b, 30)})
     ma, mb = (replies[n].content["arrays"].to_torch_state_dict() for n in (a, b))
@@ -269,10 +270,10 @@ def test_a_rule_that_corrects_the_clients_needs_a_client_that_runs_it(one_thread
     the train message's server-state): a stock client's plain-SGD reply has no 'steps' and is refused; fedsl's
     ClientApp, in an open federation, runs the rule's client half on the data it owns and is accepted."""
     rc, nodes = stock
-    strategy, _ = run_fedsl({**rc, "rounds": 1, "algorithm.name": name}, nodes)
+    strategy, _ = run_fedsl(flower_rc(rc, {"rounds": 1, "algorithm.name": name}), nodes)
     assert strategy.history[0]["trained"] == []
     assert f"algorithm {name!r} corrects the clients' local steps, and this reply has no 'steps' metric" in caplog.text
-    fedsl_rc = {**BASE, "federation": "open", "rounds": 2, "algorithm.name": name}
+    fedsl_rc = flower_rc(BASE, {"federation": "open", "rounds": 2, "algorithm.name": name})
     strategy, grid = run_fedsl(fedsl_rc, fedsl_nodes(4))
     assert all(len(h["trained"]) == 2 and h["rejected"] == [] for h in strategy.history)
     assert all(h["client_steps"] == [2 * math.ceil(24 / 24)] * 2 for h in strategy.history)  # the clients' own K_i
@@ -297,11 +298,11 @@ def test_a_rule_that_corrects_the_clients_needs_a_client_that_runs_it(one_thread
 ])
 def test_what_an_open_federation_cannot_run_is_one_line(extra, needle):
     with pytest.raises(ConfigError) as err:
-        parse_run_config({**OPEN, **extra})
+        parse_run_config(flower_rc(OPEN, extra))
     assert needle in str(err.value) and "\n" not in str(err.value)
     if "federation" not in extra and "max-examples" not in extra:
         assert 'set the run config key federation = "replay"' in str(err.value)
-        parse_run_config({**OPEN, **extra, "federation": "replay"})  # what replay can run
+        parse_run_config(flower_rc(OPEN, extra, {"federation": "replay"}))  # what replay can run
 
 
 def test_a_failed_open_run_says_so_in_failed_json(one_thread, stock, tmp_path):
@@ -349,8 +350,8 @@ def test_a_malicious_client_app_against_a_robust_rule_on_flower(one_thread, stoc
     for aggregator in ("mean", "median"):
         replies: list[Message] = []
         honest = {n: _recording(replies) for n in NODES[:3]}
-        run = {**rc, "rounds": 1, "algorithm.name": "fedavg", "algorithm.global_lr": 1.0,
-               "algorithm.clients_per_round": 4, "robust.aggregator": aggregator}
+        run = flower_rc(rc, {"rounds": 1, "algorithm.name": "fedavg", "algorithm.global_lr": 1.0,
+                             "algorithm.clients_per_round": 4, "robust.aggregator": aggregator})
         strategy, _ = run_fedsl(run, nodes, tamper={**honest, NODES[3]: _sign_flip(replies)})
         assert strategy.history[0]["trained"] == NODES and len(replies) == 4
         models = [r.content["arrays"].to_torch_state_dict() for r in replies]

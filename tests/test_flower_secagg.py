@@ -29,7 +29,7 @@ import torch
 
 pytest.importorskip("flwr")
 
-from conftest import max_diff
+from conftest import flower_rc, max_diff
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
@@ -211,7 +211,7 @@ def _fitres(agg: list[np.ndarray], weight: int, **metrics) -> FitRes:
 
 
 def _strategy(**extra) -> SecAggStrategy:
-    return SecAggStrategy(FedslStrategy(load_setup({**SECAGG, **extra})))
+    return SecAggStrategy(FedslStrategy(load_setup(flower_rc(SECAGG, extra))))
 
 
 def test_aggregate_fit_applies_the_server_update_to_a_made_up_aggregate(one_thread):
@@ -323,13 +323,13 @@ def test_every_node_lost_mid_run_fails_with_the_rounds_done_checkpointed_under_s
 ])
 def test_what_cannot_run_under_secagg_is_refused_in_one_line(extra, needle):
     with pytest.raises(ConfigError) as err:
-        parse_run_config({**SECAGG, **extra})
+        parse_run_config(flower_rc(SECAGG, extra))
     assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 def test_the_algorithms_that_run_under_secagg_are_accepted():
     for name in ("fedavg", "fsl", "fsl_p", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "moon", "feddyn"):
-        _, options = parse_run_config({**SECAGG, "algorithm.name": name})
+        _, options = parse_run_config(flower_rc(SECAGG, {"algorithm.name": name}))
         assert options.secagg and options.secagg_shares == 1.0 and options.secagg_threshold == 0.67
 
 
