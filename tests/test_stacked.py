@@ -243,9 +243,11 @@ def test_incompatible_runs_are_refused():
 # --- sweeps run stacked through the runner -------------------------------------------------
 
 def sweep_config(stack, alg="fsl", executor="sequential", **top) -> dict:
-    """8 runs of the tiny config: 2 η_l (one diverges) × 2 γ × 2 seeds, 5 rounds."""
+    """8 runs of the tiny config: 2 η_l (one diverges) × 2 γ (η_g for a rule without server learning, which reads
+    no γ) × 2 seeds, 5 rounds."""
+    second = "server.gamma" if alg == "fsl" else "algorithm.global_lr"
     return tiny_config(rounds=5, alg=alg, executor=executor, name="sw", seeds=[0, 1], checkpoint_every=2,
-                       stack=stack, sweep={"algorithm.local_lr": [0.05, 1e9], "server.gamma": [0.5, 1.0]}, **top)
+                       stack=stack, sweep={"algorithm.local_lr": [0.05, 1e9], second: [0.5, 1.0]}, **top)
 
 
 LOG: list[str] = []

@@ -238,7 +238,8 @@ def test_a_grid_tries_each_point_once_and_refuses_ranges_and_keys_a_run_does_not
          "tune.trials = 3 with tune.sampler = 'grid' (variant FSL): expected at most the grid's 2 combinations"),
         ({"sampler": "grid", "trials": 2}, {"FSL": {"tune": {"space": {"server.gamma": {"low": 0.5, "high": 2}}}}},
          "server.gamma has a range, not a list"),
-        ({"trials": 2}, {"FedAvg": {"algorithm": {"name": "fedavg"}, "tune": {"space": {"server.gamma": [1, 2]}}}},
+        ({"trials": 2}, {"FSL": {}, "FedAvg": {"algorithm": {"name": "fedavg"},
+                                                "tune": {"space": {"server.gamma": [1, 2]}}}},
          "runs without server learning, so a trial would change nothing"),
     ]:
         data["tune"], data["variants"] = tune, variants

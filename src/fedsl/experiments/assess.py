@@ -50,6 +50,7 @@ from fedsl.engine.diagnostics import client_gradients_sum
 from fedsl.engine.functional import FunctionalModel, full_gradient
 from fedsl.experiments.config import ROUNDS_MAX, ConfigError, RunConfig, validate
 from fedsl.experiments.loading import apply_overrides
+from fedsl.experiments.own_keys import SERVER_KEYS as OWN_SERVER
 
 # The keys a candidate may change: D0 and the server step's own settings. Anything else (the
 # clients, the model, the seed) would change F or x_0 and make the candidates incomparable.
@@ -384,9 +385,11 @@ def assess(cfg: RunConfig, candidates: list[Candidate], warmup_rounds: int = 0,
         fedavg = ccfg.model_dump()
         fedavg["algorithm"] = {k: v for k, v in fedavg["algorithm"].items() if k in
                                ("clients_per_round", "local_lr", "batch_size", "local_epochs", "local_steps",
-                                "global_lr", "weighted")}
+                                "global_lr", "weighted", "client_momentum", "weight_decay")}
         fedavg["algorithm"]["name"] = "fedavg"
-        fedavg["server"] = {**fedavg["server"], "learning": "auto", "pretrain": False}
+        # without server learning's keys, which FedAvg does not read (a config refuses them)
+        fedavg["server"] = {**{k: v for k, v in fedavg["server"].items() if k not in OWN_SERVER.readers},
+                            "learning": "auto", "pretrain": False}
         try:
             prep = prepare(validate(fedavg))
             _, _, hparams = resolve(ccfg, prep.fed)
