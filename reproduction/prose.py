@@ -32,7 +32,8 @@ from fedsl.report import grid, verdicts
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "REPRODUCTION.md"
-METRICS = ("final_accuracy", "T_0.5", "rise_time")
+METRICS = ("final_accuracy", "T_0.5", "rise_time",
+           "final_client_acc_mean", "final_client_acc_std", "final_client_acc_worst10")  # eval_per_client's
 NUMBER = r"\d+(?:\.\d+)?"
 PLUS_MINUS = re.compile(rf"([+−-]?)({NUMBER}) ± ({NUMBER})")
 # a p-value written to 2 decimals or more ("p = 0.5" with one is the availability p of its section)
