@@ -18,6 +18,8 @@ from fedsl.report.tables import fmt
 def table_row(out: str, first: str) -> list[str]:
     """The cells of the table row that starts with ``first`` in rich's printed table."""
     for line in out.splitlines():
+        if "│" not in line:  # a title (the folder's path, wrapped: its last part may be the run's name) or a rule
+            continue
         cells = [c.strip() for c in line.strip().strip("│").split("│")]
         if cells and cells[0] == first:
             return cells
