@@ -240,7 +240,7 @@ import torch
 
 pytest.importorskip("flwr")
 
-from conftest import run_rounds
+from conftest import flower_rc, run_rounds
 from flwr.common.config import flatten_dict
 
 from fedsl.data.datasets import build_federation
@@ -376,8 +376,8 @@ def _stock_app(tmp_path: Path, client: str | None = None, name: str = "app", **o
     from test_flower_open import OPEN, STOCK_CLIENT
     from test_flower_protocol import export_partitions, write_plain_app
 
-    config = {**OPEN, "data-dir": str(tmp_path / "data"), "min-nodes": 4, "node-wait": 120.0, "round-timeout": 120.0,
-              **overrides}
+    config = flower_rc(OPEN, {"data-dir": str(tmp_path / "data"), "min-nodes": 4, "node-wait": 120.0,
+                              "round-timeout": 120.0}, overrides)
     if not (tmp_path / "data").exists():
         export_partitions(config, tmp_path / "data")
     return write_plain_app(tmp_path / name, config, client or STOCK_CLIENT), config
