@@ -179,9 +179,33 @@ def _folders(lines: list[str]) -> list[Path]:
     return sorted(HERE / n for n in names if (HERE / n / "group.json").is_file())
 
 
-def check(text: str) -> list[str]:
-    """'line N: "the number" is no ...' for each statistic of the prose no folder of its section computes."""
+# a sentence saying a run or study has not happened ("has not run yet", "is pending", "not started")
+NOT_RUN = re.compile(r"ha(?:s|ve) not (?:yet )?(?:run|been run|started)|(?:is|are) pending|not run yet")
+
+
+def stale(text: str) -> list[str]:
+    """'line N: ...' for each sentence that says a folder's runs have not run while the folder holds finished runs:
+    a sentence (to its full stop) with NOT_RUN and a backticked name `X` where reproduction/X has a finished run."""
     problems = []
+    flat = without_blocks(text)
+    for m in NOT_RUN.finditer(flat):
+        start = max(flat.rfind(". ", 0, m.start()), flat.rfind(".\n", 0, m.start()),
+                    flat.rfind("\n\n", 0, m.start())) + 1
+        ends = [e for e in (flat.find(". ", m.end()), flat.find(".\n", m.end())) if e >= 0]
+        sentence = flat[start:min(ends) if ends else len(flat)]
+        for name in re.findall(r"`(?:reproduction/)?([\w.-]+)/?`", sentence):
+            folder = HERE / name
+            if (folder / "group.json").is_file() and any(
+                    json.loads(s.read_text()).get("status") == "completed" for s in folder.glob("*/summary.json")):
+                line = flat.count("\n", 0, m.start()) + 1
+                problems.append(f"line {line}: says `{name}` has not run, but reproduction/{name} holds finished runs")
+    return problems
+
+
+def check(text: str) -> list[str]:
+    """'line N: "the number" is no ...' for each statistic of the prose no folder of its section computes, and each
+    sentence that says a folder has not run while it holds finished runs (``stale``)."""
+    problems = stale(text)
     cache: dict[Path, Computed] = {}
     for start, lines in sections(without_blocks(text)):
         have = Computed()

@@ -99,3 +99,16 @@ def test_the_prose_check_finds_a_stale_number():
         assert text.count(old) == 1
         found = prose.check(text.replace(old, new))
         assert len(found) == 1 and stale in found[0], found
+
+
+def test_a_sentence_that_says_a_folder_has_not_run_while_it_holds_finished_runs_is_found():
+    """The Shakespeare section said `shakespeare-tuned` "has not run yet" while its 15 runs were committed: such a
+    sentence is listed, naming the folder; one about a folder that does not exist, or naming none, is not."""
+    prose = _prose()
+    old = ("which this untuned comparison does not try; the preset\n  `shakespeare-tuned` tunes γ, η_l and η_g for "
+           "every method alike on validation windows, and has not run yet.\n- **Beside published numbers**")
+    assert prose.stale(old) == ["line 2: says `shakespeare-tuned` has not run, but reproduction/shakespeare-tuned "
+                                "holds finished runs"]
+    assert prose.stale("The preset `no-such-folder` has not run yet.\nNext.") == []
+    assert prose.stale("That re-run (about 6 CPU core-hours) has not run yet.\nSee `shakespeare-tuned`.") == []
+    assert not prose.stale((REPRO.parent / "REPRODUCTION.md").read_text())
