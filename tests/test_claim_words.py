@@ -190,3 +190,36 @@ def test_every_summary_row_says_its_budget():
     entries = tomllib.loads((REPRO / "summary.toml").read_text())["row"]
     missing = [e["paper"] for e in entries if not re.search(r"\b(untuned|tuned)\b", e.get("budget", ""))]
     assert not missing, missing
+
+
+# the ordering verb of a verdict that stands: "A beats B"; below that, "A ends above B (holds, not after Holm)"
+BEATS = re.compile(r"\bbeats?\b|\bbeating\b", re.IGNORECASE)
+# a clause that names a claim rather than states it: its verdict is given as not shown / contradicted / no runs,
+# or it speaks of "the claim that ..."
+NAMED_CLAIM = re.compile(r"not shown|contradicted|no runs|claim that", re.IGNORECASE)
+
+
+def beats_unbacked(sentence: str) -> bool:
+    """Whether ``sentence`` says "beats" as ours, outside quotes and not negated, without a verdict standing after
+    Holm in it and without naming a claim (``NAMED_CLAIM``). (A sentence of several verdicts passes with one that
+    stands: the words of each are the writer's care.)"""
+    bare = QUOTED.sub(lambda m: " " * len(m.group()), sentence)
+    return (any(not NEGATED.search(bare[:m.start()]) for m in BEATS.finditer(bare))
+            and not cites_standing(sentence) and not NAMED_CLAIM.search(sentence))
+
+
+def test_the_ordering_verb_follows_the_verdict_that_stands():
+    """'beats' only where the verdict stands after Holm; "ends above (holds, not after Holm)" where it holds at 5%
+    alone; a claim not shown or contradicted may be named by its words."""
+    assert beats_unbacked("FSL-500 beats it (holds, not after Holm).")
+    assert not beats_unbacked("FSL-500 ends above it (holds, not after Holm).")
+    assert not beats_unbacked("FSL beats FedDF by +0.2 (p = 0.001, Holm 0.008).")
+    assert not beats_unbacked("FSL beats FSL-p is **not shown** (p = 0.080).")
+    assert not beats_unbacked("the claim that it beats FSL is contradicted, p = 0.004 against")
+    assert not beats_unbacked('the paper says "FSL beats FedDyn", here not shown')
+
+
+@pytest.mark.parametrize("page", _prose_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_sentence_that_says_beats_cites_a_verdict_standing_after_holm(page):
+    bad = [f"{page.name}:{n}: {s}" for n, s in sentences(page.read_text()) if beats_unbacked(s)]
+    assert not bad, "\n".join(bad)
