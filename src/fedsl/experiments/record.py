@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from pathlib import Path
 
 from fedsl.engine import metrics
@@ -56,6 +57,7 @@ def run_simulator(sim: Simulator, out: str | Path, rounds: int, *, name: str = "
     acc0, loss0 = sim.evaluate(state.x)
     rd.append_metrics({"round": 0, "accuracy": acc0, "loss": loss0, "rolling_accuracy": acc0, "wall_time": 0.0})
     evaluated: list[tuple[int, float]] = []
+    window: deque[tuple[int, float]] = deque()
     status, done = "interrupted", 0
     try:
         for t in range(rounds):
@@ -66,7 +68,10 @@ def run_simulator(sim: Simulator, out: str | Path, rounds: int, *, name: str = "
             if done % eval_every == 0 or done == rounds:
                 acc, loss = sim.evaluate(state.x)
                 evaluated.append((done, acc))
-                roll = metrics.rolling([r for r, _ in evaluated], [a for _, a in evaluated], rolling_window)[-1]
+                window.append((done, acc))  # only the window's evaluations enter the rolling mean, as the runner's
+                while window[0][0] <= done - rolling_window:
+                    window.popleft()
+                roll = metrics.rolling([r for r, _ in window], [a for _, a in window], rolling_window)[-1]
                 row.update({"accuracy": acc, "loss": loss, "rolling_accuracy": float(roll)})
                 rd.append_metrics(row)  # the evaluated rounds' rows, as `fedsl run` writes them
         status = "completed"
