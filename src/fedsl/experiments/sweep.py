@@ -49,10 +49,13 @@ def _reads(cfg: RunConfig, over: dict, key: str) -> bool:
     """Whether the variant with overrides ``over`` reads swept ``key`` (False only for a key of another algorithm,
     dataset, attack or robust rule than the variant's, its choice not swept itself)."""
     section, _, name = key.partition(".")
-    base = cfg.model_dump(include={s.split(".")[0] for r in OWN_KEYS for s in r.selectors})
+    def of(dotted: str):  # the variant's own value, else the template's (read off the config, not dumped)
+        table, key = dotted.split(".")
+        return get_dotted(over, dotted) if has_dotted(over, dotted) else getattr(getattr(cfg, table), key)
+
     for rule in OWN_KEYS:
         if rule.section == section and name in rule.readers and not any(s in cfg.sweep for s in rule.selectors):
-            choice = rule.choose(lambda s: get_dotted(over, s) if has_dotted(over, s) else lookup(base, s))
+            choice = rule.choose(of)
             return rule.reads(name, choice)
     return True
 
