@@ -184,7 +184,10 @@ class RunSession:
         self.callbacks.on_round_end(done, measured)  # metrics.csv's row, the checkpoint, the progress, the trackers
         if stopped is not None:
             self.log(f"{cfg.name}: stopped after round {done}: {stopped.reason}")
-            raise stopped
+            try:
+                raise stopped
+            finally:  # the exception's traceback holds this frame: no reference back to it (a cycle of the run)
+                stopped = None
         if evaluated is not None and (stop := self.guard.observe(done, loss)):
             self.log(stop)
             return False
@@ -201,6 +204,9 @@ class RunSession:
                          f"accuracy {tuned['final_accuracy_finetuned']:.4f}")
         summary = self.summary.write(status, self.done, self.wall(), tuned)
         self.callbacks.on_run_end(summary)
+        # the checkpoint callback holds self.current: without it the session (its simulator, data and models) is
+        # freed when the caller lets go, not at the next full garbage collection (rare in a long study)
+        self.callbacks = CallbackList([])
         if self.state is not None and isinstance(self.state.clients, ClientStore):
             # its file is a working copy: the checkpoint holds the rows a resumed run rebuilds it from
             self.state.clients.close(remove=True)
