@@ -102,13 +102,12 @@ def test_replace_dropout_in_user_module():
     assert net.body[1].salt != net.drop.salt
 
 
-def test_batchnorm_and_stateful_modules_are_refused():
-    with pytest.raises(ValueError, match="BatchNorm2d"):
-        FunctionalModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)))
-    # without running statistics it is refused for the reason it has: batch statistics over padded batches
-    with pytest.raises(ValueError, match=r"is BatchNorm2d without running statistics: its statistics over a batch "
-                                         r"would count the zero-weight rows"):
-        FunctionalModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)))
+def test_batchnorm_is_made_a_function_and_stateful_modules_are_refused():
+    # BatchNorm, with or without running statistics, becomes WeightedBatchNorm (tests/test_batchnorm.py)
+    for track in (True, False):
+        fm = FunctionalModel(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, track_running_stats=track)))
+        assert fm.norm_names == ["1"] and fm.tracked_stats is track
+        assert not any("running" in n for n, _ in fm.module.named_buffers())
 
     class WithBuffer(nn.Module):
         def __init__(self):

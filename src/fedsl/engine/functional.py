@@ -21,29 +21,34 @@ from torch.func import functional_call, grad, vmap
 from fedsl.algorithms.base import LocalBatch, LocalSGD
 from fedsl.core.types import Params, State
 from fedsl.models import has_representation
+from fedsl.models.batchnorm import BATCH_NORMS, WeightedBatchNorm, replace_batchnorm, tracks_running_stats
 from fedsl.models.dropout import replace_dropout
 
 
 def check_model(model: nn.Module) -> None:
-    """Refuse modules the engine cannot treat as a pure function of their parameters."""
+    """Refuse modules the engine cannot treat as a pure function of their parameters (BatchNorm is made one:
+    ``fedsl.models.batchnorm``)."""
     for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
+        if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
+            raise ValueError(f"model layer {name!r} is {type(m).__name__} with parameters not yet made (lazy): "
+                             "expected a model whose layers know their sizes (e.g. nn.BatchNorm2d(C))")
+        if isinstance(m, nn.modules.batchnorm._NormBase) and not isinstance(m, BATCH_NORMS) \
+                and m.track_running_stats:
             raise ValueError(
-                f"model layer {name!r} is {type(m).__name__}: batch-norm running statistics are state that "
-                "federated averaging does not define (fedsl neither averages them nor keeps them per client, FedBN); "
-                "use GroupNorm/LayerNorm or no normalisation"
+                f"model layer {name!r} is {type(m).__name__} with running statistics: state that federated averaging "
+                "does not define; expected track_running_stats=False, BatchNorm (which fedsl handles: "
+                "model.batchnorm), GroupNorm/LayerNorm or no normalisation"
             )
-        if isinstance(m, nn.modules.batchnorm._NormBase):
-            # no running statistics, but a batch's own: the engine pads a client's short batches with zero-weight
-            # copies of a real sample, which a loss ignores and batch statistics would not
-            raise ValueError(
-                f"model layer {name!r} is {type(m).__name__} without running statistics: its statistics over a "
-                "batch would count the zero-weight rows the engine pads a client's short batches with; use "
-                "GroupNorm/LayerNorm or no normalisation"
-            )
-    extra = [n for n, _ in model.named_buffers() if not n.endswith(".key")]
+    extra = [n for n, _ in model.named_buffers()
+             if not n.endswith(".key") and not _batchnorm_buffer(model, n)]
     if extra:
         raise ValueError(f"model has buffers {extra}: expected a model whose only state is its parameters")
+
+
+def _batchnorm_buffer(model: nn.Module, name: str) -> bool:
+    """Whether buffer ``name`` is a BatchNorm layer's (its running statistics: replaced, see ``WeightedBatchNorm``)."""
+    owner = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    return isinstance(owner, (*BATCH_NORMS, WeightedBatchNorm))
 
 
 class _Parts(nn.Module):
@@ -92,6 +97,8 @@ class FunctionalModel:
         check_model(model)
         if seed is not None:
             reinitialise_(model, seed)
+        self.tracked_stats = tracks_running_stats(model)  # before they are dropped: model.batchnorm's default
+        self.norm_names = replace_batchnorm(model)
         self.key_names = replace_dropout(model)
         self.module = model
         self.names = [n for n, _ in model.named_parameters()]
@@ -102,23 +109,67 @@ class FunctionalModel:
     def params(self) -> Params:
         return {n: p.detach().clone() for n, p in self.module.named_parameters()}
 
-    def forward(self, params: Params, x: torch.Tensor, key: torch.Tensor | None = None) -> torch.Tensor:
-        buffers = {n: key for n in self.key_names} if key is not None else {}
-        return functional_call(self.module, {**params, **buffers}, (x,))
+    def _buffers(self, key: torch.Tensor | None, w: torch.Tensor | None, stats: Params | None,
+                 prefix: str = "") -> dict[str, torch.Tensor]:
+        """What ``functional_call`` sets besides the parameters: dropout's key, BatchNorm's sample weights and
+        evaluation statistics (``fedsl.models.batchnorm``), each only where given."""
+        buffers = {f"{prefix}{n}": key for n in self.key_names} if key is not None else {}
+        if w is not None:
+            buffers.update({f"{prefix}{n}.sample_weight": w for n in self.norm_names})
+        if stats:
+            buffers.update({f"{prefix}{n}": v for n, v in stats.items()})
+        return buffers
+
+    def forward(self, params: Params, x: torch.Tensor, key: torch.Tensor | None = None,
+                w: torch.Tensor | None = None, stats: Params | None = None) -> torch.Tensor:
+        """The model's outputs on ``x``; ``key``: dropout's; ``w``: the samples' weights (BatchNorm's training
+        statistics count the samples by them: padding, weight 0, not at all); ``stats``: BatchNorm's evaluation
+        statistics (``statistics``; None: each batch's own)."""
+        if not self.norm_names:
+            w = stats = None
+        return functional_call(self.module, {**params, **self._buffers(key, w, stats)}, (x,))
 
     def loss(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
              key: torch.Tensor) -> torch.Tensor:
         """Weighted cross-entropy: sum_j w_j * ce_j (w = 1/b on real samples, 0 on padding)."""
-        logits = self.forward(params, x, key)
+        logits = self.forward(params, x, key, w)
         return (F.cross_entropy(logits, y, reduction="none") * w).sum()
+
+    @torch.no_grad()
+    def statistics(self, params: Params, source: torch.Tensor | None, batch_size: int = 500) -> Params | None:
+        """BatchNorm's evaluation statistics for ``params``: each layer's mean and variance on the inputs
+        ``source`` (batches of ``batch_size``, dropout off, every layer normalising by its batch's own), the
+        batches' means and unbiased variances averaged, as ``torch.optim.swa_utils.update_bn`` recomputes running
+        statistics; buffer name -> tensor, for ``forward(..., stats=)``. None: no BatchNorm, or no ``source``
+        (``model.batchnorm = 'batch'``: each evaluated batch normalises by its own)."""
+        if not self.norm_names or source is None or not len(source):
+            return None
+        layers = [self.module.get_submodule(n) for n in self.norm_names]
+        training = self.module.training
+        self.module.train(False)
+        for m in layers:
+            m.recording = []
+        try:
+            for i in range(0, len(source), batch_size):
+                self.forward(params, source[i:i + batch_size])
+            recorded = [m.recording for m in layers]
+        finally:
+            for m in layers:
+                m.recording = None
+            self.module.train(training)
+        stats = {}
+        for n, rec in zip(self.norm_names, recorded):
+            stats[f"{n}.stat_mean"] = torch.stack([r[0] for r in rec]).mean(0)
+            stats[f"{n}.stat_var"] = torch.stack([r[1] for r in rec]).mean(0)
+        return stats
 
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)
 
-    def forward_parts(self, params: Params, x: torch.Tensor, key: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_parts(self, params: Params, x: torch.Tensor, key: torch.Tensor | None = None,
+                      w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, z): ``forward`` computed as head(features(x)), the same layers in the same order."""
-        buffers = {f"model.{n}": key for n in self.key_names} if key is not None else {}
+        buffers = self._buffers(key, w if self.norm_names else None, None, prefix="model.")
         return functional_call(self._parts, {**{f"model.{n}": p for n, p in params.items()}, **buffers}, (x, "both"))
 
     def freeze(self) -> None:
@@ -168,10 +219,10 @@ def client_gradient(fm: FunctionalModel, client: LocalSGD, transform: Transform 
     def loss(params: Params, aux: State, x: torch.Tensor, labels: torch.Tensor, w: torch.Tensor,
              key: torch.Tensor | None) -> torch.Tensor:
         if fm.has_representation:
-            logits, z = fm.forward_parts(params, x, key)
+            logits, z = fm.forward_parts(params, x, key, w)
             represent = lambda p: fm.represent(p, x)  # the batch's inputs, bound here
         else:
-            logits, z, represent = fm.forward(params, x, key), None, None
+            logits, z, represent = fm.forward(params, x, key, w), None, None
         ce = (F.cross_entropy(logits, labels, reduction="none") * w).sum()
         return ce + term(params, aux, LocalBatch(x, labels, w, logits, z, represent))
 
@@ -196,16 +247,19 @@ def _widen(logits: torch.Tensor) -> torch.Tensor:
 
 
 def evaluate(fm: FunctionalModel, params: Params, x: torch.Tensor, y: torch.Tensor,
-             batch_size: int = 500, precision: str = "float32") -> tuple[float, float]:
+             batch_size: int = 500, precision: str = "float32", source: torch.Tensor | None = None
+             ) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of ``params`` on (x, y), without dropout; ``precision``
     "bfloat16" runs the forward passes under bf16 autocast (an opt-in; accuracy difference measured
-    in benchmarks/RESULTS-gpu.md)."""
-    return evaluate_each(fm, [params], x, y, batch_size, precision)[0]
+    in benchmarks/RESULTS-gpu.md). ``source``: the inputs BatchNorm's evaluation statistics are estimated on
+    (``FunctionalModel.statistics``; None: each batch's own)."""
+    return evaluate_each(fm, [params], x, y, batch_size, precision, source)[0]
 
 
 @torch.inference_mode()
 def evaluate_each(fm: FunctionalModel, models: list[Params], x: torch.Tensor, y: torch.Tensor,
-                  batch_size: int = 500, precision: str = "float32") -> list[tuple[float, float]]:
+                  batch_size: int = 500, precision: str = "float32", source: torch.Tensor | None = None
+                  ) -> list[tuple[float, float]]:
     """``evaluate`` of several models, one after another, with one wait for the device at the end.
 
     On a GPU, large channels-last batches of one model ran faster than the same models vmapped
@@ -216,9 +270,10 @@ def evaluate_each(fm: FunctionalModel, models: list[Params], x: torch.Tensor, y:
     correct = torch.zeros(len(models), dtype=torch.int64, device=x.device)
     loss = torch.zeros(len(models), dtype=torch.float64, device=x.device)
     for j, params in enumerate(models):
+        stats = fm.statistics(params, source, batch_size)
         for i in range(0, len(x), batch_size):
             with _precision(x, precision):
-                logits = _widen(fm.forward(params, x[i:i + batch_size]))
+                logits = _widen(fm.forward(params, x[i:i + batch_size], stats=stats))
             yb = y[i:i + batch_size]
             loss[j] += F.cross_entropy(logits, yb, reduction="sum").double()
             correct[j] += (logits.argmax(1) == yb).sum()

@@ -34,14 +34,17 @@ def label_mix(fed: Federation) -> np.ndarray:
 
 @torch.inference_mode()
 def class_accuracy(fm: FunctionalModel, params, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                   batch_size: int = 500, precision: str = "float32") -> np.ndarray:
-    """[C] acc_c on (x, y) (NaN for a class with no test sample), dropout off."""
+                   batch_size: int = 500, precision: str = "float32", source: torch.Tensor | None = None
+                   ) -> np.ndarray:
+    """[C] acc_c on (x, y) (NaN for a class with no test sample), dropout off; ``source``: the inputs of BatchNorm's
+    evaluation statistics, as ``functional.evaluate`` takes them."""
     fm.train(False)
+    stats = fm.statistics(params, source, batch_size)
     correct = torch.zeros(num_classes, dtype=torch.int64, device=x.device)
     total = torch.zeros(num_classes, dtype=torch.int64, device=x.device)
     for i in range(0, len(x), batch_size):
         with _precision(x, precision):
-            logits = _widen(fm.forward(params, x[i:i + batch_size]))
+            logits = _widen(fm.forward(params, x[i:i + batch_size], stats=stats))
         yb = y[i:i + batch_size]
         total += torch.bincount(yb, minlength=num_classes)
         correct += torch.bincount(yb[logits.argmax(1) == yb], minlength=num_classes)

@@ -45,6 +45,7 @@ from fedsl.engine.client_state import DENSE, STORE_FILE, ClientStore, SavedStore
 from fedsl.engine.executors import Executor
 from fedsl.engine.functional import EVAL_PRECISIONS, FunctionalModel, evaluate, full_gradient
 from fedsl.engine.plan import BatchPlan, make_plan, truncate
+from fedsl.models.batchnorm import BATCHNORM_MODES, BATCHNORM_SAMPLES
 
 __all__ = ["ClientWork", "RoundInfo", "RunState", "Simulator"]  # RunState lives in algorithms.base
 
@@ -135,6 +136,10 @@ class Simulator:
             thread, where torch's default two spin on each other many times slower), N pins N, None leaves torch's
             setting alone. Float sums, and so results in their last bits, depend on the number: pin it for
             bit-identical reruns across machines and loads.
+        batchnorm: where a model's BatchNorm layers take their statistics when evaluated (``model.batchnorm``,
+            ``fedsl.models.batchnorm``): "batch" (each evaluated batch's own), "clients" (estimated at each
+            evaluation on ``batchnorm_samples`` of the clients' training samples, drawn once) or "server" (on D0).
+            In training every layer normalises by its batch's real samples. Unused for a model without BatchNorm.
 
     x_0 is ``fm``'s parameters as given: a module built with ``fedsl.build_model`` or wrapped as
     ``FunctionalModel(module, seed=...)`` is initialised from a seed, so a run is a function of its seeds alone.
@@ -143,7 +148,8 @@ class Simulator:
     def __init__(self, fm: FunctionalModel, fed: Federation, algorithm: Algorithm, executor: Executor,
                  clients_per_round: int, seed: int, eval_batch_size: int = 500, eval_precision: str = "float32",
                  tables_on_host: bool = False, part: Participation = FULL, attack: Attack = NO_ATTACK,
-                 client_store: StoreSettings = DENSE, threads: int | None = 0) -> None:
+                 client_store: StoreSettings = DENSE, threads: int | None = 0, batchnorm: str = "batch",
+                 batchnorm_samples: int = BATCHNORM_SAMPLES) -> None:
         assert eval_precision in EVAL_PRECISIONS, eval_precision  # config validation checks it
         if threads is not None:
             _threads.apply(threads)
@@ -174,6 +180,32 @@ class Simulator:
         self._unlabelled_parts: tuple[np.ndarray, torch.Tensor] | None = None
         self._validation: tuple[torch.Tensor, torch.Tensor] | None = None
         self._label_mix: np.ndarray | None = None  # p_i(c), for the clients' accuracies (made on first use)
+        self.batchnorm = batchnorm
+        self.norm_source = self._norm_source(batchnorm, batchnorm_samples)
+
+    def _norm_source(self, mode: str, samples: int) -> torch.Tensor | None:
+        """The inputs BatchNorm's evaluation statistics are estimated on (``model.batchnorm``): none ('batch':
+        each evaluated batch's own), D0 ('server'), or ``samples`` of the clients' training samples drawn once from
+        (seed, BATCHNORM_SAMPLE) ('clients': their statistics under the evaluated model, pooled, which is what
+        averaging the clients' statistics weighted by their sizes gives)."""
+        if mode not in BATCHNORM_MODES:
+            raise ValueError(f"model.batchnorm = {mode!r}: expected one of {', '.join(BATCHNORM_MODES)}")
+        if mode == "batch" or not self.fm.norm_names:
+            return None
+        if mode == "server":
+            if not self.fed.n0:
+                raise ValueError("model.batchnorm = 'server' estimates BatchNorm's statistics on D0, but the run has "
+                                 "no server data (n0 = 0): expected 'clients' or 'batch'")
+            idx = np.asarray(self.fed.server)
+        else:
+            pool = np.asarray(self.fed.clients.indices)
+            if not len(pool):
+                raise ValueError("model.batchnorm = 'clients': the clients hold no samples (on-demand data): "
+                                 "expected 'server' or 'batch'")
+            idx = np.sort(rng.rng(self.seed, rng.BATCHNORM_SAMPLE).choice(len(pool), min(samples, len(pool)),
+                                                                          replace=False))
+            idx = pool[idx]
+        return self.fed.x[torch.as_tensor(idx, dtype=torch.long, device=self.device)]
 
     def initial_params(self, pretrain: Pretraining | None = None) -> Params:
         """x_0: the model's initialisation, optionally pretrained on D0 (before round 1)."""
@@ -355,7 +387,7 @@ class Simulator:
         idx = torch.as_tensor(data[0], dtype=torch.long, device=self.device)
         if name == "start_loss":
             return evaluate(self.fm, self.layout(x), pool_x[idx], pool_y[idx], self.eval_batch_size,
-                            self.eval_precision)[1]
+                            self.eval_precision, self.norm_source)[1]
         if name == "start_grad":
             return full_gradient(self.fm, self.layout(x), pool_x[idx], pool_y[idx], self.eval_batch_size)
         raise ValueError(f"client measure {name!r}: expected one of {list(CLIENT_MEASURES)}")
@@ -449,7 +481,7 @@ class Simulator:
         """The accuracy of ``x`` on D0 (FedDU's acc_t)."""
         idx = torch.as_tensor(self.fed.server, device=self.device)
         return evaluate(self.fm, self.layout(x), self.fed.x[idx], self.fed.y[idx], self.eval_batch_size,
-                        self.eval_precision)[0]
+                        self.eval_precision, self.norm_source)[0]
 
     def label_counts(self) -> LabelCounts:
         """The clients' (D_i, or D_i ∪ D0 for DS) and D0's class counts, made once."""
@@ -544,7 +576,7 @@ class Simulator:
     def evaluate(self, params: Params) -> tuple[float, float]:
         """(accuracy, loss) of the global model on the test set."""
         return evaluate(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test, self.eval_batch_size,
-                        self.eval_precision)
+                        self.eval_precision, self.norm_source)
 
     def evaluate_clients(self, params: Params) -> dict[str, float]:
         """The global model's accuracy on each client's label mix, summarised over the N clients (mean, std, worst
@@ -553,7 +585,8 @@ class Simulator:
         if self._label_mix is None:
             self._label_mix = per_client.label_mix(self.fed)
         acc_c = per_client.class_accuracy(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test,
-                                          self.fed.num_classes, self.eval_batch_size, self.eval_precision)
+                                          self.fed.num_classes, self.eval_batch_size, self.eval_precision,
+                                          self.norm_source)
         return per_client.summarise(per_client.client_accuracies(self._label_mix, acc_c))
 
     def evaluate_validation(self, params: Params) -> tuple[float, float] | None:
@@ -570,4 +603,5 @@ class Simulator:
                 x = x.contiguous(memory_format=torch.channels_last)
             self._validation = x, self.fed.y[idx]
         x, y = self._validation
-        return evaluate(self.fm, self.layout(params), x, y, self.eval_batch_size, self.eval_precision)
+        return evaluate(self.fm, self.layout(params), x, y, self.eval_batch_size, self.eval_precision,
+                        self.norm_source)

@@ -270,7 +270,8 @@ class StackedSimulator:
         runs = list(range(len(self.sims))) if runs is None else runs
         if len(runs) != len(params):
             raise ValueError(f"got {len(params)} models for {len(runs)} runs")
-        if self.executor.name != "vectorised":
+        if self.executor.name != "vectorised" or self.sims[0].fm.norm_names:
+            # BatchNorm's evaluation statistics depend on the batches they come from: each run's own evaluation
             return [self.sims[r].evaluate(p) for r, p in zip(runs, params)]
         out: list[tuple[float, float]] = [(0.0, 0.0)] * len(params)
         for g, group in enumerate(self.test_groups):

@@ -26,6 +26,7 @@ from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import same_tensor
 from fedsl.experiments import tracking
 from fedsl.experiments.config import ConfigError, RunConfig
+from fedsl.experiments.own_keys import changed
 from fedsl.experiments.placement import (
     host_memory_available,
     number_bytes,
@@ -76,10 +77,39 @@ def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
                           f"data.dataset = {cfg.data.dataset!r} gives {'text' if text else 'images or features'}: "
                           f"expected {want}{', '.join(TEXT_MODELS)}")
     try:
-        return FunctionalModel(build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed, cfg.model.init,
-                                           cfg.model.import_dir))
+        fm = FunctionalModel(build_model(cfg.model.name, fed.num_classes, fed.input_shape, cfg.seed, cfg.model.init,
+                                         cfg.model.import_dir))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_batchnorm(cfg, fed, fm)
+    return fm
+
+
+def batchnorm_mode(cfg: RunConfig, fm: FunctionalModel) -> str:
+    """``model.batchnorm`` with 'auto' resolved: 'clients' for BatchNorm layers that tracked running statistics
+    (their evaluation statistics are the clients'), else 'batch' (each evaluated batch's own)."""
+    if cfg.model.batchnorm != "auto":
+        return cfg.model.batchnorm
+    return "clients" if fm.tracked_stats else "batch"
+
+
+def check_batchnorm(cfg: RunConfig, fed: Federation, fm: FunctionalModel) -> None:
+    """model.batchnorm and model.batchnorm_samples are read only where they mean something: a model with
+    BatchNorm, 'server' with D0, the sample size with 'clients'."""
+    m = cfg.model
+    if not fm.norm_names:
+        if m.batchnorm != "auto" or changed(m, "batchnorm_samples"):
+            key = "model.batchnorm" if m.batchnorm != "auto" else "model.batchnorm_samples"
+            raise ConfigError(f"{key} is read only for a model with BatchNorm layers, and model.name = "
+                              f"{m.name!r} has none: expected it left out")
+        return
+    mode = batchnorm_mode(cfg, fm)
+    if mode == "server" and not fed.n0:
+        raise ConfigError("model.batchnorm = 'server' estimates BatchNorm's statistics on D0, but the run has no "
+                          "server data (n0 = 0): expected 'clients' or 'batch'")
+    if mode != "clients" and changed(m, "batchnorm_samples"):
+        raise ConfigError(f"model.batchnorm_samples is read only with model.batchnorm = 'clients' (here {mode!r}): "
+                          "expected it left out")
 
 
 def check_representation(cfg: RunConfig, algorithm: Algorithm, fm: FunctionalModel) -> None:
@@ -209,7 +239,8 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     d = sum(p.numel() for p in fm.module.parameters())
     sim = Simulator(fm, on_device, algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
                     cfg.eval_batch_size, cfg.eval_precision, tables_on_host(cfg, device, algorithm, fed.num_clients, d),
-                    cfg.participation, cfg.byzantine, cfg.client_state.settings(), threads=None)  # set above
+                    cfg.participation, cfg.byzantine, cfg.client_state.settings(), threads=None,  # set above
+                    batchnorm=batchnorm_mode(cfg, fm), batchnorm_samples=cfg.model.batchnorm_samples)
     return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device, privacy_budget(cfg, fed))
 
 

@@ -183,7 +183,8 @@ def _arrays(msg: Message, sim: Simulator) -> Params:
 def _on(sim: Simulator, params: Params, idx) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of ``params`` on the pool samples ``idx`` (without dropout)."""
     rows = torch.as_tensor(idx, dtype=torch.long, device=sim.fed.x.device)
-    return evaluate(sim.fm, sim.layout(params), sim.fed.x[rows], sim.fed.y[rows], sim.eval_batch_size)
+    return evaluate(sim.fm, sim.layout(params), sim.fed.x[rows], sim.fed.y[rows], sim.eval_batch_size,
+                    source=sim.norm_source)
 
 
 def make_client_app(app_dir: str | Path | None = None) -> ClientApp:

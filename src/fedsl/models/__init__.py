@@ -131,7 +131,7 @@ def build_model(name: str, num_classes: int, input_shape: tuple[int, ...], seed:
     """Build model ``name`` for inputs of ``input_shape`` (C, H, W), initialised from ``seed``.
 
     ``name`` is a built-in model or ``'package.module:factory'``, a callable taking
-    ``(num_classes, input_shape)`` and returning any ``torch.nn.Module`` without BatchNorm.
+    ``(num_classes, input_shape)`` and returning any ``torch.nn.Module`` (BatchNorm: ``fedsl.models.batchnorm``).
     ``init``: ``'keras'`` (Glorot-uniform kernels, zero biases: the paper's Keras models,
     ``keras_init_``), ``'torch'`` (PyTorch's layer defaults, as the constructor leaves them)
     or ``'auto'`` (keras for the built-in models, the factory's own for an imported one).
