@@ -186,6 +186,8 @@ def test_auto_and_executors_and_stacks_agree(bn_models, tmp_path):
     (["model.batchnorm=batch", "model.batchnorm_samples=50"], "model.batchnorm_samples is read only with "
                                                               "model.batchnorm = 'clients' (here 'batch')"),
     (["model.batchnorm=mean"], "model.batchnorm"),
+    (["model.batchnorm=clients", "model.batchnorm_clients=5"], "model.batchnorm_clients is read only with "
+                                                               "model.batchnorm = 'local' (here 'clients')"),
 ])
 def test_keys_read_only_where_they_mean_something(bn_models, tmp_path, capsys, sets, says):
     import tomli_w
@@ -200,3 +202,88 @@ def test_keys_read_only_where_they_mean_something(bn_models, tmp_path, capsys, s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- FedBN: model.batchnorm = "local"
+
+
+def _clients_table(out):
+    return torch.load(out / "checkpoint.pt", weights_only=True)["clients"]
+
+
+def test_fedbn_keeps_each_clients_batchnorm_and_federates_the_rest(bn_models, tmp_path):
+    """FedAvg with local BatchNorm: x's γ, β never move (the clients send x_t's back), every other parameter does;
+    the clients sampled keep their own γ, β (the others x_0's), in the checkpoint, so that an interrupted run resumes
+    to the uninterrupted one; the accuracy is the personal models', not the global model's."""
+    data = _cfg(bn_models, rounds=4, batchnorm="local", batchnorm_clients=3)
+    data["algorithm"]["name"] = "fedavg"
+    cfg = C.validate(data)
+    end = run(cfg, tmp_path / "bn", log=lambda s: None, progress=False)
+    assert end["status"] == "completed"
+    prep = prepare(cfg)
+    x0, x4 = prep.sim.initial_params(), _params(tmp_path / "bn")
+    names = prep.sim.alg.rule.names
+    assert names == ("1.weight", "1.bias", "6.weight", "6.bias")
+    for n in x0:
+        assert (not torch.equal(x0[n], x4[n])) is (n not in names), n
+    cut = run(cfg, tmp_path / "cut", log=lambda s: None, progress=False, stop_after=3)
+    assert cut["status"] == "interrupted"
+    own = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["clients"]["local_norm"]
+    moved = [i for i in range(6) if not torch.equal(own["1.weight"][i], x0["1.weight"])]
+    assert len(moved) >= 3  # S = 3 a round for 3 rounds: at least 3 clients trained (the others hold x_0's)
+    resumed = run(cfg, tmp_path / "cut", resume=True, log=lambda s: None, progress=False)
+    assert resumed["final_accuracy"] == end["final_accuracy"]
+    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "bn")
+    data["model"]["batchnorm"] = "clients"
+    data["model"].pop("batchnorm_clients")
+    other = run(C.validate(data), tmp_path / "avg", log=lambda s: None, progress=False)
+    assert other["final_accuracy"] != end["final_accuracy"]
+
+
+def test_fedbn_accuracy_is_each_clients_own_model_as_torch_computes_it(bn_models, tmp_path):
+    """The evaluation of 'local': for each evaluation client, the user's nn.Module with x's parameters and the
+    client's own γ, β, its running statistics made by update_bn from the client's training samples, scored on the
+    test set weighted by the client's label mix; the accuracy is their mean. Sequential = vectorised."""
+    from bn_models import bn_net
+
+    from fedsl.engine.per_client import label_mix
+    data = _cfg(bn_models, rounds=4, batchnorm="local", batchnorm_clients=2)
+    cfg = C.validate(data)
+    run(cfg, tmp_path / "cut", log=lambda s: None, progress=False, stop_after=3)  # keeps the clients' tables
+    prep = prepare(cfg)
+    sim, fed = prep.sim, prep.sim.fed
+    x = _params(tmp_path / "cut")
+    own = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["clients"]["local_norm"]
+    mix = label_mix(fed)
+    accs = []
+    for i in sim.norm_clients:
+        ref = bn_net(fed.num_classes, fed.input_shape).double()
+        ref.load_state_dict({**x, **{n: v[i] for n, v in own.items()}}, strict=False)
+        mine = fed.x[torch.as_tensor(sim.client_data[int(i)])].contiguous()
+        update_bn([mine[j:j + cfg.eval_batch_size] for j in range(0, len(mine), cfg.eval_batch_size)], ref)
+        ref.eval()
+        with torch.no_grad():
+            right = (ref(fed.x_test.contiguous()).argmax(1) == fed.y_test).double()
+        per_class = torch.stack([right[fed.y_test == c].mean() for c in range(fed.num_classes)]).numpy()
+        accs.append(float((mix[i] * per_class).sum() / mix[i].sum()))
+    rows = _metrics(tmp_path / "cut").splitlines()
+    last = dict(zip(rows[0].split(","), rows[-1].split(",")))
+    assert float(last["accuracy"]) == pytest.approx(sum(accs) / len(accs), abs=1e-12)
+    data["executor"] = "vectorised"
+    run(C.validate(data), tmp_path / "vec", log=lambda s: None, progress=False, stop_after=3)
+    vec = _metrics(tmp_path / "vec").splitlines()
+    assert float(dict(zip(vec[0].split(","), vec[-1].split(",")))["accuracy"]) == pytest.approx(
+        float(last["accuracy"]), abs=1e-9)
+
+
+def test_fedbn_is_refused_on_flower_and_its_key_elsewhere(bn_models, tmp_path, capsys):
+    from fedsl.flower.config import load_setup
+    rc = {"seed": 1, "dtype": "float64", "data.dataset": "synthetic_chars", "data.chars": "0123",
+          "data.train_per_class": 60, "data.test_per_class": 10, "data.num_clients": 3, "data.classes_per_client": 2,
+          "data.samples_per_client": 60,
+          "model.name": "bn_models:bn_net", "model.import_dir": str(bn_models), "model.batchnorm": "local",
+          "algorithm.name": "fedavg", "algorithm.clients_per_round": 2, "num-server-rounds": 2}
+    with pytest.raises(C.ConfigError, match=r"model.batchnorm = 'local' \(FedBN\) evaluates each client's own "
+                                            r"BatchNorm, which the nodes keep"):
+        load_setup(rc)
+    load_setup({**rc, "model.batchnorm": "server", "data.server_size": 12})  # the other modes run on Flower

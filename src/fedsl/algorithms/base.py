@@ -350,7 +350,7 @@ class ClientOptimizer(LocalSGD):
             raise ValueError(f"algorithm.client_momentum = {mu!r}: expected a number in [0, 1)")
         if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not 0 <= wd < float("inf"):
             raise ValueError(f"algorithm.weight_decay = {wd!r}: expected a finite number >= 0")
-        if mu and type(self.rule).client_step is not LocalSGD.client_step:
+        if mu and getattr(self.rule, "takes_own_step", type(self.rule).client_step is not LocalSGD.client_step):
             raise ValueError(f"algorithm.client_momentum = {mu!r}: {type(self.rule).__name__}'s clients take their own "
                              "local step, which has no place for the momentum buffer: expected 0")
 

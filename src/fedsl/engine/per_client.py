@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fedsl.data.federation import Federation
 from fedsl.engine.functional import FunctionalModel, _precision, _widen
@@ -33,24 +34,33 @@ def label_mix(fed: Federation) -> np.ndarray:
 
 
 @torch.inference_mode()
-def class_accuracy(fm: FunctionalModel, params, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                   batch_size: int = 500, precision: str = "float32", source: torch.Tensor | None = None
-                   ) -> np.ndarray:
-    """[C] acc_c on (x, y) (NaN for a class with no test sample), dropout off; ``source``: the inputs of BatchNorm's
-    evaluation statistics, as ``functional.evaluate`` takes them."""
+def class_scores(fm: FunctionalModel, params, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+                 batch_size: int = 500, precision: str = "float32", stats=None) -> tuple[np.ndarray, np.ndarray]:
+    """([C] acc_c, [C] mean cross-entropy of class c) on (x, y) (NaN for a class with no test sample), dropout off;
+    ``stats``: BatchNorm's evaluation statistics (``FunctionalModel.statistics``)."""
     fm.train(False)
-    stats = fm.statistics(params, source, batch_size)
     correct = torch.zeros(num_classes, dtype=torch.int64, device=x.device)
     total = torch.zeros(num_classes, dtype=torch.int64, device=x.device)
+    loss = torch.zeros(num_classes, dtype=torch.float64, device=x.device)
     for i in range(0, len(x), batch_size):
         with _precision(x, precision):
             logits = _widen(fm.forward(params, x[i:i + batch_size], stats=stats))
         yb = y[i:i + batch_size]
         total += torch.bincount(yb, minlength=num_classes)
         correct += torch.bincount(yb[logits.argmax(1) == yb], minlength=num_classes)
+        loss.index_add_(0, yb, F.cross_entropy(logits, yb, reduction="none").double())
     c, t = correct.cpu().numpy().astype(np.float64), total.cpu().numpy().astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(t > 0, c / t, np.nan)
+        return np.where(t > 0, c / t, np.nan), np.where(t > 0, loss.cpu().numpy() / t, np.nan)
+
+
+def class_accuracy(fm: FunctionalModel, params, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+                   batch_size: int = 500, precision: str = "float32", source: torch.Tensor | None = None
+                   ) -> np.ndarray:
+    """[C] acc_c on (x, y) (NaN for a class with no test sample), dropout off; ``source``: the inputs of BatchNorm's
+    evaluation statistics, as ``functional.evaluate`` takes them."""
+    stats = fm.statistics(params, source, batch_size)
+    return class_scores(fm, params, x, y, num_classes, batch_size, precision, stats)[0]
 
 
 def client_accuracies(mix: np.ndarray, acc_c: np.ndarray) -> np.ndarray:

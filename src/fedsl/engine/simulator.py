@@ -45,7 +45,7 @@ from fedsl.engine.client_state import DENSE, STORE_FILE, ClientStore, SavedStore
 from fedsl.engine.executors import Executor
 from fedsl.engine.functional import EVAL_PRECISIONS, FunctionalModel, evaluate, full_gradient
 from fedsl.engine.plan import BatchPlan, make_plan, truncate
-from fedsl.models.batchnorm import BATCHNORM_MODES, BATCHNORM_SAMPLES
+from fedsl.models.batchnorm import BATCHNORM_CLIENTS, BATCHNORM_MODES, BATCHNORM_SAMPLES
 
 __all__ = ["ClientWork", "RoundInfo", "RunState", "Simulator"]  # RunState lives in algorithms.base
 
@@ -138,8 +138,10 @@ class Simulator:
             bit-identical reruns across machines and loads.
         batchnorm: where a model's BatchNorm layers take their statistics when evaluated (``model.batchnorm``,
             ``fedsl.models.batchnorm``): "batch" (each evaluated batch's own), "clients" (estimated at each
-            evaluation on ``batchnorm_samples`` of the clients' training samples, drawn once) or "server" (on D0).
-            In training every layer normalises by its batch's real samples. Unused for a model without BatchNorm.
+            evaluation on ``batchnorm_samples`` of the clients' training samples, drawn once), "server" (on D0) or
+            "local" (FedBN: the algorithm keeps each client's γ, β, ``algorithms.local_norm``; ``evaluate`` scores
+            ``batchnorm_clients`` clients' own models, each with its own samples' statistics, ``personal``). In
+            training every layer normalises by its batch's real samples. Unused for a model without BatchNorm.
 
     x_0 is ``fm``'s parameters as given: a module built with ``fedsl.build_model`` or wrapped as
     ``FunctionalModel(module, seed=...)`` is initialised from a seed, so a run is a function of its seeds alone.
@@ -149,7 +151,7 @@ class Simulator:
                  clients_per_round: int, seed: int, eval_batch_size: int = 500, eval_precision: str = "float32",
                  tables_on_host: bool = False, part: Participation = FULL, attack: Attack = NO_ATTACK,
                  client_store: StoreSettings = DENSE, threads: int | None = 0, batchnorm: str = "batch",
-                 batchnorm_samples: int = BATCHNORM_SAMPLES) -> None:
+                 batchnorm_samples: int = BATCHNORM_SAMPLES, batchnorm_clients: int = BATCHNORM_CLIENTS) -> None:
         assert eval_precision in EVAL_PRECISIONS, eval_precision  # config validation checks it
         if threads is not None:
             _threads.apply(threads)
@@ -182,6 +184,15 @@ class Simulator:
         self._label_mix: np.ndarray | None = None  # p_i(c), for the clients' accuracies (made on first use)
         self.batchnorm = batchnorm
         self.norm_source = self._norm_source(batchnorm, batchnorm_samples)
+        self.norm_clients = self._norm_clients(batchnorm_clients) if batchnorm == "local" else np.zeros(0, np.int64)
+
+    def _norm_clients(self, m: int) -> np.ndarray:
+        """FedBN's evaluation clients: ``m`` of the N, drawn once from (seed, BATCHNORM_SAMPLE), in id order."""
+        if self.fed.on_demand is not None:
+            raise ValueError("model.batchnorm = 'local' estimates each client's statistics on its own samples, which "
+                             "a federation read on demand does not hold: expected 'clients', 'server' or 'batch'")
+        n = self.fed.num_clients
+        return np.sort(rng.rng(self.seed, rng.BATCHNORM_SAMPLE).choice(n, min(m, n), replace=False))
 
     def _norm_source(self, mode: str, samples: int) -> torch.Tensor | None:
         """The inputs BatchNorm's evaluation statistics are estimated on (``model.batchnorm``): none ('batch':
@@ -190,7 +201,7 @@ class Simulator:
         averaging the clients' statistics weighted by their sizes gives)."""
         if mode not in BATCHNORM_MODES:
             raise ValueError(f"model.batchnorm = {mode!r}: expected one of {', '.join(BATCHNORM_MODES)}")
-        if mode == "batch" or not self.fm.norm_names:
+        if mode in ("batch", "local") or not self.fm.norm_names:  # local: a client's own, at its evaluation
             return None
         if mode == "server":
             if not self.fed.n0:
@@ -573,23 +584,66 @@ class Simulator:
     def _one(stacked: Params) -> Params:
         return {n: p[0] for n, p in stacked.items()}
 
-    def evaluate(self, params: Params) -> tuple[float, float]:
-        """(accuracy, loss) of the global model on the test set."""
+    def evaluate(self, params: Params, clients: State | ClientStore | None = None) -> tuple[float, float]:
+        """(accuracy, loss) of the global model on the test set; with ``model.batchnorm = 'local'`` (FedBN), the mean
+        over the evaluation's clients of each one's own model (``personal``), which reads ``clients``, their
+        states."""
+        if self.batchnorm == "local":
+            return self.personal(params, clients, self.fed.x_test, self.fed.y_test)[:2]
         return evaluate(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test, self.eval_batch_size,
                         self.eval_precision, self.norm_source)
 
-    def evaluate_clients(self, params: Params) -> dict[str, float]:
-        """The global model's accuracy on each client's label mix, summarised over the N clients (mean, std, worst
-        10%: ``fedsl.engine.per_client``); one more pass over the test set, per class. Reads the model only."""
+    def _label_mixes(self) -> np.ndarray:
         from fedsl.engine import per_client
         if self._label_mix is None:
             self._label_mix = per_client.label_mix(self.fed)
+        return self._label_mix
+
+    def personal(self, params: Params, clients: State | ClientStore | None, x: torch.Tensor, y: torch.Tensor
+                 ) -> tuple[float, float, np.ndarray]:
+        """FedBN's evaluation (``model.batchnorm = 'local'``): for each of the run's evaluation clients (drawn once),
+        its own model (x with its BatchNorm γ, β, from ``clients``) normalised by statistics of its own training
+        samples, scored on (x, y) weighted by its label mix (``per_client``: acc_i = Σ_c p_i(c)·acc_c, the loss
+        alike); (mean accuracy, mean loss, [m] accuracies)."""
+        from fedsl.algorithms.local_norm import NORM_STATE
+        from fedsl.engine import per_client
+        if clients is None:
+            raise ValueError("model.batchnorm = 'local' evaluates each client's own BatchNorm: expected the clients' "
+                             "states (Simulator.evaluate(x, state.clients))")
+        ids = self.norm_clients
+        if isinstance(clients, ClientStore):
+            rows = clients.gather(ids)[NORM_STATE]
+        else:
+            at = torch.as_tensor(ids, dtype=torch.long, device=self.tables_device)
+            rows = {n: to_device(v[at], self.device) for n, v in clients[NORM_STATE].items()}
+        mix = self._label_mixes()
+        accs, losses = [], []
+        for j, i in enumerate(ids):
+            own = self.layout({**params, **{n: v[j] for n, v in rows.items()}})
+            src = self.fed.x[torch.as_tensor(self.client_data[int(i)], dtype=torch.long, device=self.device)]
+            stats = self.fm.statistics(own, src, self.eval_batch_size)
+            acc_c, loss_c = per_client.class_scores(self.fm, own, x, y, self.fed.num_classes, self.eval_batch_size,
+                                                    self.eval_precision, stats)
+            accs.append(per_client.client_accuracies(mix[[i]], acc_c)[0])
+            losses.append(per_client.client_accuracies(mix[[i]], loss_c)[0])
+        accs_arr = np.asarray(accs, dtype=np.float64)
+        return float(np.nanmean(accs_arr)), float(np.nanmean(losses)), accs_arr
+
+    def evaluate_clients(self, params: Params, clients: State | ClientStore | None = None) -> dict[str, float]:
+        """The global model's accuracy on each client's label mix, summarised over the N clients (mean, std, worst
+        10%: ``fedsl.engine.per_client``); one more pass over the test set, per class. Reads the model only. With
+        ``model.batchnorm = 'local'``: each evaluation client's own model (``personal``), summarised over them."""
+        from fedsl.engine import per_client
+        if self.batchnorm == "local":
+            return per_client.summarise(self.personal(params, clients, self.fed.x_test, self.fed.y_test)[2])
+        self._label_mixes()
         acc_c = per_client.class_accuracy(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test,
                                           self.fed.num_classes, self.eval_batch_size, self.eval_precision,
                                           self.norm_source)
         return per_client.summarise(per_client.client_accuracies(self._label_mix, acc_c))
 
-    def evaluate_validation(self, params: Params) -> tuple[float, float] | None:
+    def evaluate_validation(self, params: Params, clients: State | ClientStore | None = None
+                            ) -> tuple[float, float] | None:
         """(accuracy, loss) of the global model on the validation set (``Federation.validation``: samples of the
         clients set aside by ``data.validation``), as ``evaluate`` measures the test set (same function, batch size
         and precision); None when the federation has none. What a study (hyper-parameter tuning) reads instead of
@@ -603,5 +657,7 @@ class Simulator:
                 x = x.contiguous(memory_format=torch.channels_last)
             self._validation = x, self.fed.y[idx]
         x, y = self._validation
+        if self.batchnorm == "local":
+            return self.personal(params, clients, x, y)[:2]
         return evaluate(self.fm, self.layout(params), x, y, self.eval_batch_size, self.eval_precision,
                         self.norm_source)

@@ -258,9 +258,11 @@ class StackedSimulator:
         return [({n: v[j] for n, v in x_bar.items()}, {k: {n: v[j] for n, v in g.items()} for k, g in new_algo.items()})
                 for j in range(r)]
 
-    def evaluate(self, params: list[Params], runs: list[int] | None = None) -> list[tuple[float, float]]:
+    def evaluate(self, params: list[Params], runs: list[int] | None = None, clients: list | None = None
+                 ) -> list[tuple[float, float]]:
         """(accuracy, loss) of each model on its run's test set; ``params[j]`` is run ``runs[j]``'s
-        model (default: one model per run, in order).
+        model (default: one model per run, in order); ``clients[j]``: its clients' states (what
+        ``Simulator.evaluate`` reads for a model whose clients keep their BatchNorm, ``model.batchnorm = 'local'``).
 
         With the vectorised executor, the models sharing a test set are evaluated in one vmapped
         pass, except image models on a GPU: one after another in large channels-last batches,
@@ -272,7 +274,8 @@ class StackedSimulator:
             raise ValueError(f"got {len(params)} models for {len(runs)} runs")
         if self.executor.name != "vectorised" or self.sims[0].fm.norm_names:
             # BatchNorm's evaluation statistics depend on the batches they come from: each run's own evaluation
-            return [self.sims[r].evaluate(p) for r, p in zip(runs, params)]
+            clients = clients or [None] * len(params)
+            return [self.sims[r].evaluate(p, c) for r, p, c in zip(runs, params, clients)]
         out: list[tuple[float, float]] = [(0.0, 0.0)] * len(params)
         for g, group in enumerate(self.test_groups):
             js = [j for j, r in enumerate(runs) if r in group]

@@ -53,7 +53,7 @@ class Prepared:
     privacy: Budget | None = None  # the DP accounting (privacy.clip set): ε per row of metrics.csv, summary.json
 
 
-def finetune(sim: Simulator, cfg: RunConfig, x: Params) -> dict | None:
+def finetune(sim: Simulator, cfg: RunConfig, x: Params, clients=None) -> dict | None:
     """The 'FedAvg, then fine-tune on D0' control: ``server.finetune_epochs`` epochs of SGD on D0 from the
     final model ``x`` (step ``server.finetune_lr``, default η_l; batches of B0 = ``server.batch_size`` or B, at
     most n0), then one test evaluation. The summary fields it gives (None: no fine-tuning configured)."""
@@ -62,7 +62,7 @@ def finetune(sim: Simulator, cfg: RunConfig, x: Params) -> dict | None:
         return None
     lr = finetune_lr(cfg)
     batch = min(cfg.server_batch_size, sim.fed.n0)
-    acc, loss = sim.evaluate(sim.finetune(x, s.finetune_epochs, lr, batch))
+    acc, loss = sim.evaluate(sim.finetune(x, s.finetune_epochs, lr, batch), clients)
     return {"final_accuracy_finetuned": acc, "final_loss_finetuned": loss,
             "finetune": {"epochs": s.finetune_epochs, "lr": lr, "batch_size": batch}}
 
@@ -85,6 +85,19 @@ def make_model(cfg: RunConfig, fed: Federation) -> FunctionalModel:
     return fm
 
 
+def with_batchnorm(cfg: RunConfig, algorithm: Algorithm, fm: FunctionalModel) -> Algorithm:
+    """``algorithm`` as the run trains it: with ``model.batchnorm = 'local'`` (FedBN) its rule keeps each client's
+    BatchNorm γ, β (``algorithms.local_norm.LocalNorm``); else as it is."""
+    if batchnorm_mode(cfg, fm) != "local":
+        return algorithm
+    from fedsl.algorithms.local_norm import LocalNorm, norm_parameters
+    names = norm_parameters(fm.norm_names, fm.params())
+    if not names:
+        raise ConfigError("model.batchnorm = 'local' keeps each client's BatchNorm γ and β, but the model's BatchNorm "
+                          "layers have none (affine=False): expected 'clients', 'server' or 'batch'")
+    return replace(algorithm, rule=LocalNorm(algorithm.rule, names))
+
+
 def batchnorm_mode(cfg: RunConfig, fm: FunctionalModel) -> str:
     """``model.batchnorm`` with 'auto' resolved: 'clients' for BatchNorm layers that tracked running statistics
     (their evaluation statistics are the clients'), else 'batch' (each evaluated batch's own)."""
@@ -98,8 +111,9 @@ def check_batchnorm(cfg: RunConfig, fed: Federation, fm: FunctionalModel) -> Non
     BatchNorm, 'server' with D0, the sample size with 'clients'."""
     m = cfg.model
     if not fm.norm_names:
-        if m.batchnorm != "auto" or changed(m, "batchnorm_samples"):
-            key = "model.batchnorm" if m.batchnorm != "auto" else "model.batchnorm_samples"
+        unread = [k for k in ("batchnorm_samples", "batchnorm_clients") if changed(m, k)]
+        if m.batchnorm != "auto" or unread:
+            key = "model.batchnorm" if m.batchnorm != "auto" else f"model.{unread[0]}"
             raise ConfigError(f"{key} is read only for a model with BatchNorm layers, and model.name = "
                               f"{m.name!r} has none: expected it left out")
         return
@@ -109,6 +123,9 @@ def check_batchnorm(cfg: RunConfig, fed: Federation, fm: FunctionalModel) -> Non
                           "server data (n0 = 0): expected 'clients' or 'batch'")
     if mode != "clients" and changed(m, "batchnorm_samples"):
         raise ConfigError(f"model.batchnorm_samples is read only with model.batchnorm = 'clients' (here {mode!r}): "
+                          "expected it left out")
+    if mode != "local" and changed(m, "batchnorm_clients"):
+        raise ConfigError(f"model.batchnorm_clients is read only with model.batchnorm = 'local' (here {mode!r}): "
                           "expected it left out")
 
 
@@ -162,6 +179,8 @@ def check(cfg: RunConfig, _models_seen: set | None = None, *, keep: bool = False
             _models_seen.add(key)
     if algorithm.spec is not None and algorithm.spec.needs_representation:
         check_representation(cfg, algorithm, fm or make_model(cfg, fed))
+    if fm is not None:
+        with_batchnorm(cfg, algorithm, fm)  # its refusals, before any work (prepare wraps the rule)
     return Built(fed, algorithm, pretrain, hp, fm) if keep else None
 
 
@@ -226,6 +245,7 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     else:
         fed, algorithm, pretrain, hp, fm = built.fed, built.algorithm, built.pretrain, built.hparams, built.fm
     check_representation(cfg, algorithm, fm)
+    algorithm = with_batchnorm(cfg, algorithm, fm)
     fm.module.to(device=device, dtype=dtype)
     free_cores = functools.cache(threads.auto_threads)  # asked once: the pool gets the cores the choice counted
     name = resolve_executor(cfg, device, fed.num_clients, fed.n, lambda: train_flops(fm.module, fed.input_shape),
@@ -240,7 +260,8 @@ def prepare(cfg: RunConfig, pools: list[Federation] | None = None, built: Built 
     sim = Simulator(fm, on_device, algorithm, executor, cfg.algorithm.clients_per_round, cfg.seed,
                     cfg.eval_batch_size, cfg.eval_precision, tables_on_host(cfg, device, algorithm, fed.num_clients, d),
                     cfg.participation, cfg.byzantine, cfg.client_state.settings(), threads=None,  # set above
-                    batchnorm=batchnorm_mode(cfg, fm), batchnorm_samples=cfg.model.batchnorm_samples)
+                    batchnorm=batchnorm_mode(cfg, fm), batchnorm_samples=cfg.model.batchnorm_samples,
+                    batchnorm_clients=cfg.model.batchnorm_clients)
     return Prepared(cfg, fed, sim, algorithm, pretrain, hp, device, privacy_budget(cfg, fed))
 
 

@@ -22,7 +22,7 @@ from fedsl.algorithms.robust import AGGREGATORS, Robust
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
 from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
 from fedsl.engine.client_state import STORE_DTYPES, STORES, StoreSettings
-from fedsl.models.batchnorm import BATCHNORM_SAMPLES
+from fedsl.models.batchnorm import BATCHNORM_CLIENTS, BATCHNORM_SAMPLES
 from fedsl.experiments.config_base import (
     BATCH_MAX,
     CLIENTS_MAX,
@@ -61,17 +61,22 @@ class ModelConfig(_Strict):
                                         "my.toml`: my.toml's folder; a preset has none). Relative: from the config "
                                         "file's folder (from the working directory when given by --set or from "
                                         "Python); kept absolute. Read only for an import path")
-    batchnorm: Literal["auto", "batch", "clients", "server"] = Field(
+    batchnorm: Literal["auto", "batch", "clients", "server", "local"] = Field(
         "auto", description="a model with BatchNorm layers: the statistics they normalise by when the model is "
                             "evaluated (in training, always their batch's real samples, padding left out). "
                             "'clients': estimated at each evaluation, under the evaluated model, on "
                             "model.batchnorm_samples of the clients' training samples (drawn once), what "
                             "averaging the clients' statistics by their sizes gives; 'server': on D0; 'batch': each "
-                            "evaluated batch's own (BatchNorm without running statistics). 'auto': 'clients' for "
+                            "evaluated batch's own (BatchNorm without running statistics); 'local': FedBN (Li et "
+                            "al. 2021), each client keeps its own γ, β, and the accuracy is the mean over "
+                            "model.batchnorm_clients clients of each one's own model, normalised by its own "
+                            "samples' statistics, on the test set weighted by its label mix. 'auto': 'clients' for "
                             "layers that track running statistics, else 'batch'. Read only for a model with "
                             "BatchNorm (fedsl.models.batchnorm)")
     batchnorm_samples: int = Field(BATCHNORM_SAMPLES, ge=1, description="model.batchnorm = 'clients': how many "
                                    "of the clients' training samples the statistics are estimated on")
+    batchnorm_clients: int = Field(BATCHNORM_CLIENTS, ge=1, description="model.batchnorm = 'local': how many "
+                                   "clients (drawn once) each evaluation scores with their own models")
 
     @model_validator(mode="after")
     def _known_or_import_path(self) -> "ModelConfig":

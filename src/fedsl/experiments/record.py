@@ -54,7 +54,7 @@ def run_simulator(sim: Simulator, out: str | Path, rounds: int, *, name: str = "
                         "test_size": int(len(sim.fed.y_test))}})
     t0 = time.perf_counter()
     state = sim.initial_state()
-    acc0, loss0 = sim.evaluate(state.x)
+    acc0, loss0 = sim.evaluate(state.x, state.clients)
     rd.append_metrics({"round": 0, "accuracy": acc0, "loss": loss0, "rolling_accuracy": acc0, "wall_time": 0.0})
     evaluated: list[tuple[int, float]] = []
     window: deque[tuple[int, float]] = deque()
@@ -66,7 +66,7 @@ def run_simulator(sim: Simulator, out: str | Path, rounds: int, *, name: str = "
             row = {"round": done, "wall_time": round(time.perf_counter() - t0, 4), "gamma": info.gamma,
                    "cos_theta": info.cos_theta, "comm_params": info.comm_params}
             if done % eval_every == 0 or done == rounds:
-                acc, loss = sim.evaluate(state.x)
+                acc, loss = sim.evaluate(state.x, state.clients)
                 evaluated.append((done, acc))
                 window.append((done, acc))  # only the window's evaluations enter the rolling mean, as the runner's
                 while window[0][0] <= done - rolling_window:

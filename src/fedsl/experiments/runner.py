@@ -114,13 +114,13 @@ class RunSession:
             return
         cfg, sim = self.cfg, self.sim
         self.state = state if state is not None else sim.initial_state(self.prep.pretrain)
-        acc, loss = sim.evaluate(self.state.x)
+        acc, loss = sim.evaluate(self.state.x, self.state.clients)
         self.guard.set_initial(loss)
         diag = asdict(measure(sim.fm, self.state.x, sim.fed)) if cfg.diag_every else {}
-        val = sim.evaluate_validation(self.state.x)
+        val = sim.evaluate_validation(self.state.x, self.state.clients)
         valid = {} if val is None else {"val_accuracy": val[0], "val_loss": val[1], "rolling_val_accuracy": val[0]}
         # metrics.csv's row 0, x_0's checkpoint, summary.json's initial accuracy (and diagnostics), ...
-        clients = sim.evaluate_clients(self.state.x) if cfg.eval_per_client else {}
+        clients = sim.evaluate_clients(self.state.x, self.state.clients) if cfg.eval_per_client else {}
         self.callbacks.on_evaluation(0, {"accuracy": acc, "loss": loss, "rolling_accuracy": acc, **valid, **diag,
                                          **clients, **self._epsilon(0)})
         if self.prep.pretrain is not None:
@@ -129,7 +129,7 @@ class RunSession:
     def _validation(self, done: int, state: RunState) -> dict[str, float]:
         """metrics.csv's ``val_accuracy``, ``val_loss`` and ``rolling_val_accuracy`` of the model after round
         ``done`` (the rolling mean over the window of ``rolling_accuracy``); empty without a validation set."""
-        val = self.sim.evaluate_validation(state.x)
+        val = self.sim.evaluate_validation(state.x, state.clients)
         if val is None:
             return {}
         roll = self._rolled(self.val_window, done, val[0])
@@ -173,7 +173,7 @@ class RunSession:
             diag = cfg.diag_every and done % cfg.diag_every == 0
             scores = {"accuracy": acc, "loss": loss, "rolling_accuracy": self._rolled(self.window, done, acc),
                       **self._validation(done, state),
-                      **(sim.evaluate_clients(state.x) if cfg.eval_per_client else {}),
+                      **(sim.evaluate_clients(state.x, state.clients) if cfg.eval_per_client else {}),
                       **(asdict(measure(sim.fm, state.x, sim.fed)) if diag else {})}
             try:
                 self.callbacks.on_evaluation(done, scores)
@@ -198,7 +198,7 @@ class RunSession:
         self.bar.close()
         tuned = None
         if status == "completed" and self.state is not None:
-            tuned = finetune(self.sim, self.cfg, self.state.x)  # after round T only (server.finetune_epochs)
+            tuned = finetune(self.sim, self.cfg, self.state.x, self.state.clients)  # after round T only (server.finetune_epochs)
             if tuned is not None:
                 self.log(f"{self.cfg.name}: fine-tuned on D0 for {tuned['finetune']['epochs']} epochs: test "
                          f"accuracy {tuned['final_accuracy_finetuned']:.4f}")
@@ -249,7 +249,7 @@ def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = pri
                 status = "interrupted"
                 break
             state, info = s.sim.round(s.state, t)
-            if not s.record(t, state, info, s.sim.evaluate(state.x) if s.needs_eval(t + 1) else None):
+            if not s.record(t, state, info, s.sim.evaluate(state.x, state.clients) if s.needs_eval(t + 1) else None):
                 status = "diverged"
                 break
         else:
@@ -305,7 +305,8 @@ def run_stacked(cfgs: list[RunConfig], outs: list[str | Path], *, resume: bool =
             if t + 1 < rounds and (stop_after is None or t + 1 - start < stop_after):
                 stacked.prepare(t + 1)  # the next round's host work, while the device still computes this one
             need = [i for i, s in enumerate(active) if s.needs_eval(t + 1)]
-            evals = dict(zip(need, stacked.evaluate([states[i].x for i in need], need))) if need else {}
+            evals = dict(zip(need, stacked.evaluate([states[i].x for i in need], need,
+                                                     [states[i].clients for i in need]))) if need else {}
             keep = []
             for i, s in enumerate(active):
                 try:

@@ -27,8 +27,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-BATCHNORM_MODES = ("batch", "clients", "server")  # model.batchnorm: where evaluation statistics come from
+BATCHNORM_MODES = ("batch", "clients", "server", "local")  # model.batchnorm (local: FedBN, algorithms.local_norm)
 BATCHNORM_SAMPLES = 1000  # model.batchnorm_samples: the clients' samples 'clients' estimates them on
+BATCHNORM_CLIENTS = 20  # model.batchnorm_clients: the clients whose own models 'local' evaluates
 BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)  # BatchNorm1d/2d/3d, SyncBatchNorm, the lazy ones
 
 
