@@ -287,3 +287,16 @@ def test_fedbn_is_refused_on_flower_and_its_key_elsewhere(bn_models, tmp_path, c
                                             r"BatchNorm, which the nodes keep"):
         load_setup(rc)
     load_setup({**rc, "model.batchnorm": "server", "data.server_size": 12})  # the other modes run on Flower
+
+
+def test_a_completed_fedbn_run_is_not_extended(bn_models, tmp_path, capsys):
+    """Its checkpoint holds no client tables (as SCAFFOLD's): `fedsl resume --rounds` refuses in one line and leaves
+    the folder as it was."""
+    data = _cfg(bn_models, rounds=2, batchnorm="local", batchnorm_clients=2)
+    run(C.validate(data), tmp_path / "run", log=lambda s: None, progress=False)
+    before = {p: p.read_bytes() for p in sorted((tmp_path / "run").rglob("*")) if p.is_file() and p.name != ".lock"}
+    assert main(["resume", str(tmp_path / "run"), "--rounds", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.batchnorm = 'local' keeps each client's BatchNorm" in err[0], err
+    assert before == {p: p.read_bytes() for p in sorted((tmp_path / "run").rglob("*"))
+                      if p.is_file() and p.name != ".lock"}

@@ -124,6 +124,10 @@ def plan(name: str, rd: RunDir, cfg: RunConfig) -> Extension:
                           f"states ({held}) between rounds, which a completed run's checkpoint does not hold, so its "
                           f"rounds cannot be extended bit for bit: run it anew for {T} rounds "
                           f"(`fedsl run ... --set rounds={T}`)")
+    if ckpt is not None and cfg.model.batchnorm == "local" and not ckpt.state.clients:
+        raise ConfigError(f"--rounds {T}: run {name!r}: model.batchnorm = 'local' keeps each client's BatchNorm γ, β "
+                          "between rounds, which a completed run's checkpoint does not hold, so its rounds cannot be "
+                          f"extended bit for bit: run it anew for {T} rounds (`fedsl run ... --set rounds={T}`)")
     return Extension(name, rd, cfg, done, "continue")
 
 
