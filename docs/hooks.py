@@ -1,13 +1,17 @@
-"""MkDocs hook: the config and CLI references, generated at build time from the code itself.
+"""MkDocs hook: the config and CLI references, generated at build time from the code itself, and the record of the
+reproduced experiments, taken from the repository as it is.
 
 The config reference walks the pydantic schema (``fedsl.experiments.config.RunConfig``), the CLI
-reference walks typer's click commands, so neither can drift from the code.
+reference walks typer's click commands, so neither can drift from the code. REPRODUCTION.md and each experiment's
+page (``reproduction/pages/*.md``, with the figures they show) are served at the same paths as in the repository, so
+that their links work on the site as they do on a checkout.
 """
 
 from __future__ import annotations
 
 import re
 import typing
+from pathlib import Path
 
 from mkdocs.structure.files import File
 from pydantic import BaseModel
@@ -104,7 +108,32 @@ def cli_reference() -> str:
     return "\n".join(lines)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+RECORD = "REPRODUCTION.md"
+PAGES = "reproduction/pages"
+FIGURE = re.compile(r"\]\((\.\./[\w./-]+\.png)\)")  # a page's figure: ../FOLDER/NAME.png
+
+
+def record_pages() -> list[tuple[str, str]]:
+    """(the page's path in the repository, its title) of each experiment's page, in name order."""
+    return [(f"{PAGES}/{p.name}", p.read_text().splitlines()[0].lstrip("# ").strip())
+            for p in sorted((ROOT / PAGES).glob("*.md"))]
+
+
+def on_config(config):
+    pages = [{title: path} for path, title in record_pages()]
+    config["nav"].append({"Reproduction": [{"Summary (REPRODUCTION.md)": RECORD}, *pages]})
+    return config
+
+
 def on_files(files, config):
     for path, text in (("reference/config.md", config_reference()), ("reference/cli.md", cli_reference())):
         files.append(File.generated(config, path, content=text))
+    figures = set()
+    for path in [RECORD, *(p for p, _ in record_pages())]:
+        files.append(File.generated(config, path, abs_src_path=str(ROOT / path)))
+        for rel in FIGURE.findall((ROOT / path).read_text()):
+            figures.add((Path(path).parent / rel).as_posix().replace("reproduction/pages/../", "reproduction/"))
+    for path in sorted(figures):
+        files.append(File.generated(config, path, abs_src_path=str(ROOT / path)))
     return files

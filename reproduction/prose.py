@@ -1,10 +1,11 @@
-"""Every statistic REPRODUCTION.md's prose quotes, checked against what the folders of its section compute.
+"""Every statistic the record's prose quotes (REPRODUCTION.md and each experiment's page, reproduction/pages/*.md),
+checked against what the folders of its section compute.
 
     python reproduction/prose.py     # each number of the prose that no folder of its section gives, or "ok"
 
 The generated blocks (between `<!-- NAME: computed by ... -->` and `<!-- end of NAME -->`) are what
 `python reproduction/summary.py --check` checks. This checks the words around them, section by section (a
-section: a `## ` heading and what follows it, up to the next): every "A ± B" must be a mean ± sample std over a
+section: a `## ` heading and what follows it, up to the next; a page without one is one section): every "A ± B" must be a mean ± sample std over a
 variant's seeds (all its finished seeds, or its completed ones), a difference ± its standard error of a claim
 judged by the project's rule, and every "p = X" / "p < X" a p-value of such a claim (one-sided in the claimed
 direction, against it, or Holm's adjusted p; Fig. 5's grid claims and G; Spearman's exact p of the assessment's
@@ -32,6 +33,12 @@ from fedsl.report import grid, verdicts
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "REPRODUCTION.md"
+PAGES = HERE / "pages"  # one page per experiment, linked from REPRODUCTION.md's index
+
+
+def documents() -> list[Path]:
+    """The record: REPRODUCTION.md, then each experiment's page."""
+    return [DOC, *sorted(PAGES.glob("*.md"))]
 METRICS = ("final_accuracy", "T_0.5", "rise_time",
            "final_client_acc_mean", "final_client_acc_std", "final_client_acc_worst10")  # eval_per_client's
 NUMBER = r"\d+(?:\.\d+)?"
@@ -231,7 +238,12 @@ def check(text: str) -> list[str]:
     return problems
 
 
+def check_record() -> list[str]:
+    """``check`` of every document of the record, each problem prefixed with its file."""
+    return [f"{p.relative_to(HERE.parent)}: {problem}" for p in documents() for problem in check(p.read_text())]
+
+
 if __name__ == "__main__":
-    found = check(DOC.read_text())
+    found = check_record()
     print("\n".join(found) if found else "ok")
     sys.exit(1 if found else 0)

@@ -1,8 +1,9 @@
-"""REPRODUCTION.md's summary table, computed from the folders in reproduction/ (fedsl.report.summary).
+"""REPRODUCTION.md's summary table and the record's other computed blocks, from the folders in reproduction/
+(fedsl.report.summary).
 
-    python reproduction/summary.py            # print the table
-    python reproduction/summary.py --write    # put it into REPRODUCTION.md between the markers
-    python reproduction/summary.py --check    # exit 1 if REPRODUCTION.md holds anything else
+    python reproduction/summary.py            # print the tables
+    python reproduction/summary.py --write    # put each between its markers (REPRODUCTION.md or an experiment's page)
+    python reproduction/summary.py --check    # exit 1 if the record holds anything else
 
 The Fig. 5 block reads reproduction/fig5-cifar10-full as the paper's heat maps (fedsl.report.grid).
 """
@@ -18,6 +19,7 @@ from fedsl.report.summary import claims_markdown, cost_markdown, paper_markdown,
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "REPRODUCTION.md"
+PAGES = HERE / "pages"  # one page per experiment (Table 1's and Fig. 5's hold their computed blocks)
 BEGIN = "<!-- summary: computed by `python reproduction/summary.py --write` from reproduction/; do not edit -->"
 END = "<!-- end of summary -->"
 COST_BEGIN = "<!-- cost: computed by `python reproduction/summary.py --write` from reproduction/; do not edit -->"
@@ -50,6 +52,16 @@ def table() -> str:
     return tables()[0]
 
 
+def documents() -> list[Path]:
+    """The record: REPRODUCTION.md, then each experiment's page."""
+    return [DOC, *sorted(PAGES.glob("*.md"))]
+
+
+def record() -> str:
+    """The record's documents as one text (each block's markers appear once in it)."""
+    return "\n".join(p.read_text() for p in documents())
+
+
 def in_doc(text: str, block: int = 0) -> str:
     """The block between a pair of markers in REPRODUCTION.md's text (0: summary, 1: cost, 2: Table 1, 3: Fig. 5,
     4: Table 1's claims)."""
@@ -61,14 +73,14 @@ def in_doc(text: str, block: int = 0) -> str:
 def main(argv: list[str]) -> int:
     ts = tables()
     if "--write" in argv:
-        text = DOC.read_text()
         for (begin, end), t in zip(BLOCKS, ts):
+            doc = next(p for p in documents() if begin in p.read_text())
+            text = doc.read_text()
             start, stop = text.index(begin) + len(begin), text.index(end)
-            text = text[:start] + "\n" + t + text[stop:]
-        DOC.write_text(text)
+            doc.write_text(text[:start] + "\n" + t + text[stop:])
     elif "--check" in argv:
-        if [in_doc(DOC.read_text(), i) for i in range(len(BLOCKS))] != ts:
-            print("REPRODUCTION.md's computed tables differ from what reproduction/ computes: "
+        if [in_doc(record(), i) for i in range(len(BLOCKS))] != ts:
+            print("the record's computed tables differ from what reproduction/ computes: "
                   "run python reproduction/summary.py --write", file=sys.stderr)
             return 1
     else:

@@ -161,7 +161,8 @@ def sentences(text: str) -> list[tuple[int, str]]:
 
 
 def _prose_pages() -> list[Path]:
-    return [DOC, *sorted(REPRO.glob("*/README.md")), *sorted(REPRO.glob("*/report.md"))]
+    return [DOC, *sorted(REPRO.glob("pages/*.md")), *sorted(REPRO.glob("*/README.md")),
+            *sorted(REPRO.glob("*/report.md"))]
 
 
 # the rule's word used as a verdict of ours: "**holds**", "p = 0.008: holds"

@@ -27,7 +27,7 @@ def _module(name: str):
 def test_reproduction_md_summary_is_recomputed_from_reproduction():
     """Every number and verdict of the summary table, re-computed from the committed files."""
     summary = _module("summary")
-    text = summary.DOC.read_text()
+    text = summary.record()  # REPRODUCTION.md and the experiments' pages
     for i, table in enumerate(summary.tables()):  # summary, cost, Table 1, Fig. 5, Table 1's claims
         assert summary.in_doc(text, i) == table, "run: python reproduction/summary.py --write"
 

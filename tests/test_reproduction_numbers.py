@@ -83,17 +83,18 @@ def _prose():
 
 
 def test_every_statistic_the_prose_quotes_is_computed_from_its_sections_folders():
-    """Outside the generated blocks, each 'mean ± std', 'difference ± SE' and p-value of REPRODUCTION.md is one
-    that the folders its section names give (reproduction/prose.py lists any that is not)."""
+    """Outside the generated blocks, each 'mean ± std', 'difference ± SE' and p-value of REPRODUCTION.md and of each
+    experiment's page is one that the folders its section names give (reproduction/prose.py lists any that is not)."""
     prose = _prose()
-    problems = prose.check((ROOT / "REPRODUCTION.md").read_text())
+    assert len(prose.documents()) > 20  # REPRODUCTION.md and the pages
+    problems = prose.check_record()
     assert problems == [], "\n".join(problems)
 
 
 def test_the_prose_check_finds_a_stale_number():
     """FedDU's mean on CIFAR-10 one digit off, and a p-value the rule no longer gives (Welch's, unlabelled)."""
     prose = _prose()
-    text = (ROOT / "REPRODUCTION.md").read_text()
+    text = (REPRO / "pages" / "rivals-cifar10.md").read_text()
     for old, new, stale in (("- **FedDU**: 0.431 ± 0.017", "- **FedDU**: 0.432 ± 0.017", "'0.432 ± 0.017'"),
                             ("(+0.111 ± 0.023, p = 0.020", "(+0.111 ± 0.023, p = 0.022", "'p = 0.022'")):
         assert text.count(old) == 1
@@ -111,4 +112,4 @@ def test_a_sentence_that_says_a_folder_has_not_run_while_it_holds_finished_runs_
                                 "holds finished runs"]
     assert prose.stale("The preset `no-such-folder` has not run yet.\nNext.") == []
     assert prose.stale("That re-run (about 6 CPU core-hours) has not run yet.\nSee `shakespeare-tuned`.") == []
-    assert not prose.stale((REPRO.parent / "REPRODUCTION.md").read_text())
+    assert not any(prose.stale(p.read_text()) for p in prose.documents())
