@@ -42,10 +42,12 @@ def test_every_summary_row_cites_its_folders_and_fig5_the_full_scale_one():
     rows = [line for line in summary.in_doc(summary.DOC.read_text(), 0).splitlines()[2:]]
     assert len(rows) == len(entries)
     for entry, line in zip(entries, rows):
-        scale_cell = line.split(" | ")[3]
+        scale_cell = line.split(" | ")[1]
+        assert line.startswith(f"| [{entry['paper']}](reproduction/pages/{entry['page']}.md)<br>")
+        assert (ROOT / "reproduction" / "pages" / f"{entry['page']}.md").is_file()
         assert all(f"`{folder}`: " in scale_cell for folder in entry["folders"]), (entry["paper"], scale_cell)
     fig5 = next(line for e, line in zip(entries, rows) if e["preset"] == "fig5-cifar10")
-    assert fig5.split(" | ")[3].startswith(f"`{summary.FIG5}`: 1,000 × ")
+    assert fig5.split(" | ")[1].startswith(f"`{summary.FIG5}`: 1,000 × ")
 
 
 def test_collect_keeps_the_text_results_of_finished_runs(tmp_path):

@@ -118,15 +118,16 @@ def _fmt_scale(rounds: int, seeds: int) -> str:
 
 
 def summary_markdown(root: str | Path, entries: list[dict]) -> str:
-    """The Markdown table over ``entries`` (dicts with paper, preset, folders, ran, paper_result and optionally
-    budget; folders relative to ``root``): one row per entry, one line per folder in the computed columns; the scale
-    column names every folder, the others only when a row has several, and ends with the entry's budget (tuned at
-    what cost, or untuned and whence its values), the scope every verdict of the row is read in."""
+    """The Markdown table over ``entries`` (dicts with paper, preset, folders, paper_result and optionally page and
+    budget; folders relative to ``root``): one row per entry, one line per folder in the computed columns; the first
+    cell links the experiment's page (``reproduction/pages/PAGE.md``: what ran and what it found) and names its
+    preset; the scale column names every folder, the others only when a row has several, and ends with the entry's
+    budget (tuned at what cost, or untuned and whence its values), the scope every verdict of the row is read in."""
     root = Path(root)
-    lines = ["| paper | preset | what ran here | scale (rounds × seeds) and budget | our result: final accuracy, "
+    lines = ["| experiment (its page; preset) | scale (rounds × seeds) and budget | our result: final accuracy, "
              "mean ± sample std over seeds (mean T_0.5) | the paper | verdicts (computed; p one-sided, Holm's p over "
              "the folder) |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|"]
     for e in entries:
         scales, ours, judged = [], [], []
         for folder in e["folders"]:
@@ -141,7 +142,8 @@ def summary_markdown(root: str | Path, entries: list[dict]) -> str:
                 judged.append(f"*{row['multiplicity']}*" + (f" (`{folder}`)" if len(e["folders"]) > 1 else ""))
         if e.get("budget"):  # the verdicts hold at this budget only: how the values were chosen, or that they were not
             scales.append(f"budget: {e['budget']}")
-        lines.append(f"| {e['paper']} | `{e['preset']}` | {e['ran']} | {'<br>'.join(scales)} | {'<br>'.join(ours)} "
+        name = f"[{e['paper']}](reproduction/pages/{e['page']}.md)" if e.get("page") else e["paper"]
+        lines.append(f"| {name}<br>`{e['preset']}` | {'<br>'.join(scales)} | {'<br>'.join(ours)} "
                      f"| {e['paper_result']} | {'<br>'.join(judged) or 'no claim judged'} |")
     return "\n".join(lines) + "\n"
 
