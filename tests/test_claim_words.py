@@ -224,3 +224,17 @@ def test_the_ordering_verb_follows_the_verdict_that_stands():
 def test_a_sentence_that_says_beats_cites_a_verdict_standing_after_holm(page):
     bad = [f"{page.name}:{n}: {s}" for n, s in sentences(page.read_text()) if beats_unbacked(s)]
     assert not bad, "\n".join(bad)
+
+
+# a sentence giving a cause: backed by a measurement or an ablation it names, or worded as our reading
+CAUSAL = re.compile(r"\b(?:is why|explains?|explained by|thanks to|is caused by|the reason (?:is|was)|"
+                    r"accounts? for|because of)\b", re.IGNORECASE)
+BACKED = re.compile(r"\b(?:our reading|untested|measured|ablation|diagnostic)", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("page", _prose_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_sentence_that_gives_a_cause_names_its_evidence_or_says_it_is_a_reading(page):
+    """Causes are hypotheses until tested: a sentence that explains a result ('is why', 'explains', 'thanks to', ...)
+    either names what measured it (a diagnostic, an ablation) or says it is our reading, untested."""
+    bad = [f"{page.name}:{n}: {s}" for n, s in sentences(page.read_text()) if CAUSAL.search(s) and not BACKED.search(s)]
+    assert bad == [], "\n".join(bad)
