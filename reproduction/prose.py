@@ -3,17 +3,16 @@ checked against what the folders of its section compute.
 
     python reproduction/prose.py     # each number of the prose that no folder of its section gives, or "ok"
 
-The generated blocks (between `<!-- NAME: computed by ... -->` and `<!-- end of NAME -->`) are what
-`python reproduction/summary.py --check` checks. This checks the words around them, section by section (a
-section: a `## ` heading and what follows it, up to the next; a page without one is one section): every "A ± B" must be a mean ± sample std over a
-variant's seeds (all its finished seeds, or its completed ones), a difference ± its standard error of a claim
-judged by the project's rule, and every "p = X" / "p < X" a p-value of such a claim (one-sided in the claimed
+The generated blocks (between `<!-- NAME: computed by ... -->` and `<!-- end of NAME -->`) are what `python
+reproduction/summary.py --check` checks. This checks the words around them, section by section (a section: a `## `
+heading and what follows it, up to the next; a page without one is one section): every "A ± B" must be a mean ± sample
+std over a variant's seeds (all its finished seeds, or its completed ones), a difference ± its standard error of a
+claim judged by the project's rule, and every "p = X" / "p < X" a p-value of such a claim (one-sided in the claimed
 direction, against it, or Holm's adjusted p; Fig. 5's grid claims and G; Spearman's exact p of the assessment's
-scores; on a line that names Welch, Welch's p of the same runs unpaired), computed from a folder the section names
-as `reproduction/NAME`, to the decimals the prose writes.
-Numbers in code (lines indented by 4 spaces or more), the rule's own threshold ("p < 0.05") and a p written to one
-decimal (the availability p of its section: "at p = 0.5") are not checked.
-tests/test_reproduction_numbers.py fails on anything this lists.
+scores; on a line that names Welch, Welch's p of the same runs unpaired), computed from a folder the section names as
+`reproduction/NAME`, to the decimals the prose writes. Numbers in code (lines indented by 4 spaces or more), the
+rule's own threshold ("p < 0.05") and a p written to one decimal (the availability p of its section: "at p = 0.5") are
+not checked. tests/test_reproduction_numbers.py fails on anything this lists.
 """
 
 from __future__ import annotations

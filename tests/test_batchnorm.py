@@ -11,9 +11,9 @@ from conftest import tiny_config
 from torch import nn
 from torch.optim.swa_utils import update_bn
 
+from fedsl.algorithms.base import LOCAL_SGD
 from fedsl.cli import main
 from fedsl.engine.functional import FunctionalModel, client_gradient
-from fedsl.algorithms.base import LOCAL_SGD
 from fedsl.experiments import config as C
 from fedsl.experiments.build import prepare
 from fedsl.experiments.runner import run, run_stacked

@@ -37,7 +37,7 @@ DP_NOISE = 15  # the Gaussian noise of round t's private aggregate (privacy.clip
 DP_COUNT_NOISE = 24  # the noise on round t's count of unclipped updates (privacy.adaptive: adaptive clipping)
 NATURAL_HELD_OUT = 30  # which of each id's samples are its test samples (data.dataset = 'hf_files', no test split)
 VALIDATION = 31  # which of each client's samples make the validation set (data.validation), drawn once
-BATCHNORM_SAMPLE = 32  # which clients' samples BatchNorm's evaluation statistics come from (model.batchnorm = 'clients')
+BATCHNORM_SAMPLE = 32  # the samples of BatchNorm's evaluation statistics ('clients'), FedBN's clients ('local')
 # 25-28: Synthetic(α, β) (fedsl.data.synthetic_fedprox); D0's picks there use SERVER_DATA as every D0 does
 SYNTHETIC_SIZES = 25  # n_k of every client of Synthetic(α, β), drawn once (client k's is the k-th draw, for any N)
 SYNTHETIC_CLIENT = 26  # client k's model (u_k, B_k, v_k, W_k, b_k), then its samples: rng(seed, SYNTHETIC_CLIENT, k)

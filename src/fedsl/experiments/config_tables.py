@@ -22,7 +22,6 @@ from fedsl.algorithms.robust import AGGREGATORS, Robust
 from fedsl.core.attacks import DEFAULT_SCALE, KINDS, Attack
 from fedsl.core.participation import PATTERNS, STRAGGLER_MODES, Participation
 from fedsl.engine.client_state import STORE_DTYPES, STORES, StoreSettings
-from fedsl.models.batchnorm import BATCHNORM_CLIENTS, BATCHNORM_SAMPLES
 from fedsl.experiments.config_base import (
     BATCH_MAX,
     CLIENTS_MAX,
@@ -31,6 +30,7 @@ from fedsl.experiments.config_base import (
     STEPS_MAX,
     _Strict,
 )
+from fedsl.models.batchnorm import BATCHNORM_CLIENTS, BATCHNORM_SAMPLES
 
 # Tables that configure one of fedsl's dataclasses take their defaults from it, where they are written once:
 # γ's schedule (server.gamma_*), the robust rule ([robust]), the Byzantine clients ([attack]) and participation

@@ -198,7 +198,8 @@ class RunSession:
         self.bar.close()
         tuned = None
         if status == "completed" and self.state is not None:
-            tuned = finetune(self.sim, self.cfg, self.state.x, self.state.clients)  # after round T only (server.finetune_epochs)
+            # after round T only (server.finetune_epochs)
+            tuned = finetune(self.sim, self.cfg, self.state.x, self.state.clients)
             if tuned is not None:
                 self.log(f"{self.cfg.name}: fine-tuned on D0 for {tuned['finetune']['epochs']} epochs: test "
                          f"accuracy {tuned['final_accuracy_finetuned']:.4f}")

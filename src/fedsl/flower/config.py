@@ -428,8 +428,9 @@ def load_setup(run_config: Mapping[str, Any], app_dir: str | Path | None = None,
             cfg = cfg.model_copy(update={"privacy": PrivacyConfig()})  # a ClientApp needs neither nor dp-accounting
         prep = prepare(cfg)  # also sets fedsl's ``threads`` (torch threads of this process)
         if prep.sim.batchnorm == "local":
-            raise ConfigError("model.batchnorm = 'local' (FedBN) evaluates each client's own BatchNorm, which the nodes "
-                              "keep and a Flower server never sees: expected 'clients', 'server' or 'batch' on Flower")
+            raise ConfigError("model.batchnorm = 'local' (FedBN) evaluates each client's own BatchNorm, which the "
+                              "nodes keep and a Flower server never sees: expected 'clients', 'server' or 'batch' on "
+                              "Flower")
         _CACHE[key] = FlowerSetup(cfg, options, prep.fed, prep.sim, prep.algorithm, prep.pretrain,
                                    prep.privacy)
     return _CACHE[key]

@@ -91,9 +91,9 @@ class WeightedBatchNorm(nn.Module):
 
 
 def replace_batchnorm(model: nn.Module) -> list[str]:
-    """Swap every ``nn.BatchNorm1d/2d/3d`` (and ``SyncBatchNorm``) in ``model`` for a ``WeightedBatchNorm`` holding the same γ, β and ε
-    (in place; the running statistics and momentum are dropped: see the module docstring). Returns the names of the
-    replaced modules, in module order."""
+    """Swap every ``nn.BatchNorm1d/2d/3d`` (and ``SyncBatchNorm``) in ``model`` for a ``WeightedBatchNorm`` holding
+    the same γ, β and ε (in place; the running statistics and momentum are dropped: see the module docstring).
+    Returns the names of the replaced modules, in module order."""
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
             if isinstance(child, BATCH_NORMS):
