@@ -267,9 +267,9 @@ def test_ratios():
 def test_new_loop_peers_are_listed_and_x_plain_loop_stays_todays_loop():
     """loop-cl and loop-percore are peers of the command; the `x plain loop` column is still the plain loop's;
     the per-core peer is CPU-only and not run on an evaluation-only workload (nothing is started here)."""
-    from harness import PEERS, _make_peers
     from harness.command import parser
     from harness.percore import PerCoreLoopPeer
+    from harness.run import PEERS, _make_peers
     assert {"loop", "loop-cl", "loop-percore"} <= set(PEERS)
     helptext = " ".join(parser().format_help().split())
     assert "loop-cl" in helptext and "loop-percore" in helptext
@@ -290,7 +290,7 @@ def test_new_loop_peers_are_listed_and_x_plain_loop_stays_todays_loop():
 def test_a_peer_that_fails_is_closed_and_the_next_one_still_runs(one_thread, monkeypatch):
     """A peer whose setup or run raises is reported and closed at once (a process-pool peer's workers stop then,
     not at exit); the peer after one that fails in a repetition still runs that repetition."""
-    import harness
+    from harness import run as harness_run
 
     closed = []
 
@@ -314,7 +314,7 @@ def test_a_peer_that_fails_is_closed_and_the_next_one_still_runs(one_thread, mon
             closed.append(self.name)
 
     fakes = [Fake("bad setup", "setup"), Fake("bad run", "run"), Fake("good")]
-    monkeypatch.setattr(harness, "_make_peers", lambda *a, **k: fakes)
+    monkeypatch.setattr(harness_run, "_make_peers", lambda *a, **k: fakes)
     rep = run_benchmarks(["s1-emnist"], rounds=1, reps=2, smoke=True, footprint_clients=None, threads=1,
                          log=lambda s: None)
     got = {r.peer: r for r in rep.rows}
