@@ -295,8 +295,8 @@ class StackedSimulator:
                     out[j] = r
                 continue
             stacked = {n: torch.stack([self.sims[runs[j]].layout(params[j])[n] for j in js]) for n in params[0]}
-            # the models see a batch together: at least ~2,000 images per forward (measured on an
-            # H200: 360 images per forward ran at half the rate of 2,000)
+            # the models see a batch together: at least ~2,000 images per forward, since small per-model batches
+            # left a GPU waiting (benchmarks/RESULTS-gpu.md, "The Fig. 5 heat map")
             batch = max(sim.eval_batch_size, 2000 // len(js))
             for j, res in zip(js, evaluate_many(sim.fm, stacked, sim.fed.x_test, sim.fed.y_test, batch,
                                                 sim.eval_precision)):
