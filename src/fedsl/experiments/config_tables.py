@@ -27,6 +27,7 @@ from fedsl.experiments.config_base import (
     CLIENTS_MAX,
     EPOCHS_MAX,
     ROUNDS_MAX,
+    SAMPLES_MAX,
     STEPS_MAX,
     _Strict,
 )
@@ -73,10 +74,14 @@ class ModelConfig(_Strict):
                             "samples' statistics, on the test set weighted by its label mix. 'auto': 'clients' for "
                             "layers that track running statistics, else 'batch'. Read only for a model with "
                             "BatchNorm (fedsl.models.batchnorm)")
-    batchnorm_samples: int = Field(BATCHNORM_SAMPLES, ge=1, description="model.batchnorm = 'clients': how many "
-                                   "of the clients' training samples the statistics are estimated on")
-    batchnorm_clients: int = Field(BATCHNORM_CLIENTS, ge=1, description="model.batchnorm = 'local': how many "
-                                   "clients (drawn once) each evaluation scores with their own models")
+    batchnorm_samples: int = Field(
+        BATCHNORM_SAMPLES, ge=1, le=SAMPLES_MAX,
+        description="model.batchnorm = 'clients': how many of the clients' training samples the statistics are "
+                    "estimated on")
+    batchnorm_clients: int = Field(
+        BATCHNORM_CLIENTS, ge=1, le=CLIENTS_MAX,
+        description="model.batchnorm = 'local': how many clients (drawn once) each evaluation scores with their own "
+                    "models")
 
     @model_validator(mode="after")
     def _known_or_import_path(self) -> "ModelConfig":
