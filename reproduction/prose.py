@@ -237,12 +237,115 @@ def check(text: str) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------------------------------------- plain numbers
+# A report, not yet a check (the test does not enforce it): each plain decimal of the prose (two places or more, not
+# part of an "A ± B" or a p) against the values of the variants its line names. Lines that name no variant, paper
+# quotes, per-round values and settings are not told apart yet, so most of what it lists is not wrong, only
+# unchecked: `python reproduction/prose.py --plain`.
+DECIMAL = re.compile(r"(?<![\w.])([+−-]?)(\d+\.\d{2,})(?![\w.])")
+PAIRS = ("pairs",)  # a folder's table key: {variant pair: their differences of means and paired SEs}
+
+
+def _leaves(obj, out: list[float]) -> None:
+    if isinstance(obj, bool) or obj is None:
+        return
+    if isinstance(obj, (int, float)):
+        if not (isinstance(obj, float) and math.isnan(obj)):
+            out.append(float(obj))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _leaves(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _leaves(v, out)
+
+
+def variant_values(folder: Path) -> dict:
+    """variant -> what the prose may quote of it: each run's final metrics (summary.json's final_*, initial_*, T_*,
+    rise_time), its mean and sample std over seeds, its η_l, η_g, γ, decay and β, and its study's best value, chosen
+    values, top-3 spread and rounds run; and under ``PAIRS`` each pair's difference of means and paired SE."""
+    out: dict = {}
+    per: dict[tuple[str, str], dict[str, float]] = {}
+    rows: list[dict] = []
+    if (folder / "index.csv").is_file():
+        with open(folder / "index.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+    for r in rows:
+        vals = out.setdefault(r["variant"], [])
+        for m in METRICS:
+            if r.get(m) not in (None, "", "nan"):
+                per.setdefault((r["variant"], m), {})[r["seed"]] = float(r[m])
+        summary = folder / r["run"] / "summary.json"
+        if summary.is_file():
+            s = json.loads(summary.read_text())
+            _leaves({k: v for k, v in s.items() if k.startswith(("final_", "initial_", "T_", "rise"))}, vals)
+        config = folder / r["run"] / "config.json"
+        if config.is_file():
+            c = json.loads(config.read_text())
+            a, sv = c.get("algorithm", {}), c.get("server", {})
+            _leaves([a.get("local_lr"), a.get("global_lr"), a.get("feddu_decay"), a.get("feddum_beta"),
+                     sv.get("gamma")], vals)
+    for (v, _), by_seed in per.items():
+        xs = list(by_seed.values())
+        out[v] += xs + [float(np.mean(xs))] + ([_sample_std(xs)] if len(xs) > 1 else [])
+    pairs: dict[frozenset, list[float]] = {}
+    for (v, m), (w, m2) in ((a, b) for a in per for b in per if a != b and a[1] == b[1]):
+        a, b = per[(v, m)], per[(w, m2)]
+        d = float(np.mean(list(a.values())) - np.mean(list(b.values())))
+        both = pairs.setdefault(frozenset((v, w)), [])
+        both += [d, -d]
+        common = sorted(set(a) & set(b))
+        if len(common) > 1:
+            both.append(float(np.std([a[s] - b[s] for s in common], ddof=1) / math.sqrt(len(common))))
+    out[PAIRS] = pairs
+    for best in folder.rglob("best.json"):
+        for e in json.loads(best.read_text()):
+            vals = out.setdefault(e["variant"], [])
+            _leaves([e.get("best"), e.get("params"), e.get("top_spread"), e.get("rounds_run")], vals)
+            _leaves([t[1] for t in e.get("top", [])], vals)
+    return out
+
+
+def _named(line: str, names: list[str]) -> list[str]:
+    return [n for n in names if re.search(r"(?<![\w-])" + re.escape(n) + r"(?![\w-])", line)]
+
+
+def plain(text: str) -> list[str]:
+    """'line N: X' for each plain decimal of ``text``'s prose that no value of the variants its line names gives
+    (``variant_values`` of the section's folders); a line naming no variant has nothing to match (listed)."""
+    problems = []
+    cache: dict[Path, dict] = {}
+    for start, lines in sections(without_blocks(text)):
+        tables = [cache.setdefault(f, variant_values(f)) for f in _folders(lines)]
+        names = sorted({v for t in tables for v in t if isinstance(v, str)}
+                       | {v.split("-")[0] for t in tables for v in t if isinstance(v, str)}, key=len, reverse=True)
+        for n, line in enumerate(lines, start):
+            if re.match(r" {4,}", line):
+                continue
+            said = _named(line, names)
+            pool: list[float] = []
+            for t in tables:
+                hit = [v for v in t if isinstance(v, str) and (v in said or any(v.startswith(f"{c}-") for c in said))]
+                for v in hit:
+                    pool += t[v]
+                pool += [x for pair, xs in t[PAIRS].items() if pair <= set(hit) for x in xs]
+            rest = re.sub(r"Holm \d\.\d+", " ", P_VALUE.sub(" ", PLUS_MINUS.sub(" ", line)))
+            for sign, num in DECIMAL.findall(rest):
+                if not any(_reads(x, sign, num) for x in pool):
+                    problems.append(f"line {n}: '{sign}{num}' is no value of {', '.join(said) or 'a variant named'}")
+    return problems
+
+
 def check_record() -> list[str]:
     """``check`` of every document of the record, each problem prefixed with its file."""
     return [f"{p.relative_to(HERE.parent)}: {problem}" for p in documents() for problem in check(p.read_text())]
 
 
 if __name__ == "__main__":
+    if "--plain" in sys.argv:
+        listed = [f"{p.relative_to(HERE.parent)}: {x}" for p in documents() for x in plain(p.read_text())]
+        print("\n".join(listed) + f"\n{len(listed)} plain numbers not matched (a report: see plain())")
+        sys.exit(0)
     found = check_record()
     print("\n".join(found) if found else "ok")
     sys.exit(1 if found else 0)

@@ -113,3 +113,12 @@ def test_a_sentence_that_says_a_folder_has_not_run_while_it_holds_finished_runs_
     assert prose.stale("The preset `no-such-folder` has not run yet.\nNext.") == []
     assert prose.stale("That re-run (about 6 CPU core-hours) has not run yet.\nSee `shakespeare-tuned`.") == []
     assert not any(prose.stale(p.read_text()) for p in prose.documents())
+
+
+def test_the_plain_number_report_matches_a_number_against_the_variant_its_line_names():
+    """prose.plain (a report for now): FSL's tuned mean is found among FSL's values, a number off by 0.008 is not, and
+    a true value of another variant does not pass under FSL's name."""
+    prose = _prose()
+    text = ("Files: `reproduction/serverdata-cifar10-tuned`.\nFSL ends at 0.463 after tuning.\n"
+            "FSL ends at 0.471 after tuning.\nFSL ends at 0.311 after tuning.\nFedAvg ends at 0.311.\n")
+    assert prose.plain(text) == ["line 3: '0.471' is no value of FSL", "line 4: '0.311' is no value of FSL"]
