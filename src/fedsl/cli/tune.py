@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from fedsl.cli_common import UserError, clean_errors, console, load_config, print_line, select_variants
+from fedsl.cli.common import UserError, clean_errors, console, load_config, print_line, select_variants
 from fedsl.experiments.own_keys import changed
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
-from fedsl.cli_common import UserError, console
+from fedsl.cli.common import UserError, console
 from fedsl.engine import metrics
 
 FILES = ("rounds.json", "evaluations.json", "done.json", "failed.json", "final.pt")
