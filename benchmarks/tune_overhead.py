@@ -24,8 +24,8 @@ from pathlib import Path
 
 def study(trials: int, rounds: int, folder: Path) -> tuple[float, float, list[dict]]:
     """(the study's wall time, its trials' run time, the trials' configs)."""
+    from fedsl import tune as T
     from fedsl.experiments import loading, presets
-    from fedsl.experiments import tune as T
 
     cfg = loading.load(base=presets.load("quickstart"), variants=["FSL"],
                        overrides=[f"tune.trials={trials}", f"rounds={rounds}", "threads=1", "tune.prune=false"])

@@ -177,6 +177,6 @@ def test_a_group_whose_variant_sets_rounds_and_a_study_are_refused(capsys, tmp_p
     assert main(["run", str(cfg), "--out", str(tmp_path / "group"), "--quiet"]) == 0
     refused(capsys, tmp_path / "group", "5", "variants.longer sets rounds = 3")
     (tmp_path / "study").mkdir()
-    from fedsl.experiments.tune import TUNE_FILE
+    from fedsl.tune import TUNE_FILE
     (tmp_path / "study" / TUNE_FILE).write_text("{}")
     refused(capsys, tmp_path / "study", "5", "is a study of `fedsl tune`")

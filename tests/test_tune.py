@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from fedsl.experiments import tune as T  # noqa: E402
+from fedsl import tune as T  # noqa: E402
 from fedsl.experiments.config import ConfigError, validate  # noqa: E402
 from fedsl.experiments.tune_space import default_space  # noqa: E402
 
@@ -141,7 +141,7 @@ def test_a_study_never_reads_the_test_set(tmp_path, monkeypatch):
 
 KILLER = """
 import os, signal, sys
-from fedsl.experiments import tune as T
+from fedsl import tune as T
 from fedsl.experiments.loading import load
 on_evaluation = T._Pruning.on_evaluation
 
@@ -265,3 +265,13 @@ def test_chosen_values_leave_no_template_key_that_no_run_reads(monkeypatch):
     chosen[0]["best"] = None
     with pytest.raises(ConfigError, match="variant 'FedAvg' has no finished trial"):
         T.apply_best(cfg, "study")
+
+
+def test_the_old_module_name_still_imports_with_a_deprecation_warning():
+    """fedsl.experiments.tune moved to fedsl.tune: the old name re-exports it for one release, and says so."""
+    import importlib
+
+    sys.modules.pop("fedsl.experiments.tune", None)
+    with pytest.warns(DeprecationWarning, match="fedsl.experiments.tune is now fedsl.tune"):
+        old = importlib.import_module("fedsl.experiments.tune")
+    assert old.start is T.start and old.reopen is T.reopen and old.TUNE_FILE == T.TUNE_FILE

@@ -187,7 +187,7 @@ def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
            rounds: Optional[int] = typer.Option(None, "--rounds", help=ROUNDS_HELP, show_default=False)) -> None:
     """Continue an interrupted run, group of runs or study (fedsl tune) from its last checkpoint; with --rounds T,
     take a run or group on to T rounds, as if it had been asked for T from the start."""
-    from fedsl.experiments import tune as T
+    from fedsl import tune as T
     from fedsl.experiments.compare import group_config, group_runs, is_group, run_group
     if rounds is not None and T.is_tune_folder(path):
         raise UserError(f"--rounds {rounds}: {str(path)!r} is a study of `fedsl tune`, whose trials have their own "
@@ -252,8 +252,8 @@ def show(path: Path = typer.Argument(..., help="a run, group or tune folder, or 
                                                 "out-dir")) -> None:
     """Summary table of a run, a group of runs, a study (fedsl tune) or a Flower ServerApp's out-dir. A run
     killed (kill -9) shows as interrupted at its checkpoint's round, one in progress as running."""
+    from fedsl import tune as T
     from fedsl.cli.flower import is_flower_folder, print_flower
-    from fedsl.experiments import tune as T
     if T.is_tune_folder(path):
         print_tune(path)
         return

@@ -1,5 +1,5 @@
 """``fedsl tune`` and ``fedsl run --tuned`` on the command line: a study per variant on validation data
-(``fedsl.experiments.tune``), its table, and the runs at the values it chose."""
+(``fedsl.tune``), its table, and the runs at the values it chose."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Tune each variant on validation data, the same budget each: an Optuna study per variant in OUT/study.db
     (tune.storage: or a journal file, or a database server)."""
-    from fedsl.experiments import tune as T
+    from fedsl import tune as T
     if trials is not None:
         set_ = [*set_, f"tune.trials={trials}"]
     names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
@@ -70,7 +70,7 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
 def tune_first(cfg, out: Path, parallel: Optional[int], quiet: bool):
     """`fedsl run --tuned`: each variant's study in OUT/tune (started, or continued where it stopped), then ``cfg``
     at the values each chose (``tune.apply_best``): the runs on its seeds judge them on the test set."""
-    from fedsl.experiments import tune as T
+    from fedsl import tune as T
     from fedsl.experiments.interrupts import terminate_as_interrupt
     from fedsl.experiments.results import folder_lock
     if out.exists() and any(p.name not in (".lock", "tune") for p in out.iterdir()):
@@ -101,7 +101,7 @@ def tune_workers(parallel: int) -> int:
 def print_tune(path: Path) -> None:
     """Each variant's study: its budget and what it spent (trials, rounds run), the best validation accuracy and
     values (a value at an edge of its range marked), the spread of its top trials."""
-    from fedsl.experiments import tune as T
+    from fedsl import tune as T
     T.write_report(path)
     table = Table(title=f"{path}  (validation accuracy; the test set is not read)")
     for c in ("variant", "trials", "rounds run", "pruned", "failed", "best val", "top-3 spread", "best values"):

@@ -14,8 +14,8 @@ from typing import Any
 
 from fedsl.algorithms.spec import Range
 from fedsl.experiments.config import ConfigError, RunConfig, validate
-from fedsl.experiments.tune_edges import at_edges, from_json
 from fedsl.experiments.tune_storage import open_storage, study_name
+from fedsl.tune.edges import at_edges, from_json
 
 TUNE_FILE = "tune.json"
 STUDY_FILE = "study.db"  # tune.storage = 'sqlite' (the default)

@@ -4,7 +4,7 @@ A value is *at an edge* when it lies within ``EDGE_SHARE`` (5%) of the range's w
 log scale for a log range. An edge is *hard* when the hyper-parameter may not pass it (``Range.hard_low`` /
 ``hard_high``: a probability's 0, β < 1, the paper's budget of steps) or the config refuses the value beyond it;
 otherwise the study widens the range on that side (``widen``: a decade where log, the range's width where linear,
-an integer range at least by one) and runs ``tune.edge_trials`` more trials (``fedsl.experiments.tune``), up to
+an integer range at least by one) and runs ``tune.edge_trials`` more trials (``fedsl.tune``), up to
 ``tune.edge_widenings`` times. Whatever still lies at an edge is reported (``best.json``, ``fedsl show``, the
 tables): ``at_edges`` says which, and whether it is hard.
 """
