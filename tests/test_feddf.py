@@ -219,14 +219,21 @@ def test_distill_without_validation_runs_every_step_and_returns_the_last_model()
     teachers = {"w": torch.randn(2, 3, 2, dtype=torch.float64)}
     inputs = torch.randn(8, 2, dtype=torch.float64)
 
-    def fwd(p, x, key=None):
+    seen = []
+
+    def fwd(p, x, key=None, weights=None):
+        if weights is not None:  # the student: it is handed each batch's weights (BatchNorm counts samples by them)
+            seen.append(weights)
         return x @ p["w"].T
 
     d = Distillation(lr=0.1, steps=5, batch_size=4, val_fraction=0.0)
     idx = torch.arange(8).repeat(3)[:20].view(5, 4)
-    out = distill(d, w, teachers, fwd, fwd, inputs, idx, torch.full((5, 4), 0.25, dtype=torch.float64),
-                  torch.zeros(5, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+    weight = torch.full((5, 4), 0.25, dtype=torch.float64)
+    weight[4, 3] = 0.0  # a padded row in the last batch
+    out = distill(d, w, teachers, fwd, fwd, inputs, idx, weight, torch.zeros(5, dtype=torch.int64),
+                  torch.zeros(0, dtype=torch.int64))
     assert out.steps == 5 and out.best_step is None and out.history == [] and not torch.equal(out.x["w"], w["w"])
+    assert len(seen) == 5 and all(torch.equal(s, weight[k]) for k, s in enumerate(seen))
 
 
 def test_feddf_plus_fsl_runs_end_to_end_and_says_what_it_read(tmp_path, one_thread):

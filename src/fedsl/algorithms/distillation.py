@@ -53,7 +53,7 @@ BETAS = (0.9, 0.999)  # Adam's moment decays (torch's defaults, which the author
 EPS = 1e-8  # Adam's ε (torch's default)
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s guard: coefficient = max_norm / (norm + 1e-6)
 
-Forward = Callable[..., torch.Tensor]  # (params, inputs[, dropout key]) -> logits
+Forward = Callable[..., torch.Tensor]  # (params, inputs[, dropout key, samples' weights]) -> logits
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,8 @@ def distill(d: Distillation, x_bar: Params, teachers: Params, student: Forward, 
         d: the settings.
         x_bar: x̄_t, where the student starts.
         teachers: the round's client models x_i, stacked [S, ...].
-        student: ``student(params, inputs, key)``: the model's logits in training mode (dropout drawn from key).
+        student: ``student(params, inputs, key, weights)``: the model's logits in training mode (dropout drawn from
+            key; the batch's weights, 0 on padding, for a model whose BatchNorm counts samples by them).
         predict: ``predict(params, inputs)``: its logits in evaluation mode.
         inputs: the pool of samples (labels are never read).
         idx, weight, keys: the planned steps over U's training part: [K, B] pool indices, [K, B] weights (1/b on
@@ -218,7 +219,7 @@ def distill(d: Distillation, x_bar: Params, teachers: Params, student: Forward, 
     temperature = d.temperature
 
     def loss(y: Params, xb: torch.Tensor, zb: torch.Tensor, wb: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        return (kl_to_ensemble(student(y, xb, key), zb, temperature) * wb).sum()
+        return (kl_to_ensemble(student(y, xb, key, wb), zb, temperature) * wb).sum()
 
     gradient = grad(loss)
     y = dict(x_bar)

@@ -547,9 +547,9 @@ class Simulator:
         assert d is not None
         plan = self.distill_plan(t)
 
-        def student(params: Params, x: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        def student(params: Params, x: torch.Tensor, key: torch.Tensor, w: torch.Tensor | None = None) -> torch.Tensor:
             fm.train(True)
-            return fm.forward(params, x, key)
+            return fm.forward(params, x, key, w)
 
         def predict(params: Params, x: torch.Tensor) -> torch.Tensor:
             fm.train(False)
