@@ -239,9 +239,11 @@ def check(text: str) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- plain numbers
 # A report, not yet a check (the test does not enforce it): each plain decimal of the prose (two places or more, not
-# part of an "A ± B" or a p) against the values of the variants its line names. Lines that name no variant, paper
-# quotes, per-round values and settings are not told apart yet, so most of what it lists is not wrong, only
-# unchecked: `python reproduction/prose.py --plain`.
+# part of an "A ± B" or a p) against the values of the variants its line (else its paragraph) names. Lines that
+# name no variant, paper quotes, per-round values and settings are not told apart yet, so most of what it lists is
+# not wrong, only unchecked: `python reproduction/prose.py --plain`. Nor is a match strong evidence yet: a name
+# such as "FSL" pools every cell of a grid folder (FSL-lr0.02-C2, ...), and a matched three-decimal number shifted
+# by +0.007 still matched in about three cases of four over the record (rarely on a page of a few variants).
 DECIMAL = re.compile(r"(?<![\w.])([+−-]?)(\d+\.\d{2,})(?![\w.])")
 PAIRS = ("pairs",)  # a folder's table key: {variant pair: their differences of means and paired SEs}
 
@@ -310,6 +312,24 @@ def _named(line: str, names: list[str]) -> list[str]:
     return [n for n in names if re.search(r"(?<![\w-])" + re.escape(n) + r"(?![\w-])", line)]
 
 
+def _paragraphs(lines: list[str]) -> list[str]:
+    """For each line, the text of its paragraph or list item (lines up to a blank one or the next item)."""
+    out, group = [], []
+
+    def close() -> None:
+        out.extend([" ".join(group)] * len(group))
+        group.clear()
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith(("- ", "| ")):
+            close()
+            if not line.strip():
+                out.append("")
+                continue
+        group.append(line)
+    close()
+    return out
+
+
 def plain(text: str) -> list[str]:
     """'line N: X' for each plain decimal of ``text``'s prose that no value of the variants its line names gives
     (``variant_values`` of the section's folders); a line naming no variant has nothing to match (listed)."""
@@ -319,10 +339,11 @@ def plain(text: str) -> list[str]:
         tables = [cache.setdefault(f, variant_values(f)) for f in _folders(lines)]
         names = sorted({v for t in tables for v in t if isinstance(v, str)}
                        | {v.split("-")[0] for t in tables for v in t if isinstance(v, str)}, key=len, reverse=True)
+        paragraph = _paragraphs(lines)
         for n, line in enumerate(lines, start):
             if re.match(r" {4,}", line):
                 continue
-            said = _named(line, names)
+            said = _named(line, names) or _named(paragraph[n - start], names)  # else the paragraph's, if it names
             pool: list[float] = []
             for t in tables:
                 hit = [v for v in t if isinstance(v, str) and (v in said or any(v.startswith(f"{c}-") for c in said))]
