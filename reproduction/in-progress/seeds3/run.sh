@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-seed reduced figures again at 3 seeds (0-2): the one-seed reduced figures at 3 seeds (0-2), one run at a time on one core.
+# The one-seed reduced figures again at 3 seeds (0-2), one run at a time on one core.
 # Resume any of them with `fedsl resume runs/NAME`; then collect (reproduction/collect.py) and write the pages.
 set -u
 cd "$(dirname "$0")/../../.."
