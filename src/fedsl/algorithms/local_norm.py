@@ -90,7 +90,7 @@ def _rule_part(client: State) -> State:
     return {k: v for k, v in client.items() if k != NORM_STATE}
 
 
-def norm_parameters(names: list[str], params: Params) -> tuple[str, ...]:
-    """The parameters of the BatchNorm layers ``names`` (``FunctionalModel.norm_names``) among ``params``."""
-    prefixes = tuple(f"{n}." for n in names)
-    return tuple(p for p in params if p.startswith(prefixes) and p.rpartition(".")[0] in names)
+def norm_parameters(names: list[str], params: list[str]) -> tuple[str, ...]:
+    """The parameters of the BatchNorm layers ``names`` (``FunctionalModel.norm_names``) among the parameter names
+    ``params`` (``FunctionalModel.names``)."""
+    return tuple(p for p in params if p.rpartition(".")[0] in names)

@@ -112,7 +112,8 @@ class FunctionalModel:
     def _buffers(self, key: torch.Tensor | None, w: torch.Tensor | None, stats: Params | None,
                  prefix: str = "") -> dict[str, torch.Tensor]:
         """What ``functional_call`` sets besides the parameters: dropout's key, BatchNorm's sample weights and
-        evaluation statistics (``fedsl.models.batchnorm``), each only where given."""
+        evaluation statistics (``fedsl.models.batchnorm``), each only where given (a model without BatchNorm has no
+        layer to take ``w``; ``statistics`` gives it none)."""
         buffers = {f"{prefix}{n}": key for n in self.key_names} if key is not None else {}
         if w is not None:
             buffers.update({f"{prefix}{n}.sample_weight": w for n in self.norm_names})
@@ -125,8 +126,6 @@ class FunctionalModel:
         """The model's outputs on ``x``; ``key``: dropout's; ``w``: the samples' weights (BatchNorm's training
         statistics count the samples by them: padding, weight 0, not at all); ``stats``: BatchNorm's evaluation
         statistics (``statistics``; None: each batch's own)."""
-        if not self.norm_names:
-            w = stats = None
         return functional_call(self.module, {**params, **self._buffers(key, w, stats)}, (x,))
 
     def loss(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
@@ -169,7 +168,7 @@ class FunctionalModel:
     def forward_parts(self, params: Params, x: torch.Tensor, key: torch.Tensor | None = None,
                       w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, z): ``forward`` computed as head(features(x)), the same layers in the same order."""
-        buffers = self._buffers(key, w if self.norm_names else None, None, prefix="model.")
+        buffers = self._buffers(key, w, None, prefix="model.")
         return functional_call(self._parts, {**{f"model.{n}": p for n, p in params.items()}, **buffers}, (x, "both"))
 
     def freeze(self) -> None:

@@ -636,11 +636,10 @@ class Simulator:
         from fedsl.engine import per_client
         if self.batchnorm == "local":
             return per_client.summarise(self.personal(params, clients, self.fed.x_test, self.fed.y_test)[2])
-        self._label_mixes()
         acc_c = per_client.class_accuracy(self.fm, self.layout(params), self.fed.x_test, self.fed.y_test,
                                           self.fed.num_classes, self.eval_batch_size, self.eval_precision,
                                           self.norm_source)
-        return per_client.summarise(per_client.client_accuracies(self._label_mix, acc_c))
+        return per_client.summarise(per_client.client_accuracies(self._label_mixes(), acc_c))
 
     def evaluate_validation(self, params: Params, clients: State | ClientStore | None = None
                             ) -> tuple[float, float] | None:

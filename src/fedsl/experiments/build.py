@@ -91,7 +91,7 @@ def with_batchnorm(cfg: RunConfig, algorithm: Algorithm, fm: FunctionalModel) ->
     if batchnorm_mode(cfg, fm) != "local":
         return algorithm
     from fedsl.algorithms.local_norm import LocalNorm, norm_parameters
-    names = norm_parameters(fm.norm_names, fm.params())
+    names = norm_parameters(fm.norm_names, fm.names)
     if not names:
         raise ConfigError("model.batchnorm = 'local' keeps each client's BatchNorm γ and β, but the model's BatchNorm "
                           "layers have none (affine=False): expected 'clients', 'server' or 'batch'")
@@ -107,8 +107,8 @@ def batchnorm_mode(cfg: RunConfig, fm: FunctionalModel) -> str:
 
 
 def check_batchnorm(cfg: RunConfig, fed: Federation, fm: FunctionalModel) -> None:
-    """model.batchnorm and model.batchnorm_samples are read only where they mean something: a model with
-    BatchNorm, 'server' with D0, the sample size with 'clients'."""
+    """model.batchnorm, batchnorm_samples and batchnorm_clients are read only where they mean something: a model
+    with BatchNorm, 'server' with D0, the sample size with 'clients', the clients' number with 'local'."""
     m = cfg.model
     if not fm.norm_names:
         unread = [k for k in ("batchnorm_samples", "batchnorm_clients") if changed(m, k)]
