@@ -13,6 +13,33 @@ scores; on a line that names Welch, Welch's p of the same runs unpaired), comput
 `reproduction/NAME`, to the decimals the prose writes. Numbers in code (lines indented by 4 spaces or more), the
 rule's own threshold ("p < 0.05") and a p written to one decimal (the availability p of its section: "at p = 0.5") are
 not checked. tests/test_reproduction_numbers.py fails on anything this lists.
+
+Plain numbers (``plain``). Every other decimal written to two places or more must be, to the decimals written:
+- a value of the variants it names (``variant_values``): a run's or a variant's final accuracy, T_0.5, rise time or
+  time from summary.json / index.csv, their mean or sample std over seeds, a difference of two named variants' means
+  (or of one variant's means in two folders of the section) or its paired SE, a chosen hyper-parameter, best value,
+  top three and their spread from best.json, an assessment's score or Spearman's ρ, a list of p-values continuing a
+  "p = " ("p = 0.223, 0.078 and 0.458") or a Holm p;
+- a setting: any number of the variant's config.json, summary.json's hyper-parameters or its sweep cell;
+- with "round N" / "N rounds" on its line or paragraph, a number of the named variants' metrics.csv at round N;
+- a number quoted from a paper, MARKED: inside a parenthesis that opens with "paper:" ("FSL 0.47 (paper: 0.61)",
+  "(the paper: 0.61 and 0.59)"), or in a table column whose header says "paper". Nothing else is a paper quote.
+Which variants it names: in a table, those its row's first cell and its column header name together; else its line's,
+else its paragraph's (a number not among its line's may also be one of its paragraph's), else every variant of the
+section. A variant is named by its name ("FSL-500"), by its method without the sweep cell ("FSL-p"), by a part where
+no method has that name ("FedAvg" for "signflip-FedAvg-fraction=0.4"), and ``ALIASES`` reads a few prose forms
+("f = 0.4", "η_l = 0.02", "sign flipping", "IID 500") as the names they stand for.
+Counting words: "24 trials", "3 fresh seeds", "the 21 runs" must be a count of the section's folders of that noun (a
+study's trials, completed, pruned or failed; a variant's seeds; runs of a variant, completed or diverged, or all;
+each also summed over the folder and over the section), and "two of each method's six trials" a count every variant
+shares. A count of one, a bound ("at least 2 seeds") and a section naming no folder are not checked.
+
+Enforced on REPRODUCTION.md and every page except ``NOT_YET``, the pages whose prose still quotes numbers that no
+committed file gives (runs of the old defaults no longer kept, metrics.csv not kept, per-round values of other
+pages): appendix-diagnostics, appendix-no-pretrain, emnist-reduced, fig2-cifar10, fig3-cifar10,
+fig5-cifar10-earlier, fig5-cifar10-full, parity-cifar10, privacy-emnist, rivals-cifar10, rivals-emnist,
+robustness-emnist, serverdata-cifar10, serverdata-cifar10-tuned, shakespeare, shakespeare-tuned,
+table1-cifar10-200-rounds, table1-cifar10-full. `python reproduction/prose.py --plain` lists what each still has.
 """
 
 from __future__ import annotations
@@ -126,7 +153,27 @@ def _assessment(path: Path) -> Computed:
         measured = [gain[n][0] for n in names]
         for key, (_, sign) in av.SCORES.items():
             out.ps.append(av.exact_p([sign * float(rows[n][key]) for n in names], measured))
+    out.ps += _holm(out.ps)  # Holm over the folder's tests (every score at every point assessed)
     return out
+
+
+def _holm(ps: list[float]) -> list[float]:
+    """Holm's adjusted p-values of ``ps`` (in ascending order of p)."""
+    adjusted, top = [], 0.0
+    for i, p in enumerate(sorted(ps)):
+        top = max(top, min(1.0, (len(ps) - i) * p))
+        adjusted.append(top)
+    return adjusted
+
+
+_COMPUTED: dict[Path, Computed] = {}
+
+
+def computed_cached(path: Path) -> Computed:
+    """``computed(path)``, once per folder and process."""
+    if path not in _COMPUTED:
+        _COMPUTED[path] = computed(path)
+    return _COMPUTED[path]
 
 
 def computed(path: Path) -> Computed:
@@ -212,13 +259,10 @@ def check(text: str) -> list[str]:
     """'line N: "the number" is no ...' for each statistic of the prose no folder of its section computes, and each
     sentence that says a folder has not run while it holds finished runs (``stale``)."""
     problems = stale(text)
-    cache: dict[Path, Computed] = {}
     for start, lines in sections(without_blocks(text)):
         have = Computed()
         for folder in _folders(lines):
-            if folder not in cache:
-                cache[folder] = computed(folder)
-            have.add(cache[folder])
+            have.add(computed_cached(folder))
         for n, line in enumerate(lines, start):
             if re.match(r" {4,}", line):  # code
                 continue
@@ -238,14 +282,31 @@ def check(text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- plain numbers
-# A report, not yet a check (the test does not enforce it): each plain decimal of the prose (two places or more, not
-# part of an "A ± B" or a p) against the values of the variants its line (else its paragraph) names. Lines that
-# name no variant, paper quotes, per-round values and settings are not told apart yet, so most of what it lists is
-# not wrong, only unchecked: `python reproduction/prose.py --plain`. Nor is a match strong evidence yet: a name
-# such as "FSL" pools every cell of a grid folder (FSL-lr0.02-C2, ...), and a matched three-decimal number shifted
-# by +0.007 still matched in about three cases of four over the record (rarely on a page of a few variants).
-DECIMAL = re.compile(r"(?<![\w.])([+−-]?)(\d+\.\d{2,})(?![\w.])")
-PAIRS = ("pairs",)  # a folder's table key: {variant pair: their differences of means and paired SEs}
+# Each plain decimal of the prose (two places or more, not part of an "A ± B", a p or a Holm p) must be a value of
+# the variants its line names (``variant_values``); each count of runs, trials or seeds ("24 trials", "3 seeds",
+# "two of each method's six trials") a count of its section's folders (``Values.counts``).
+DECIMAL = re.compile(r"(?<![\w.])([+−-]?)(\d+\.\d{2,})(?!\w|\.\d)")  # a full stop may end it
+WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
+_NUM = r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d+|" + "|".join(WORDS) + r")"
+# "24 trials", "3 fresh seeds", "the 21 runs"; and "two of each method's six trials" (the "two" is a count too)
+COUNT = re.compile(rf"\b{_NUM} (?:(?!of |for |and |in |at |per |to )[\w-]+ )?(trials?|runs?|seeds?)\b", re.IGNORECASE)
+COUNT_OF = re.compile(rf"\b{_NUM} of ((?:[\w'’-]+ ){{0,3}}?)(?:{_NUM} )?(?:[\w-]+ )?(trials?|runs?|seeds?)\b",
+                      re.IGNORECASE)
+# a quote from a paper: a parenthesis that opens with "paper:" ("(paper: 0.61)", "(the paper: 0.61 and 0.59)"),
+# or a table column whose header says "paper"; its numbers are the paper's, not ours, and are not checked
+PAPER = re.compile(r"\((?:the |its )?paper\b[^():]{0,30}:[^()]*\)")
+# how the prose names a cell of a sweep: "f = 0.4" is the variant suffix "fraction=0.4", and so on
+ALIASES = ((r"\bf = (\d[\d.]*)", r"fraction=\1"), (r"\bη_l = (\d[\d.]*)", r"local_lr=\1"),
+           (r"\bC = (\d+)", r"classes_per_client=\1"), (r"\bn0 = (\d+)", r"server_size=\1"),
+           (r"\bsign flip(?:ping)?\b", "signflip"), (r"\blabel flip(?:ping)?\b", "labelflip"),
+           (r"\bFedDyn \+ SL\b", "FedDyn-SL"), (r" \+ ", "+"),
+           # the candidate D0s of the assessment pages
+           (r"\bIID (\d+)\b", r"iid\1"), (r"\bSTL-10 504\b", "stl10-504"), (r"\b10 clients × 50\b", "clients500"),
+           (r"\b9 clients × 30\b", "clients450"), (r"\bone client's (?:50|30)\b|\bone-client D0\b", "skewed50"),
+           (r"\b675 font renderings\b", "synthchars675"), (r"\bFSLsyn 675\b", "fslsyn675"))
+P_LIST = re.compile(r"(\bp [=<≈] ?\d+\.\d+|\bHolm \d+\.\d+)((?:(?:,| and| or) \d+\.\d+)+)")
+ROUND = re.compile(r"\bround (\d+)\b|\b(\d+) rounds\b")
+PAIRS = ("pairs",)  # kept for callers of variant_values: its table key of pair differences
 
 
 def _leaves(obj, out: list[float]) -> None:
@@ -262,54 +323,339 @@ def _leaves(obj, out: list[float]) -> None:
             _leaves(v, out)
 
 
-def variant_values(folder: Path) -> dict:
-    """variant -> what the prose may quote of it: each run's final metrics (summary.json's final_*, initial_*, T_*,
-    rise_time), its mean and sample std over seeds, its η_l, η_g, γ, decay and β, and its study's best value, chosen
-    values, top-3 spread and rounds run; and under ``PAIRS`` each pair's difference of means and paired SE."""
-    out: dict = {}
+@dataclass
+class Values:
+    """What one folder lets the prose quote plainly."""
+    name: str = ""
+    variants: dict[str, list[float]] = field(default_factory=dict)  # results, settings and choices per variant
+    pairs: dict[frozenset, list[float]] = field(default_factory=dict)  # two variants' differences of means, SEs
+    folder: list[float] = field(default_factory=list)  # what no variant owns (Spearman's ρ of an assessment, ...)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # variant -> {kind of count: n}
+    runs: dict[str, list[Path]] = field(default_factory=dict)  # variant -> its runs' folders (for per-round values)
+    means: dict[str, dict[str, float]] = field(default_factory=dict)  # variant -> {metric: mean over seeds}
+
+
+def variant_values(folder: Path) -> Values:
+    """What the prose may quote of the folder: per variant, each run's final metrics (summary.json's final_*,
+    initial_*, T_*, rise_time, rounds_done, wall_time), their mean and sample std over seeds, every number of its
+    runs' config.json and summary.json's hyper-parameters (a setting), its study's best value, chosen values, top
+    three and their spread (best.json), an assessment's scores (assess.csv); each pair's difference of means and
+    paired SE; Spearman's ρ of an assessment; and the counts of runs, seeds and trials (``Values.counts``)."""
+    out = Values(name=folder.name)
     per: dict[tuple[str, str], dict[str, float]] = {}
     rows: list[dict] = []
     if (folder / "index.csv").is_file():
         with open(folder / "index.csv", newline="") as f:
             rows = list(csv.DictReader(f))
     for r in rows:
-        vals = out.setdefault(r["variant"], [])
-        for m in METRICS:
+        v = r["variant"]
+        vals = out.variants.setdefault(v, [])
+        out.runs.setdefault(v, []).append(folder / r["run"])
+        n = out.counts.setdefault(v, {})
+        n["runs"] = n.get("runs", 0) + 1
+        n["completed"] = n.get("completed", 0) + (r["status"] == "completed")
+        n["diverged"] = n.get("diverged", 0) + (r["status"] != "completed")
+        for m in (*METRICS, "rounds_done", "wall_time"):
             if r.get(m) not in (None, "", "nan"):
-                per.setdefault((r["variant"], m), {})[r["seed"]] = float(r[m])
+                per.setdefault((v, m), {})[r["seed"]] = float(r[m])
         summary = folder / r["run"] / "summary.json"
         if summary.is_file():
             s = json.loads(summary.read_text())
-            _leaves({k: v for k, v in s.items() if k.startswith(("final_", "initial_", "T_", "rise"))}, vals)
+            _leaves({k: x for k, x in s.items() if k.startswith(("final_", "initial_", "T_", "rise", "wall"))}, vals)
+            _leaves({k: h.get("value") for k, h in s.get("hyperparameters", {}).items()}, vals)
         config = folder / r["run"] / "config.json"
         if config.is_file():
-            c = json.loads(config.read_text())
-            a, sv = c.get("algorithm", {}), c.get("server", {})
-            _leaves([a.get("local_lr"), a.get("global_lr"), a.get("feddu_decay"), a.get("feddum_beta"),
-                     sv.get("gamma")], vals)
+            _leaves(json.loads(config.read_text()), vals)
+    group = json.loads((folder / "group.json").read_text()) if (folder / "group.json").is_file() else {}
+    for run in group.get("runs", {}).values():  # a sweep cell's settings (index-only folders keep no config.json)
+        if run.get("variant") in out.variants:
+            _leaves(run.get("params", {}), out.variants[run["variant"]])
+    for v, n in out.counts.items():
+        n["seeds"] = len({r["seed"] for r in rows if r["variant"] == v})
     for (v, _), by_seed in per.items():
         xs = list(by_seed.values())
-        out[v] += xs + [float(np.mean(xs))] + ([_sample_std(xs)] if len(xs) > 1 else [])
-    pairs: dict[frozenset, list[float]] = {}
+        out.variants[v] += xs + [float(np.mean(xs))] + ([_sample_std(xs)] if len(xs) > 1 else [])
+        out.means.setdefault(v, {})[_] = float(np.mean(xs))
+        out.counts[v]["with a value"] = max(out.counts[v].get("with a value", 0), len(xs))
     for (v, m), (w, m2) in ((a, b) for a in per for b in per if a != b and a[1] == b[1]):
         a, b = per[(v, m)], per[(w, m2)]
         d = float(np.mean(list(a.values())) - np.mean(list(b.values())))
-        both = pairs.setdefault(frozenset((v, w)), [])
+        both = out.pairs.setdefault(frozenset((v, w)), [])
         both += [d, -d]
         common = sorted(set(a) & set(b))
         if len(common) > 1:
             both.append(float(np.std([a[s] - b[s] for s in common], ddof=1) / math.sqrt(len(common))))
-    out[PAIRS] = pairs
     for best in folder.rglob("best.json"):
         for e in json.loads(best.read_text()):
-            vals = out.setdefault(e["variant"], [])
-            _leaves([e.get("best"), e.get("params"), e.get("top_spread"), e.get("rounds_run")], vals)
-            _leaves([t[1] for t in e.get("top", [])], vals)
+            vals = out.variants.setdefault(e["variant"], [])
+            _leaves([e.get("best"), e.get("params"), e.get("top_spread"), e.get("rounds_run"), e.get("top")], vals)
+            top = [t[1] for t in e.get("top", [])]
+            vals += [abs(a - b) for a in top for b in top if a != b]  # how far apart the top trials are
+            n = out.counts.setdefault(e["variant"], {})
+            for k in ("budget", "complete", "pruned", "failed"):
+                if isinstance(e.get(k), int):
+                    n[f"trials {k}"] = n.get(f"trials {k}", 0) + e[k]
+            n["trials failed or pruned"] = n.get("trials failed", 0) + n.get("trials pruned", 0)
+    for tune in folder.rglob("tune.json"):
+        _leaves(json.loads(tune.read_text()).get("config", {}).get("tune", {}), out.folder)
+    for csv_path in sorted(folder.glob("assess-*/assess.csv")):
+        with open(csv_path, newline="") as f:
+            for r in csv.DictReader(f):
+                for x in r.values():
+                    try:
+                        out.variants.setdefault(r["name"], []).append(float(x))
+                    except (TypeError, ValueError):
+                        pass
+    if any(folder.glob("assess-*/assess.csv")):
+        out.folder += _assessment_rhos(folder)
     return out
 
 
-def _named(line: str, names: list[str]) -> list[str]:
-    return [n for n in names if re.search(r"(?<![\w-])" + re.escape(n) + r"(?![\w-])", line)]
+def _assessment_rhos(folder: Path) -> list[float]:
+    """Spearman's ρ of each assessment score against FSL's gain (reproduction/assess_validation.py), at each
+    point assessed, and the exact one-sided p of ρ = 0.5 .. 1 over the candidates (the rule's examples)."""
+    spec = importlib.util.spec_from_file_location("assess_validation", HERE / "assess_validation.py")
+    av = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(av)
+    gain = av.gains(folder)
+    out = []
+    for csv_path in sorted(folder.glob("assess-*/assess.csv")):
+        with open(csv_path, newline="") as f:
+            rows = {r["name"]: r for r in csv.DictReader(f)}
+        names = [n for n in rows if n in gain]
+        measured = [gain[n][0] for n in names]
+        for key, (_, sign) in av.SCORES.items():
+            score = [sign * float(rows[n][key]) for n in names]
+            out += [av.spearman(score, measured), av.exact_p(score, measured)]
+    return out
+
+
+# which kinds of count (``Values.counts``) a noun may state: a trial is a study's, a seed a variant's seeds
+KINDS = {"trial": lambda k: k.startswith("trials"), "seed": lambda k: k in ("seeds", "with a value"),
+         "run": lambda k: not k.startswith("trials")}
+
+
+def _counts(tables: list[Values], chosen: list[tuple[int, str]] | None, noun: str) -> tuple[set[int], set[int]]:
+    """(every count of ``noun`` ("trial", "seed", "run") the chosen variants, or all, and their folders give; the
+    counts every chosen variant shares: what "each method's six trials" may say)."""
+    fits = KINDS[noun]
+    any_: set[int] = set()
+    shared: set[int] = set()
+    section: dict[str, int] = {}  # each kind's total over the section's folders
+    for t in tables:
+        for n in t.counts.values():
+            for k, x in n.items():
+                section[k] = section.get(k, 0) + x
+    any_ |= {x for k, x in section.items() if fits(k)}
+    for i, t in enumerate(tables):
+        mine = [v for (j, v) in chosen if j == i] if chosen else list(t.counts)
+        kinds = {k for v in t.counts for k in t.counts[v] if fits(k)}
+        for k in kinds:
+            per = [t.counts[v][k] for v in mine if k in t.counts.get(v, {})]
+            any_ |= set(per) | {sum(per), sum(n.get(k, 0) for n in t.counts.values())}  # and the folder's total
+            if len(set(per)) == 1:
+                shared |= set(per)
+        if noun == "run":
+            any_ |= {len(t.counts), len({_method(v) for v in t.counts})}  # a run of each variant, of each method
+    return any_, shared
+
+
+def _number(word: str) -> int:
+    return WORDS[word.lower()] if word.lower() in WORDS else int(word.replace(",", ""))
+
+
+def _round_values(runs: list[Path], rounds: set[int], cache: dict) -> list[float]:
+    """Every number of the runs' metrics.csv rows at ``rounds``, and each column's mean over the runs."""
+    out: list[float] = []
+    by_col: dict[tuple[int, str], list[float]] = {}
+    for run in runs:
+        if run not in cache:
+            cache[run] = {}
+            if (run / "metrics.csv").is_file():
+                with open(run / "metrics.csv", newline="") as f:
+                    cache[run] = {int(r["round"]): r for r in csv.DictReader(f)}
+        for r in rounds:
+            for k, x in cache[run].get(r, {}).items():
+                if x not in ("", "nan", None) and k != "round":
+                    out.append(float(x))
+                    by_col.setdefault((r, k), []).append(float(x))
+    return out + [float(np.mean(xs)) for xs in by_col.values()]
+
+
+def _aliased(text: str) -> str:
+    for pattern, name in ALIASES:
+        text = re.sub(pattern, name, text)
+    return text
+
+
+def _method(variant: str) -> str:
+    """A variant's name without its sweep cell: "FSL-p" of "FSL-p-classes_per_client=2-clients_per_round=4"."""
+    return "-".join(p for p in variant.split("-") if "=" not in p) or variant
+
+
+class _Names:
+    """The names by which the prose picks variants of a section's folders: a method ("FSL", "FSL-500"), a part of
+    one where no method has that name ("FedAvg" for "signflip-FedAvg"), and a sweep cell ("fraction=0.4", which
+    ``ALIASES`` reads from "f = 0.4")."""
+
+    def __init__(self, tables: list[Values]):
+        self.tables = tables
+        self.methods = {_method(v) for t in tables for v in t.variants}
+        parts: set[str] = set(self.methods)
+        for m in self.methods:
+            bits = m.split("-")
+            parts |= {"-".join(bits[a:b]) for a in range(len(bits)) for b in range(a + 1, len(bits) + 1)}
+        cells = {p for t in tables for v in t.variants for p in v.split("-") if "=" in p}
+        self.names = sorted(parts | cells, key=len, reverse=True)
+
+    def _picks(self, n: str, variant: str) -> bool:
+        if "=" in n:
+            return n in variant.split("-")
+        m = _method(variant)
+        return m == n or (n not in self.methods and f"-{n}-" in f"-{m}-")
+
+    def pick(self, text: str) -> list[tuple[int, str]]:
+        """The (folder, variant) pairs ``text`` names: the variants the most of its method names agree on ("sign
+        flip" and "FedAvg": signflip-FedAvg-...), kept to the sweep cells it names, if any variant has them."""
+        text = _aliased(text)
+        found = [n for n in self.names if re.search(r"(?<![\w+=-])" + re.escape(n) + r"(?![\w+-])", text)]
+        votes: dict[tuple[int, str], int] = {}
+        for n in (n for n in found if "=" not in n):
+            for i, t in enumerate(self.tables):
+                for v in t.variants:
+                    if self._picks(n, v):
+                        votes[(i, v)] = votes.get((i, v), 0) + 1
+        if not votes:
+            return []
+        most = max(votes.values())
+        chosen = [k for k, c in votes.items() if c == most]
+        for n in (n for n in found if "=" in n):
+            narrower = [k for k in chosen if self._picks(n, k[1])]
+            chosen = narrower or chosen
+        return chosen
+
+
+def _pool(tables: list[Values], chosen: list[tuple[int, str]], rounds: set[int], cache: dict) -> list[float]:
+    out: list[float] = []
+    for i, t in enumerate(tables):
+        mine = {v for (j, v) in chosen if j == i} if chosen else set(t.variants)
+        for v in mine:
+            out += t.variants[v]
+            if rounds:
+                out += _round_values(t.runs.get(v, []), rounds, cache)
+        if len(mine) > 1:
+            out += [x for pair, xs in t.pairs.items() if pair <= mine for x in xs]
+        out += t.folder
+        for u in tables[i + 1:]:  # the same variant in two folders of the section (two budgets, say)
+            for v in mine & set(u.means):
+                out += [a - u.means[v][m] for m, a in t.means.get(v, {}).items() if m in u.means[v]]
+    return out
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def plain(text: str) -> list[str]:
+    """'line N: ...' for each plain decimal of ``text``'s prose that is no value of the variants it names, and each
+    count of runs, trials or seeds that is no count of its section's folders.
+
+    Which variants a number may be a value of: in a table, those its row's first cell and its column's header
+    name (where they meet); else those its line names, else those its paragraph names, else every variant of
+    the section's folders. A variant's values are ``variant_values``'s, the differences and SEs of pairs of the
+    variants named, and, where the line says "round N" / "N rounds", each number of their metrics.csv at round N."""
+    problems = []
+    cache: dict[Path, Values] = {}
+    rows_cache: dict = {}
+    for start, lines in sections(without_blocks(text)):
+        for f in _folders(lines):
+            if f not in cache:
+                cache[f] = variant_values(f)
+        tables = [cache[f] for f in _folders(lines)]
+        ps = [p for f in _folders(lines) for p in computed_cached(f).ps]
+        names = _Names(tables)
+        paragraph = _paragraphs(lines)
+        header: list[str] = []
+        for n, line in enumerate(lines, start):
+            if re.match(r" {4,}", line):  # code
+                continue
+            if line.startswith("|"):
+                if re.match(r"\|[-| :]+\|?$", line.strip()):
+                    continue
+                if n - start + 1 < len(lines) and re.match(r"\|[-| :]+\|?$", lines[n - start + 1].strip()):
+                    header = _cells(line)
+                    continue
+                cells = _cells(line)
+                for k, cell in enumerate(cells):
+                    col = header[k] if k < len(header) else ""
+                    if "paper" in col:
+                        continue
+                    chosen = names.pick(f"{cells[0]} {col}") if k else []
+                    chosen = chosen or names.pick(line) or names.pick(paragraph[n - start])
+                    problems += _check_numbers(n, cell, line, tables, chosen, names.pick(line), ps, rows_cache)
+            else:
+                header = []
+                wider = names.pick(paragraph[n - start])
+                chosen = names.pick(line) or wider
+                problems += _check_numbers(n, line, paragraph[n - start], tables, chosen, wider, ps, rows_cache)
+    return problems
+
+
+def _check_numbers(n: int, text: str, context: str, tables: list[Values], chosen: list[tuple[int, str]],
+                   wider: list[tuple[int, str]], ps: list[float], cache: dict) -> list[str]:
+    """The problems of the plain numbers and counts of ``text`` (line ``n``; ``context``, its paragraph, says which
+    rounds): each decimal a value of the ``chosen`` variants, else of the ``wider`` ones (its paragraph's too)."""
+    problems = []
+    rest = PAPER.sub(" ", text)
+    for m in P_LIST.finditer(rest):  # "p = 0.223, 0.078 and 0.458": the rest of the list are p-values too
+        for x in re.findall(r"\d+\.\d+", m.group(2)):
+            if not any(_near(y, x) for y in ps):
+                problems.append(f"line {n}: '{x}' in a list of p-values is no p-value of the section's folders")
+    rest = P_LIST.sub(" ", rest)
+    for m in re.finditer(r"\bHolm:? \(?(\d\.\d+)", rest):  # Holm's adjusted p: one of the section's p-values
+        if not any(_near(y, m.group(1)) for y in ps):
+            problems.append(f"line {n}: 'Holm {m.group(1)}' is no p-value of the section's folders")
+    rest = re.sub(r"\bHolm:? \(?\d\.\d+", " ", P_VALUE.sub(" ", PLUS_MINUS.sub(" ", rest)))
+    what = ", ".join(sorted({v for _, v in chosen})[:4]) + (" ..." if len(chosen) > 4 else "") if chosen \
+        else "any variant of the section"
+    numbers = DECIMAL.findall(rest)
+    if numbers:
+        rounds = {int(a or b) for a, b in ROUND.findall(_aliased(context))}
+        pool = _pool(tables, chosen, rounds, cache)
+        more: list[float] | None = None
+        for sign, num in numbers:
+            if any(_reads(x, sign, num) for x in pool):
+                continue
+            if more is None:
+                more = _pool(tables, sorted(set(chosen) | set(wider)), rounds, cache) if chosen and wider else []
+            if not any(_reads(x, sign, num) for x in more):
+                problems.append(f"line {n}: '{sign}{num}' is no value of {what} in the section's folders "
+                                f"({', '.join(t.name for t in tables) or 'none'})")
+    for count, said, noun in _stated_counts(rest) if tables else []:  # a section naming no folder has no runs
+        any_, shared = _counts(tables, chosen, noun)
+        if count not in (shared if said == "each" else any_):
+            problems.append(f"line {n}: '{count}' {'in each' if said == 'each' else 'is no count'} of runs, trials "
+                            f"or seeds {'is not shared by' if said == 'each' else 'of'} {what}")
+    return problems
+
+
+def _stated_counts(text: str) -> list[tuple[int, str, str]]:
+    """(count, "each" or "", noun) of each count of runs, trials or seeds ``text`` states: "24 trials" -> (24, "",
+    "trial"), "two of each method's six trials" -> (2, "each", "trial"), (6, "each", "trial"). One ("one seed of
+    the three") is no count worth checking, nor is a bound ("at least 2 seeds")."""
+    found: list[tuple[int, int, str, str]] = []  # (where, count, "each" or "", noun)
+    for m in COUNT_OF.finditer(text):
+        each = "each" if re.search(r"\b(?:each|every)\b", m.group(2)) else ""
+        noun = m.group(4).lower().rstrip("s")
+        found.append((m.start(1), _number(m.group(1)), each, noun))
+        if m.group(3):
+            found.append((m.start(3), _number(m.group(3)), each, noun))
+    covered = [m.span() for m in COUNT_OF.finditer(text)]
+    for m in COUNT.finditer(text):
+        if not any(a <= m.start() < b for a, b in covered):
+            found.append((m.start(1), _number(m.group(1)), "", m.group(2).lower().rstrip("s")))
+    bounds = {m.start(1) for m in re.finditer(rf"(?:at least|at most|[≤≥<>]) ?{_NUM}", text)}
+    return [(n, each, noun) for where, n, each, noun in found if n != 1 and where not in bounds]
 
 
 def _paragraphs(lines: list[str]) -> list[str]:
@@ -330,43 +676,37 @@ def _paragraphs(lines: list[str]) -> list[str]:
     return out
 
 
-def plain(text: str) -> list[str]:
-    """'line N: X' for each plain decimal of ``text``'s prose that no value of the variants its line names gives
-    (``variant_values`` of the section's folders); a line naming no variant has nothing to match (listed)."""
-    problems = []
-    cache: dict[Path, dict] = {}
-    for start, lines in sections(without_blocks(text)):
-        tables = [cache.setdefault(f, variant_values(f)) for f in _folders(lines)]
-        names = sorted({v for t in tables for v in t if isinstance(v, str)}
-                       | {v.split("-")[0] for t in tables for v in t if isinstance(v, str)}, key=len, reverse=True)
-        paragraph = _paragraphs(lines)
-        for n, line in enumerate(lines, start):
-            if re.match(r" {4,}", line):
-                continue
-            said = _named(line, names) or _named(paragraph[n - start], names)  # else the paragraph's, if it names
-            pool: list[float] = []
-            for t in tables:
-                hit = [v for v in t if isinstance(v, str) and (v in said or any(v.startswith(f"{c}-") for c in said))]
-                for v in hit:
-                    pool += t[v]
-                pool += [x for pair, xs in t[PAIRS].items() if pair <= set(hit) for x in xs]
-            rest = re.sub(r"Holm \d\.\d+", " ", P_VALUE.sub(" ", PLUS_MINUS.sub(" ", line)))
-            for sign, num in DECIMAL.findall(rest):
-                if not any(_reads(x, sign, num) for x in pool):
-                    problems.append(f"line {n}: '{sign}{num}' is no value of {', '.join(said) or 'a variant named'}")
-    return problems
+# Pages whose plain numbers are not yet all accounted for (each still quotes numbers of runs no longer kept, per-round
+# values or cross-page numbers that the checker cannot derive): ``check_record`` skips ``plain`` on them only; their
+# "A ± B" and p-values are checked like every page's. `python reproduction/prose.py --plain` lists what is left.
+NOT_YET = {"appendix-diagnostics.md", "appendix-no-pretrain.md", "emnist-reduced.md", "fig2-cifar10.md",
+           "fig3-cifar10.md", "fig5-cifar10-earlier.md", "fig5-cifar10-full.md", "parity-cifar10.md",
+           "privacy-emnist.md", "rivals-cifar10.md", "rivals-emnist.md", "robustness-emnist.md",
+           "serverdata-cifar10.md", "serverdata-cifar10-tuned.md", "shakespeare.md", "shakespeare-tuned.md",
+           "table1-cifar10-200-rounds.md", "table1-cifar10-full.md"}
+
+
+def problems(text: str) -> list[str]:
+    """Everything the record's test enforces on a page: ``check`` (± and p, stale sentences) and ``plain``."""
+    return check(text) + plain(text)
 
 
 def check_record() -> list[str]:
-    """``check`` of every document of the record, each problem prefixed with its file."""
-    return [f"{p.relative_to(HERE.parent)}: {problem}" for p in documents() for problem in check(p.read_text())]
+    """``check`` of every document of the record, and ``plain`` of each but the pages of ``NOT_YET``, each problem
+    prefixed with its file."""
+    out = []
+    for p in documents():
+        text = p.read_text()
+        found = problems(text) if p.name not in NOT_YET else check(text)
+        out += [f"{p.relative_to(HERE.parent)}: {problem}" for problem in found]
+    return out
 
 
 if __name__ == "__main__":
-    if "--plain" in sys.argv:
+    if "--plain" in sys.argv:  # every page's, those of NOT_YET too
         listed = [f"{p.relative_to(HERE.parent)}: {x}" for p in documents() for x in plain(p.read_text())]
-        print("\n".join(listed) + f"\n{len(listed)} plain numbers not matched (a report: see plain())")
-        sys.exit(0)
+        print("\n".join(listed) + f"\n{len(listed)} plain numbers or counts not accounted for")
+        sys.exit(1 if listed else 0)
     found = check_record()
     print("\n".join(found) if found else "ok")
     sys.exit(1 if found else 0)
