@@ -14,9 +14,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from fedsl.config import schema as C
 from fedsl.data.datasets import build_federation
 from fedsl.engine.functional import FunctionalModel, evaluate
-from fedsl.experiments import config as C
 from fedsl.models import build_model
 
 

@@ -7,7 +7,7 @@ cross-device benchmark (LEAF's synthetic data, ``data.dataset = 'synthetic_leaf'
 
 Each point runs in a fresh subprocess (``--child``), so that its peak resident memory is its own: the parent reads
 it from the child's rusage (``os.wait4``, ru_maxrss), which counts everything the process touched (Python, torch,
-the federation, the client store). The child builds the run (``fedsl.experiments.build.prepare``: the federation,
+the federation, the client store). The child builds the run (``fedsl.runs.build.prepare``: the federation,
 its test set and D0, the simulator), runs one untimed round, then ``--rounds`` timed rounds
 (``Simulator.round``: sampling S of N, the sampled clients' samples made on demand, their training, the server's
 update and server learning; no evaluation). It reports the wall-clock and CPU seconds per round (means over the
@@ -49,8 +49,8 @@ def child(method: str, n: int, s: int, rounds: int) -> dict:
     """One point, in this process: build, one untimed round, ``rounds`` timed ones."""
     import torch
     torch.set_num_threads(1)
-    from fedsl.experiments.build import prepare
-    from fedsl.experiments.config import validate
+    from fedsl.config.schema import validate
+    from fedsl.runs.build import prepare
 
     start = time.perf_counter()
     sim = prepare(validate(config(method, n, s, rounds + 1))).sim

@@ -25,7 +25,7 @@ from pathlib import Path
 def study(trials: int, rounds: int, folder: Path) -> tuple[float, float, list[dict]]:
     """(the study's wall time, its trials' run time, the trials' configs)."""
     from fedsl import tune as T
-    from fedsl.experiments import loading, presets
+    from fedsl.config import loading, presets
 
     cfg = loading.load(base=presets.load("quickstart"), variants=["FSL"],
                        overrides=[f"tune.trials={trials}", f"rounds={rounds}", "threads=1", "tune.prune=false"])
@@ -40,8 +40,8 @@ def study(trials: int, rounds: int, folder: Path) -> tuple[float, float, list[di
 
 def plain(configs: list[dict], folder: Path) -> float:
     """The same trial configs, each run by ``runner.run`` alone: the wall time of the loop."""
-    from fedsl.experiments.config import validate
-    from fedsl.experiments.runner import run
+    from fedsl.config.schema import validate
+    from fedsl.runs.runner import run
 
     t0 = time.perf_counter()
     for i, c in enumerate(configs):

@@ -1,7 +1,7 @@
 """MkDocs hook: the config and CLI references, generated at build time from the code itself, and the record of the
 reproduced experiments, taken from the repository as it is.
 
-The config reference walks the pydantic schema (``fedsl.experiments.config.RunConfig``), the CLI
+The config reference walks the pydantic schema (``fedsl.config.schema.RunConfig``), the CLI
 reference walks typer's click commands, so neither can drift from the code. REPRODUCTION.md and each experiment's
 page (``reproduction/pages/*.md``, with the figures they show) are served at the same paths as in the repository, so
 that their links work on the site as they do on a checkout.
@@ -51,14 +51,14 @@ def _rows(model: type[BaseModel], prefix: str = ""):
 
 
 def config_reference() -> str:
-    from fedsl.experiments.config import Claim, RunConfig
+    from fedsl.config.schema import Claim, RunConfig
 
     head = ["| key | type | default | meaning |", "|---|---|---|---|"]
     return "\n".join([
         "# Config keys",
         "",
         "Every key of a run's TOML file (`fedsl run my.toml`), as dotted names for `--set KEY=VALUE`, generated",
-        "from the schema (`fedsl.experiments.config.RunConfig`). A key left unset takes its default; the",
+        "from the schema (`fedsl.config.schema.RunConfig`). A key left unset takes its default; the",
         "paper's rules fill the server's defaults (printed with each run). Unknown keys, wrong types and",
         "out-of-range values stop before any work with one line.",
         "",

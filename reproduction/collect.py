@@ -14,8 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from fedsl.experiments.compare import FINISHED, group_runs
 from fedsl.report.tables import write_index
+from fedsl.sweeps.compare import FINISHED, group_runs
 
 
 def collect(src: Path, dest: Path) -> list[str]:

@@ -15,7 +15,7 @@ A preset that gained variants since its first groups ran (serverdata-cifar10's F
 - settings that change no number of a run may differ (``checkpoint_every``: resume is bit-exact; ``data.data_dir``:
   where the data lay); the first group's are kept;
 - a key one group's config lacks (added to fedsl since) takes the other's value;
-- a key that only some algorithms read (``fedsl.experiments.own_keys``: FedDF's ``[distill]``, FedDUM's
+- a key that only some algorithms read (``fedsl.config.own_keys``: FedDF's ``[distill]``, FedDUM's
   ``feddum_beta``) may differ where no run of one of the two groups reads it (``fedsl run --variants`` sets such a
   key back to its default when the variants it runs do not read it): the merged config takes the value of the
   group whose runs read it. Any other difference stops the merge.
@@ -44,7 +44,7 @@ def _algorithms(source: Path, spec: dict) -> set[str]:
 
 def _reads(section: str, key: str, algorithms: set[str]) -> bool:
     """Whether a run of one of ``algorithms`` reads ``section.key`` (True for a key every run reads)."""
-    from fedsl.experiments.own_keys import OWN_KEYS
+    from fedsl.config.own_keys import OWN_KEYS
     for rule in OWN_KEYS:
         if rule.section == section and key in rule.readers and rule.selector == "algorithm.name":
             return bool(algorithms & set(rule.readers[key]))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsl.experiments.compare import FINISHED
+from fedsl.sweeps.compare import FINISHED
 
 ATTACKS = {"signflip": "sign flip", "labelflip": "label flip"}
 DEFENCES = ["FedAvg", "FSL", "median", "median-b2", "trimmed", "Krum", "Krum-b2", "FLTrust", "FLTrust+SL"]

@@ -20,9 +20,9 @@ from dataclasses import replace
 import torch
 
 from fedsl.algorithms.server_round import server_update
-from fedsl.experiments import loading, presets
-from fedsl.experiments.build import prepare
-from fedsl.experiments.sweep import expand_runs
+from fedsl.config import loading, presets
+from fedsl.runs.build import prepare
+from fedsl.sweeps.sweep import expand_runs
 
 
 def main(argv: list[str]) -> None:

@@ -115,7 +115,8 @@ def random_text_federation(sizes, n0=12, length=10, vocab=80, seed=0, n_test=40)
 PAUSED_FEDSL = """
 import pathlib, sys, time
 from fedsl.cli import main
-from fedsl.experiments import compare, runner
+from fedsl.sweeps import compare
+from fedsl.runs import runner
 ready, (kind, at) = pathlib.Path(sys.argv.pop(1)), sys.argv.pop(1).split(":")
 at = int(at)
 def pause():

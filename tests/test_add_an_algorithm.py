@@ -129,7 +129,7 @@ def test_a_rule_that_redeclares_a_built_in_key_is_refused_in_one_line():
     """A rule declaring ``momentum`` with its own default would change FedAvgM's β in every config that leaves it
     unset (one ``[algorithm]`` field per key): the registry refuses it, naming both rules and the way out. A rule
     that declares the very same setting is accepted, and FedAvgM's default stays 0.9."""
-    from fedsl.experiments.config import AlgorithmConfig
+    from fedsl.config.schema import AlgorithmConfig
 
     beta = SPECS["fedavgm"].hyperparams[0]
     assert beta.key == "momentum" and beta.default == 0.9

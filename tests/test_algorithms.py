@@ -9,12 +9,12 @@ from conftest import random_federation
 
 from fedsl.algorithms import LocalTraining, Pretraining, ServerLearning, defaults, make_algorithm
 from fedsl.algorithms.fedavg import client_weights, fedavg_step
+from fedsl.config.resolve import resolve
+from fedsl.config.schema import validate
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel, full_gradient
 from fedsl.engine.simulator import Simulator
-from fedsl.experiments.config import validate
-from fedsl.experiments.resolve import resolve
 from fedsl.models import build_model
 
 SIZES = [15, 22, 9, 30, 18, 12]

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from fedsl.cli import main
+from fedsl.config import loading
+from fedsl.config.schema import ConfigError, DataConfig
 from fedsl.data.array_files import from_arrays
 from fedsl.data.datasets import build_federation, feature_stats, load_arrays, to_tensor
 from fedsl.data.errors import DataError
-from fedsl.experiments import loading
-from fedsl.experiments.config import ConfigError, DataConfig
 
 K, D = 3, 6  # classes, features
 
@@ -78,7 +78,7 @@ def accuracies(folder: Path) -> list[str]:
 def test_an_npz_runs_from_the_command_line_and_from_python_alike(tmp_path, one_thread):
     """A TOML naming an .npz runs with `fedsl run`; the same config through Python (loading.load, run_group) gives
     the same accuracies, round for round, and the model learns the blobs."""
-    from fedsl.experiments.compare import run_group
+    from fedsl.sweeps.compare import run_group
 
     toml = write_run(tmp_path, write_npz(tmp_path / "blobs.npz"))
     assert main(["run", str(toml), "--out", str(tmp_path / "cli"), "-q"]) == 0

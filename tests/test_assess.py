@@ -8,16 +8,16 @@ import pytest
 import torch
 from conftest import random_federation
 
+import fedsl.assess as A
 from fedsl.cli import main
+from fedsl.config import loading
+from fedsl.config import schema as C
 from fedsl.engine.diagnostics import measure
 from fedsl.engine.functional import FunctionalModel
-from fedsl.experiments import assess as A
-from fedsl.experiments import config as C
-from fedsl.experiments import loading
-from fedsl.experiments.build import prepare
-from fedsl.experiments.results import RunDir
-from fedsl.experiments.runner import run
 from fedsl.models import build_model
+from fedsl.runs.build import prepare
+from fedsl.runs.results import RunDir
+from fedsl.runs.runner import run
 
 BASE = {"name": "tiny", "rounds": 4, "seed": 0,
         "data": {"dataset": "synthetic_chars", "chars": "0123456789", "train_per_class": 60, "test_per_class": 10,

@@ -18,6 +18,7 @@ import torch
 from conftest import random_federation, tiny_config
 
 from fedsl.algorithms import LocalTraining, make_algorithm
+from fedsl.config import schema as C
 from fedsl.core import attacks, rng
 from fedsl.core.attacks import Attack, attack_finals, attacked_update, malicious_clients, malicious_count
 from fedsl.data.federation import Federation
@@ -25,9 +26,8 @@ from fedsl.data.poisoning import flip_labels
 from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
-from fedsl.experiments import config as C
-from fedsl.experiments.runner import run
 from fedsl.models import build_model
+from fedsl.runs.runner import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,10 +8,10 @@ import torch
 from conftest import tiny_config
 from torch import nn
 
-from fedsl.experiments import build, placement
-from fedsl.experiments.config import POOL_MIN_GFLOP, RunConfig
+from fedsl.config.schema import POOL_MIN_GFLOP, RunConfig
 from fedsl.models import build_model
 from fedsl.models.flops import forward_flops, train_flops
+from fedsl.runs import build, placement
 
 
 def test_flops_of_the_papers_cnns_are_torchs_counts():
@@ -101,7 +101,7 @@ def test_the_side_by_side_rule(runs, threads, free, gflop, run_bytes, avail, n):
 
 
 def test_a_groups_runs_are_weighed_by_what_their_checks_built(monkeypatch):
-    from fedsl.experiments.sweep import expand_variants
+    from fedsl.sweeps.sweep import expand_variants
     monkeypatch.setattr(build.threads, "auto_threads", lambda: 2)
     seen = []
     real = placement.side_by_side
@@ -124,7 +124,7 @@ def test_fedsl_run_runs_them_side_by_side_unless_told(monkeypatch, tmp_path, cap
 
     from conftest import TINY
 
-    import fedsl.experiments.parallel as parallel
+    import fedsl.sweeps.parallel as parallel
     from fedsl.cli import main
 
     class Started(Exception):

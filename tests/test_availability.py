@@ -17,6 +17,8 @@ from conftest import TINY, clone_state, flat_state, max_diff, random_federation,
 from test_flower import BASE, run_flower, run_simulator
 
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
+from fedsl.config.loading import load
+from fedsl.config.schema import ConfigError
 from fedsl.core import participation, rng
 from fedsl.core.participation import Participation
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
@@ -24,10 +26,8 @@ from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import make_plan, truncate
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
-from fedsl.experiments.config import ConfigError
-from fedsl.experiments.loading import load
-from fedsl.experiments.runner import run
 from fedsl.models import build_model
+from fedsl.runs.runner import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

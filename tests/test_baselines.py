@@ -15,15 +15,15 @@ import torch.nn.functional as F
 from conftest import clone_state, flat_state, random_federation, run_rounds
 
 from fedsl.algorithms import LocalTraining, ServerLearning, check_server_learning, make_algorithm
+from fedsl.config import schema as C
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import make_plan
 from fedsl.engine.simulator import RunState, Simulator
-from fedsl.experiments import config as C
-from fedsl.experiments.results import RunDir
-from fedsl.experiments.runner import run
 from fedsl.models import build_model
+from fedsl.runs.results import RunDir
+from fedsl.runs.runner import run
 
 # uneven clients: with B = 8 they take 2, 3 or 4 steps and the last batch of an epoch is
 # partial, so the vectorised executor pads with no-op steps (where a correction must not act)

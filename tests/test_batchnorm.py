@@ -13,11 +13,11 @@ from torch.optim.swa_utils import update_bn
 
 from fedsl.algorithms.base import LOCAL_SGD
 from fedsl.cli import main
+from fedsl.config import schema as C
 from fedsl.engine.functional import FunctionalModel, client_gradient
-from fedsl.experiments import config as C
-from fedsl.experiments.build import prepare
-from fedsl.experiments.runner import run, run_stacked
 from fedsl.models.batchnorm import WeightedBatchNorm
+from fedsl.runs.build import prepare
+from fedsl.runs.runner import run, run_stacked
 
 BN_MODELS = '''
 from torch import nn

@@ -1,4 +1,4 @@
-"""One checkpoint format (``fedsl.experiments.checkpoint``): written atomically, read defensively, and the
+"""One checkpoint format (``fedsl.runs.checkpoint``): written atomically, read defensively, and the
 simulator's checkpoints written before it still resume bit-identically (the Flower server's: test_flower_safety)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from fedsl.algorithms.base import RunState
-from fedsl.experiments import checkpoint
-from fedsl.experiments import config as C
-from fedsl.experiments.checkpoint import FORMAT, Checkpoint, CorruptCheckpoint
-from fedsl.experiments.results import RunDir
-from fedsl.experiments.runner import run
+from fedsl.config import schema as C
+from fedsl.runs import checkpoint
+from fedsl.runs.checkpoint import FORMAT, Checkpoint, CorruptCheckpoint
+from fedsl.runs.results import RunDir
+from fedsl.runs.runner import run
 
 
 def _state() -> RunState:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_reproduction import _module
 
-from fedsl.experiments import presets
+from fedsl.config import presets
 from fedsl.report import verdicts
 
 ROOT = Path(__file__).resolve().parents[1]

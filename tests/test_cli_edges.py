@@ -172,7 +172,7 @@ def test_readme_commands_find_fedsl():
 
 
 def test_live_progress_bar_shows_the_last_accuracy_too():
-    from fedsl.experiments.progress import RunProgress
+    from fedsl.runs.progress import RunProgress
     bar = RunProgress("FSL", 10, 0, lambda s: None, live=True)
     try:
         bar.update(5, 0.91, 1.0)
@@ -192,8 +192,8 @@ def test_a_run_saved_with_another_algorithms_key_resumes(tmp_path, one_thread):
     from conftest import tiny_config
 
     from fedsl.cli import main
-    from fedsl.experiments import config as C
-    from fedsl.experiments.runner import run
+    from fedsl.config import schema as C
+    from fedsl.runs.runner import run
 
     out = tmp_path / "run"
     run(C.validate(tiny_config(rounds=3, alg="fedavg")), out, log=lambda s: None, progress=False, stop_after=1)
@@ -212,7 +212,7 @@ def test_set_of_a_key_the_variants_or_the_sweep_replace_is_refused_in_one_line(c
     ran FedAvg and FSL as before without a word. Refused, naming the variants and the variants.NAME. form; with
     --variants, only the variants chosen count; the variants.NAME. form and a key no variant sets run as before."""
     from fedsl.cli import main
-    from fedsl.experiments import loading, presets
+    from fedsl.config import loading, presets
 
     assert main(["run", "--preset", "quickstart", "--set", "algorithm.name=fedavgm", "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -257,8 +257,8 @@ def test_variants_runs_a_subset_whose_runs_do_not_read_a_template_key(tmp_path):
     its FedDF variants read) does not make ``--variants`` refuse the rest: it goes back to its default in the smaller
     config, which is saved and resumes; the whole config still refuses the key where no run reads it."""
     from fedsl.cli import main
-    from fedsl.experiments.loading import load
-    from fedsl.experiments.sweep import only_variants
+    from fedsl.config.loading import load
+    from fedsl.sweeps.sweep import only_variants
 
     text = QUICK_GROUP.format(rounds=2).replace('[algorithm]\n', '[algorithm]\nmu = 0.3\n') + \
         '[variants.FedProx.algorithm]\nname = "fedprox"\n'

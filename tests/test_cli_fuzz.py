@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from fedsl.cli import main
-from fedsl.experiments import presets
-from fedsl.experiments.config import RunConfig
+from fedsl.config import presets
+from fedsl.config.schema import RunConfig
 
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
@@ -215,7 +215,7 @@ def run_cli(config_text: str | bytes, extra: list[str] = (), suffix: str = ".tom
         out_dir = Path(tmp) / "out"
         out, err = io.StringIO(), io.StringIO()
         # a config that slipped through validation must not start a (minutes long) run
-        with mock.patch("fedsl.experiments.compare.run_group", side_effect=RunStarted("a run started")), \
+        with mock.patch("fedsl.sweeps.compare.run_group", side_effect=RunStarted("a run started")), \
                 contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             status = main(["run", str(path), "--out", str(out_dir), "--quiet", *extra])
         started = out_dir.exists() or (out_dir / "metrics.csv").exists()

@@ -21,13 +21,13 @@ from conftest import random_federation, run_rounds, tiny_config
 
 from fedsl.algorithms import SPECS, LocalTraining, ServerLearning, client_update, make_algorithm, make_rule
 from fedsl.algorithms.base import MOMENTUM_BUFFER, ClientOptimizer, LocalSGD
+from fedsl.config.schema import ConfigError, validate
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import make_plan
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
-from fedsl.experiments.config import ConfigError, validate
 from fedsl.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -319,8 +319,8 @@ def test_stacked_runs_equal_one_by_one_and_differing_settings_do_not_stack(execu
 
 
 def test_a_sweep_over_the_settings_is_not_stacked_together(tmp_path):
-    from fedsl.experiments.compare import stack_groups, stack_key
-    from fedsl.experiments.sweep import expand_variants
+    from fedsl.sweeps.compare import stack_groups, stack_key
+    from fedsl.sweeps.sweep import expand_variants
     cfg = validate(tiny_config(alg="fsl", stack=8, seeds=[0, 1],
                                sweep={"algorithm.client_momentum": [0.0, 0.9], "algorithm.weight_decay": [0.0, 1e-3]}))
     runs = expand_variants(cfg)

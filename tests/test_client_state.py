@@ -12,6 +12,7 @@ import torch
 from conftest import random_federation, run_rounds
 
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
+from fedsl.config import schema as C
 from fedsl.data.clients import ClientIndex
 from fedsl.engine import client_state as cs
 from fedsl.engine.client_state import CHUNK, STORE_FILE, ClientStore, StoreSettings
@@ -19,12 +20,11 @@ from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
-from fedsl.experiments import checkpoint, placement
-from fedsl.experiments import config as C
-from fedsl.experiments.callbacks import Callback
-from fedsl.experiments.checkpoint import Checkpoint
-from fedsl.experiments.runner import RunSession, run
 from fedsl.models import build_model
+from fedsl.runs import checkpoint, placement
+from fedsl.runs.callbacks import Callback
+from fedsl.runs.checkpoint import Checkpoint
+from fedsl.runs.runner import RunSession, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from fedsl.experiments import presets
-from fedsl.experiments.config import ConfigError, RunConfig, validate
-from fedsl.experiments.loading import apply_overrides, load, read_file
-from fedsl.experiments.sweep import count_runs, expand_runs, expand_variants
+from fedsl.config import presets
+from fedsl.config.loading import apply_overrides, load, read_file
+from fedsl.config.schema import ConfigError, RunConfig, validate
+from fedsl.sweeps.sweep import count_runs, expand_runs, expand_variants
 
 MINIMAL = {"rounds": 3, "data": {"dataset": "synthetic_chars"}, "algorithm": {"name": "fedavg"}}
 

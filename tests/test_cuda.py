@@ -42,7 +42,7 @@ def _assert_states_close(a, b, tol=1e-10):
 
 def _assert_resume_bit_identical(cfg, tmp_path):
     """A run stopped after round 3 and resumed ends with the uninterrupted run's model, bit for bit."""
-    from fedsl.experiments.runner import run
+    from fedsl.runs.runner import run
     whole = run(cfg, tmp_path / "whole", log=lambda m: None, progress=False)
     run(cfg, tmp_path / "cut", log=lambda m: None, progress=False, stop_after=3)
     resumed = run(cfg, tmp_path / "cut", resume=True, log=lambda m: None, progress=False)
@@ -79,9 +79,9 @@ def test_cuda_stacked_equals_one_by_one():
 def test_cuda_run_resume_and_stacked_sweep(tmp_path):
     import csv
 
-    from fedsl.experiments import config as C
-    from fedsl.experiments.build import prepare
-    from fedsl.experiments.compare import run_group
+    from fedsl.config import schema as C
+    from fedsl.runs.build import prepare
+    from fedsl.sweeps.compare import run_group
 
     cfg = C.validate(tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda", deterministic=True))
     prep = prepare(cfg)
@@ -192,7 +192,7 @@ def test_cuda_stacked_round_does_not_wait_for_the_gpu(name):
 def test_cuda_graphs_keep_deterministic_resume_bit_identical(tmp_path):
     """``deterministic = true`` with ``compile = 'cuda-graphs'``: a resumed run (which captures its graphs
     anew) equals the uninterrupted one bit for bit, as the eager one does."""
-    from fedsl.experiments import config as C
+    from fedsl.config import schema as C
 
     _assert_resume_bit_identical(C.validate(tiny_config(rounds=6, dtype="float64", checkpoint_every=2, device="cuda",
                                                         deterministic=True, compile="cuda-graphs")), tmp_path)
@@ -202,7 +202,7 @@ def test_cuda_host_tables_equal_device_tables(tmp_path):
     """``client_tables = 'host'``: SCAFFOLD's c_i stay in host memory, the sampled rows go over and back each
     round; the rounds (one run and stacked) equal those with the tables on the GPU, and a run resumes bit
     for bit from a checkpoint."""
-    from fedsl.experiments import config as C
+    from fedsl.config import schema as C
 
     fed = random_federation(SIZES, shape=(1, 12, 12)).to(CUDA, torch.float64)
 

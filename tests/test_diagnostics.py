@@ -5,13 +5,13 @@ import pytest
 import torch
 from conftest import random_federation
 
+from fedsl.config import schema as C
 from fedsl.data.partition import by_classes, iid
 from fedsl.engine.diagnostics import measure
 from fedsl.engine.functional import FunctionalModel, full_gradient
-from fedsl.experiments import config as C
-from fedsl.experiments.results import RunDir
-from fedsl.experiments.runner import run
 from fedsl.models import build_model
+from fedsl.runs.results import RunDir
+from fedsl.runs.runner import run
 
 
 def _flat(g):

@@ -108,7 +108,7 @@ def _preset_problem(command: str) -> str | None:
     checkable: no preset, or placeholders such as $EM or V)."""
     import shlex
 
-    from fedsl.experiments import loading, presets
+    from fedsl.config import loading, presets
 
     try:
         words = shlex.split(command)
@@ -145,7 +145,7 @@ def test_the_documented_commands_exist():
     import typer
 
     from fedsl.cli import app
-    from fedsl.experiments import presets
+    from fedsl.config import presets
 
     def walk(c, path=()):
         if isinstance(c, click.Group):
@@ -270,12 +270,12 @@ def test_a_documented_config_runs(block, tmp_path, one_thread):
     whose placeholder is the data root (``/path/to/data``) runs on the offline data where it holds the dataset."""
     import tomllib
 
+    from fedsl.config import loading, presets
+    from fedsl.config.schema import ConfigError
     from fedsl.data import hf_files
-    from fedsl.experiments import loading, presets
-    from fedsl.experiments.build import check_all
-    from fedsl.experiments.compare import run_group
-    from fedsl.experiments.config import ConfigError
-    from fedsl.experiments.sweep import expand_variants
+    from fedsl.runs.build import check_all
+    from fedsl.sweeps.compare import run_group
+    from fedsl.sweeps.sweep import expand_variants
 
     part = tomllib.loads(block.code)
     if "superlink" in part:

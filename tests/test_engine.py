@@ -198,8 +198,8 @@ def test_compile_is_checked_once_when_the_config_is_validated():
     """``compile`` needs the vectorised executor, and 'cuda-graphs' a CUDA device: config validation refuses the
     others in one line (test_config), and device = 'auto' without a GPU where the device is resolved, before any
     work; the engine only asserts what was checked (issue 27: one check, not two with two messages)."""
-    from fedsl.experiments.config import ConfigError
-    from fedsl.experiments.placement import resolve_device
+    from fedsl.config.schema import ConfigError
+    from fedsl.runs.placement import resolve_device
     fm = FunctionalModel(build_model("mlp", 4, (1, 8, 8), seed=0))
     assert make_executor("vectorised", fm, torch.device("cpu"), "aot_eager").compile == "aot_eager"
     with pytest.raises(AssertionError):

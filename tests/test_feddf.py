@@ -19,10 +19,10 @@ import torch.nn.functional as F
 
 from fedsl.algorithms.distillation import Distillation, EarlyStopping, distill, validation_kl
 from fedsl.algorithms.server_round import server_update
+from fedsl.config import schema as config
+from fedsl.config.dotted import set_dotted
 from fedsl.data.arrays import ImageSet
-from fedsl.experiments import config
-from fedsl.experiments.build import prepare
-from fedsl.experiments.loading import set_dotted
+from fedsl.runs.build import prepare
 
 # FLOWER_RUN's federation (conftest): 4 clients of 4 font-rendered characters, D0 of 12 images (U: their images)
 BASE = {"rounds": 2, "seed": 1, "dtype": "float64", "eval_every": 100, "threads": 1, "data.dataset": "synthetic_chars",
@@ -241,7 +241,7 @@ def test_feddf_plus_fsl_runs_end_to_end_and_says_what_it_read(tmp_path, one_thre
     summary names U and each distillation setting with where its default comes from."""
     from conftest import tiny_config
 
-    from fedsl.experiments.runner import run
+    from fedsl.runs.runner import run
     data = tiny_config(rounds=2, alg="feddf", threads=1)
     data["server"] = {"learning": "incremental"}
     data["distill"] = {"steps": 4, "batch_size": 4, "eval_every": 2, "patience": 2}

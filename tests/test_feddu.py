@@ -27,13 +27,13 @@ from fedsl.algorithms.feddu import (
 from fedsl.algorithms.label_counts import LabelCounts, label_counts
 from fedsl.algorithms.server_learning import server_steps
 from fedsl.algorithms.server_round import server_update
+from fedsl.config.schema import ConfigError, validate
 from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
-from fedsl.experiments.build import finetune, prepare
-from fedsl.experiments.config import ConfigError, validate
-from fedsl.experiments.runner import run, run_stacked
 from fedsl.models import build_model
+from fedsl.runs.build import finetune, prepare
+from fedsl.runs.runner import run, run_stacked
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

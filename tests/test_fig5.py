@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from fedsl.experiments import config as C
+from fedsl.config import schema as C
 from fedsl.report import grid
 from fedsl.report.verdicts import RunValue
 

@@ -22,8 +22,7 @@ from conftest import FLOWER_RUN, max_diff, run_rounds
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.config import flatten_dict
 
-from fedsl.experiments.build import prepare
-from fedsl.experiments.config import ConfigError
+from fedsl.config.schema import ConfigError
 from fedsl.flower import (
     FedslStrategy,
     load_setup,
@@ -33,6 +32,7 @@ from fedsl.flower import (
 )
 from fedsl.flower.grid import RoundGrid
 from fedsl.flower.records import to_record
+from fedsl.runs.build import prepare
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 

@@ -244,8 +244,8 @@ from conftest import flower_rc, run_rounds
 from flwr.common.config import flatten_dict
 
 from fedsl.data.datasets import build_federation
-from fedsl.experiments.build import prepare
 from fedsl.flower import parse_run_config
+from fedsl.runs.build import prepare
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (BIN / "flower-superlink").exists(),
                                                    reason="flower-superlink is not installed next to python")]

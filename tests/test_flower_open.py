@@ -31,8 +31,8 @@ from conftest import flower_rc, max_diff
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from test_flower_protocol import BASE, export_partitions, fedsl_nodes, load_plain_client, run_fedsl, serve, trains
 
+from fedsl.config.schema import ConfigError
 from fedsl.core import rng
-from fedsl.experiments.config import ConfigError
 from fedsl.flower import parse_run_config
 from fedsl.flower.server import NoClientUpdate
 

@@ -32,11 +32,11 @@ from conftest import FLOWER_RUN, max_diff, run_rounds
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, FedAvgM
 
-from fedsl.experiments.build import prepare
-from fedsl.experiments.config import ConfigError
+from fedsl.config.schema import ConfigError
 from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config, train_partition
 from fedsl.flower.records import to_record
 from fedsl.flower.server import NoClientUpdate, run_server
+from fedsl.runs.build import prepare
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 

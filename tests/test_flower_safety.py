@@ -24,13 +24,13 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 from conftest import FLOWER_RUN, max_diff, run_rounds
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
-from fedsl.experiments import checkpoint
-from fedsl.experiments.build import prepare
-from fedsl.experiments.checkpoint import CorruptCheckpoint
-from fedsl.experiments.config import ConfigError
+from fedsl.config.schema import ConfigError
 from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config
 from fedsl.flower.records import to_record
 from fedsl.flower.server import run_server
+from fedsl.runs import checkpoint
+from fedsl.runs.build import prepare
+from fedsl.runs.checkpoint import CorruptCheckpoint
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 

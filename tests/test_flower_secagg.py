@@ -40,7 +40,7 @@ from test_flower_protocol import APP, BASE, Grid, fedsl_nodes
 
 from fedsl.algorithms.base import ClientResults, RunState
 from fedsl.algorithms.server_round import server_update
-from fedsl.experiments.config import ConfigError
+from fedsl.config.schema import ConfigError
 from fedsl.flower import FedslStrategy, load_setup, make_client_app, parse_run_config, train_partition
 from fedsl.flower.records import to_record
 from fedsl.flower.secagg import SecAggStrategy, aggregate_error_bound, quantised_weight

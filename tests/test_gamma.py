@@ -10,14 +10,14 @@ from conftest import random_federation, run_rounds
 
 from fedsl.algorithms import GammaSchedule, LocalTraining, ServerLearning, make_algorithm
 from fedsl.algorithms.server_round import initial_gamma
+from fedsl.config import schema as C
 from fedsl.data.federation import Federation
 from fedsl.engine.executors import SequentialExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import RunState, Simulator
-from fedsl.experiments import config as C
-from fedsl.experiments.results import RunDir
-from fedsl.experiments.runner import run
 from fedsl.models import build_model
+from fedsl.runs.results import RunDir
+from fedsl.runs.runner import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import TINY, start_paused
 
-from fedsl.experiments import config as C
-from fedsl.experiments import loading
-from fedsl.experiments.runner import run
+from fedsl.config import loading
+from fedsl.config import schema as C
+from fedsl.runs.runner import run
 
 GROUP = '\n[variants.FSL.algorithm]\nname = "fsl"\n[variants.FedAvg.algorithm]\nname = "fedavg"\n'
 SWEEP = '\n[sweep]\n"server.gamma" = [0.5, 1.0, 1.5]\n'
@@ -147,7 +147,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path, one_thread):
 
 
 def test_stale_tmp_checkpoint_removed_on_resume(tmp_path):
-    from fedsl.experiments.sweep import expand_variants
+    from fedsl.sweeps.sweep import expand_variants
     cfg = next(iter(expand_variants(loading.load(write_config(tmp_path, "sweep", rounds=4))).values()))  # one run
     d = tmp_path / "r"
     run(cfg, d, log=lambda s: None, progress=False, stop_after=2)
@@ -160,7 +160,7 @@ def test_stale_tmp_checkpoint_removed_on_resume(tmp_path):
 
 
 def test_interrupted_write_leaves_no_tmp(tmp_path):
-    from fedsl.experiments.results import atomic_write
+    from fedsl.runs.results import atomic_write
 
     def write(p: Path):
         p.write_bytes(b"half")
@@ -174,7 +174,7 @@ def test_interrupted_write_leaves_no_tmp(tmp_path):
 def blow_up(override: str, *more: str, rounds: int = 12) -> C.RunConfig:
     """The issue's commands on the quickstart as it was then (PyTorch init, inputs in [0, 1]),
     where they stay finite; FSL, 12 rounds."""
-    from fedsl.experiments import presets
+    from fedsl.config import presets
     return loading.load(None, [override, *more, "variants={}", "algorithm.name=fsl", "model.init=torch",
                          "data.normalize=unit", f"rounds={rounds}", "threads=1"], base=presets.load("quickstart"))
 
@@ -247,11 +247,11 @@ def test_a_folder_in_use_is_refused_by_a_second_process(tmp_path, capsys):
     """Two `fedsl resume` (or run) processes on one folder would write the same files; the second
     stops with one line, and the lock dies with its process (no stale lock after kill -9)."""
     from fedsl.cli import main
-    from fedsl.experiments.results import folder_lock
+    from fedsl.runs.results import folder_lock
     out = tmp_path / "out"
     assert main(["run", str(write_config(tmp_path, "sweep", rounds=2)), "--out", str(out), "--quiet"]) == 0
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from fedsl.experiments.results import "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from fedsl.runs.results import "
                                "folder_lock\nwith folder_lock(sys.argv[1]):\n print('held', flush=True); "
                                "time.sleep(60)", str(out)], stdout=subprocess.PIPE, text=True)
     try:
@@ -279,7 +279,7 @@ def scaffold_stack() -> C.RunConfig:
 @pytest.fixture(scope="module")
 def scaffold_whole(tmp_path_factory) -> Path:
     """The disk-fault tests' sweep run without a fault (once for the module)."""
-    from fedsl.experiments.compare import run_group
+    from fedsl.sweeps.compare import run_group
     out = tmp_path_factory.mktemp("scaffold") / "whole"
     run_group(scaffold_stack(), out, log=lambda m: None, progress=False)
     return out
@@ -290,8 +290,8 @@ def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch, sc
     interrupt still ends the sweep (it did not fall back to running the stack's runs one by one), each run
     keeps its last checkpoint, and the sweep resumes into the uninterrupted sweep's files."""
     from fedsl.engine.stacked import StackedSimulator
-    from fedsl.experiments.compare import run_group
-    from fedsl.experiments.results import RunDir
+    from fedsl.runs.results import RunDir
+    from fedsl.sweeps.compare import run_group
 
     cfg = scaffold_stack()
     quiet = {"log": lambda m: None, "progress": False}
@@ -323,8 +323,8 @@ def test_ctrl_c_with_a_full_disk_stays_an_interruption(tmp_path, monkeypatch, sc
 def test_a_full_disk_at_a_periodic_checkpoint_does_not_stop_the_runs(tmp_path, monkeypatch, scaffold_whole):
     """The disk is full when round 4's checkpoints are due: one log line per run, the (stacked) runs train
     on and end with the files of runs that never met a full disk; round 2's checkpoints stayed meanwhile."""
-    from fedsl.experiments.compare import run_group
-    from fedsl.experiments.results import RunDir
+    from fedsl.runs.results import RunDir
+    from fedsl.sweeps.compare import run_group
 
     cfg = scaffold_stack()
     real_save, lines, seen = RunDir.save_checkpoint, [], []

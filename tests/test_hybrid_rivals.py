@@ -13,8 +13,8 @@ from test_baselines import _sim as _baseline_sim
 
 from fedsl.algorithms import SPECS, LocalTraining, ServerLearning, make_rule
 from fedsl.algorithms.spec import Spec
+from fedsl.config import schema as C
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
-from fedsl.experiments import config as C
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from fedsl.config import schema as config
 from fedsl.core.threads import one_thread
 from fedsl.data.datasets import build_federation, channel_stats, load_arrays, to_tensor
-from fedsl.experiments import config, runner
+from fedsl.runs import runner
 
 
 def data_config(**over):

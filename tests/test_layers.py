@@ -2,15 +2,19 @@
 
 Read from the source with ``ast`` (nothing is imported), including imports inside functions:
 
-    core  <  data, models  <  algorithms  <  engine  <  experiments  <  report, flower  <  cli
+    core  <  data, models  <  algorithms  <  engine  <  config  <  runs  <  sweeps
+          <  report, flower, tune, assess  <  cli
 
 - ``core`` (shared types, rng) imports nothing of fedsl;
 - ``data`` and ``models`` are independent of each other;
 - ``engine`` includes the run's measurements ``fedsl.engine.diagnostics`` and ``fedsl.engine.metrics``;
-- ``experiments`` holds the config schema (which reads the algorithm specs and model names),
-  the runner, run groups and the results store;
-- ``report`` (plots, tables, reports of finished runs), ``flower`` (the Flower runtime) and ``tune`` (studies on
-  validation data: they drive runs) are independent of each other;
+- ``config`` holds the config's schema (which reads the algorithm specs and model names), loading and presets;
+- ``runs`` a run: built, driven, its folder, checkpoint and resume; ``sweeps`` many runs: groups, parallel, Ray;
+- ``report`` (plots, tables, reports of finished runs), ``flower`` (the Flower runtime), ``tune`` (studies on
+  validation data: they drive runs and groups) and ``assess`` (server datasets scored before training) are
+  independent of each other;
+- ``experiments`` is the old names' table (``import fedsl.experiments.config`` warns and gives
+  ``fedsl.config.schema``), imports nothing of fedsl itself, and sits with ``cli``;
 - ``cli`` (a module per command group: ``runs``, ``data``, ``sweep``, ``tune``, ``flower``, with ``app`` and
   ``common``) and the package's own ``__init__`` (the public API) sit on top.
 
@@ -30,12 +34,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "fedsl"
 
 # group -> rank; a module may import from groups of lower rank, and from its own group.
-RANK = {"core": 0, "data": 1, "models": 1, "algorithms": 2, "engine": 3, "experiments": 4,
-        "report": 5, "flower": 5, "tune": 5, "cli": 6}
+RANK = {"core": 0, "data": 1, "models": 1, "algorithms": 2, "engine": 3, "config": 4, "runs": 5, "sweeps": 6,
+        "report": 7, "flower": 7, "tune": 7, "assess": 7, "cli": 8, "experiments": 8}
 GROUP_OF_TOP_MODULE = {"__init__": "cli"}
-EXCEPTIONS: dict[tuple[str, str], str] = {  # (importer, imported module) -> why it is allowed
-    ("fedsl.experiments.tune", "fedsl.tune"): "the old name's deprecated re-export, for one release",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}  # (importer, imported module) -> why it is allowed
 
 
 def _module_name(path: Path) -> str:
@@ -191,7 +193,7 @@ def test_the_checker_sees_violations():
     assert "fedsl.core.rng" in fedsl_imports(f)
     assert group("fedsl.engine.metrics") == "engine" and group("fedsl") == "cli"
     assert group("fedsl.report.tables") == "report"
-    runner = fedsl_imports(PACKAGE / "experiments" / "runner.py")
+    runner = fedsl_imports(PACKAGE / "runs" / "runner.py")
     assert "fedsl.engine.metrics" in runner and "fedsl.engine" not in runner  # `from fedsl.engine import metrics`
     assert RANK[group("fedsl.engine.simulator")] > RANK[group("fedsl.algorithms.base")]
 
@@ -206,3 +208,40 @@ def test_the_checker_sees_loops():
     assert package_of("fedsl.cli") == package_of("fedsl.cli.runs") == "fedsl.cli"
     typed = import_graph()["fedsl.algorithms.robust"]  # an ``if TYPE_CHECKING:`` import is an import
     assert "fedsl.algorithms.base" in typed
+
+
+def test_no_package_holds_more_than_fourteen_modules():
+    """A package says what it holds: at most 14 modules besides its ``__init__`` (``algorithms``, a file per rule,
+    aside), so that a folder of 27 modules with five jobs does not grow back."""
+    big = {p.relative_to(PACKAGE).as_posix(): n for p in PACKAGE.rglob("__init__.py")
+           if (n := len([m for m in p.parent.glob("*.py") if m.name != "__init__.py"])) > 14}
+    assert set(big) <= {"algorithms/__init__.py"}, f"packages over 14 modules: {big}"
+
+
+def test_the_old_experiments_names_give_the_moved_modules_with_a_warning():
+    """``fedsl.experiments.X`` for one release: the new module's object itself, with a DeprecationWarning, in both
+    import forms, keeping the new module's own spec (so a reload or a pickle names the new place)."""
+    import importlib
+    import sys
+    import warnings
+
+    import pytest
+
+    import fedsl.config.schema
+    import fedsl.experiments
+    import fedsl.runs.files
+
+    for old, new in fedsl.experiments.MOVED.items():
+        assert importlib.util.find_spec(new) is not None, f"{old} -> {new}: no such module"
+    sys.modules.pop("fedsl.experiments.config", None)
+    with pytest.warns(DeprecationWarning, match="fedsl.experiments.config is now fedsl.config.schema"):
+        old = importlib.import_module("fedsl.experiments.config")
+    assert old is fedsl.config.schema and old.__spec__.name == "fedsl.config.schema"
+    sys.modules.pop("fedsl.experiments.run_files", None)
+    with pytest.warns(DeprecationWarning, match="run_files is now fedsl.runs.files"):
+        from fedsl.experiments import run_files
+    assert run_files is fedsl.runs.files
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("fedsl.experiments.no_such_module")

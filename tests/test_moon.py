@@ -19,17 +19,17 @@ from torch import nn
 
 from fedsl.algorithms import Algorithm, LocalTraining, make_algorithm, make_rule, spec
 from fedsl.algorithms.fedavg import FedAvg
+from fedsl.config import schema as C
+from fedsl.config.schema import ConfigError
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.plan import make_plan
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
-from fedsl.experiments import config as C
-from fedsl.experiments.build import check
-from fedsl.experiments.config import ConfigError
-from fedsl.experiments.runner import run
 from fedsl.models import MODELS, TEXT_MODELS, build_model, has_representation
+from fedsl.runs.build import check
+from fedsl.runs.runner import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

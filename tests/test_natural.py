@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from fedsl.cli import main
+from fedsl.config.schema import ConfigError, validate
 from fedsl.data import leaf
 from fedsl.data.datasets import build_federation, load_arrays
 from fedsl.data.errors import DataError
 from fedsl.data.partition import PartitionError
-from fedsl.experiments.config import ConfigError, validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -342,7 +342,7 @@ def test_hf_files_refusals_are_one_line(tmp_path, monkeypatch):
 def test_a_run_on_parquet_files(hf, tmp_path):
     import pandas as pd
 
-    from fedsl.experiments.runner import run
+    from fedsl.runs.runner import run
 
     root = tmp_path / "parquet"
     root.mkdir()

@@ -12,9 +12,9 @@ import torch
 from conftest import TINY
 from test_group_faults import assert_same_group
 
+from fedsl.config import loading
 from fedsl.core import threads
-from fedsl.experiments import loading
-from fedsl.experiments.compare import run_group
+from fedsl.sweeps.compare import run_group
 
 SWEEP = '\n[sweep]\n"server.gamma" = [0.5, 1.0, 1.5]\n'
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from fedsl.config.schema import ConfigError, validate
 from fedsl.engine import per_client as P
-from fedsl.experiments.config import ConfigError, validate
-from fedsl.experiments.results import RunDir
-from fedsl.experiments.runner import run
+from fedsl.runs.results import RunDir
+from fedsl.runs.runner import run
 
 
 def test_client_accuracies_by_hand():
@@ -33,7 +33,7 @@ def test_client_accuracies_by_hand():
 
 def test_class_accuracy_and_label_mix_on_a_federation(tmp_path):
     """acc_c from the model's own predictions per test class, p_i(c) from the clients' training labels."""
-    from fedsl.experiments.build import prepare
+    from fedsl.runs.build import prepare
     sim = prepare(validate(tiny_config(rounds=1, alg="fedavg"))).sim
     fed, x = sim.fed, sim.initial_state().x
     acc_c = P.class_accuracy(sim.fm, x, fed.x_test, fed.y_test, fed.num_classes)

@@ -265,8 +265,8 @@ def test_a_run_with_executor_processes_equals_sequential_and_stops_its_workers(t
     from conftest import TINY
 
     import fedsl.engine.pool as pool_module
-    from fedsl.experiments import loading
-    from fedsl.experiments.runner import run
+    from fedsl.config import loading
+    from fedsl.runs.runner import run
 
     monkeypatch.setattr(pool_module, "default_workers", lambda: 2)  # a 1-core CI machine too
     closed = []

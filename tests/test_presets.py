@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fedsl.cli import main
-from fedsl.experiments import loading, presets
+from fedsl.config import loading, presets
 
 PAPER = [n for n in presets.names() if n.startswith(("fig", "table", "appendix", "scenario"))]
 # beyond the paper, on its data, at cross-device scale (generated: its quick form about 4 CPU-s) and on text

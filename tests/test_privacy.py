@@ -33,12 +33,12 @@ from fedsl.algorithms.privacy import (
     update_norms,
 )
 from fedsl.algorithms.server_round import ServerSide, _rule_alone, server_update
+from fedsl.config.schema import ConfigError, validate
 from fedsl.core import rng
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
-from fedsl.experiments.config import ConfigError, validate
 from fedsl.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -174,7 +174,7 @@ def test_adaptive_clip_norm_carries_from_round_to_round():
 
 
 def test_adaptive_clip_norm_is_checkpointed(tmp_path):
-    from fedsl.experiments import checkpoint
+    from fedsl.runs import checkpoint
     x, _ = _round()
     checkpoint.save(tmp_path / "c.pt", checkpoint.Checkpoint(3, RunState(x, clip=0.75)))
     assert checkpoint.load(tmp_path / "c.pt").state.clip == 0.75
@@ -243,7 +243,7 @@ def _rows(path):
 def test_a_run_writes_epsilon_per_row_and_the_budget_in_its_summary(tmp_path):
     pytest.importorskip("dp_accounting")
     from fedsl.core import privacy_accounting as pa
-    from fedsl.experiments.runner import run
+    from fedsl.runs.runner import run
 
     cfg = _dp_config(rounds=3, clip=0.05, target_epsilon=20.0)
     summary = run(cfg, tmp_path / "dp", log=lambda m: None, progress=False)
@@ -265,8 +265,8 @@ def test_a_run_writes_epsilon_per_row_and_the_budget_in_its_summary(tmp_path):
 
 def test_resume_with_dp_is_bit_identical(tmp_path):
     pytest.importorskip("dp_accounting")
-    from fedsl.experiments.results import RunDir
-    from fedsl.experiments.runner import run
+    from fedsl.runs.results import RunDir
+    from fedsl.runs.runner import run
 
     cfg = _dp_config(rounds=6)
     quiet = {"log": lambda m: None, "progress": False}
@@ -453,7 +453,7 @@ def test_what_dp_refuses_and_allows():
     # z and the count's σ_b must compose (z < 2σ_b; S = 3: σ_b = 0.15): resolve's budget says so in one line
     from types import SimpleNamespace
 
-    from fedsl.experiments.resolve import privacy_budget
+    from fedsl.config.resolve import privacy_budget
     pytest.importorskip("dp_accounting")
     with pytest.raises(ConfigError) as err:
         privacy_budget(validate({**base, "privacy": {"clip": 1.0, "noise_multiplier": 0.3, "adaptive": True}}),
@@ -472,7 +472,7 @@ def test_what_dp_refuses_and_allows():
 def test_a_missing_dp_accounting_is_one_line_naming_the_extra(monkeypatch):
     import importlib
 
-    from fedsl.experiments.build import check
+    from fedsl.runs.build import check
 
     real = importlib.import_module
 

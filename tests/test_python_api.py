@@ -100,10 +100,11 @@ def test_one_toml_is_one_experiment_from_the_command_line_and_from_python(tmp_pa
     no variant runs (variants FedAvg alone under an FSL top level: `fedsl run` ran FedAvg only, Python FSL only) is
     refused in one line as the runs are made, naming the fix; `--variants` may still pick variants that do not run
     it."""
-    from fedsl.experiments import loading, runner
-    from fedsl.experiments.compare import run_group
-    from fedsl.experiments.config import ConfigError
-    from fedsl.experiments.sweep import expand_variants, only_variants
+    from fedsl.config import loading
+    from fedsl.config.schema import ConfigError
+    from fedsl.runs import runner
+    from fedsl.sweeps.compare import run_group
+    from fedsl.sweeps.sweep import expand_variants, only_variants
 
     path = tmp_path / "my.toml"
     path.write_text(README_TOML + '[variants.FSL]\n[variants.FedAvg.algorithm]\nname = "fedavg"\n')
@@ -111,7 +112,7 @@ def test_one_toml_is_one_experiment_from_the_command_line_and_from_python(tmp_pa
     ends = run_group(cfg, tmp_path / "g", log=lambda s: None, progress=False)
     assert [(e["name"], e["algorithm"]) for e in ends] == [("FSL", "fsl"), ("FedAvg", "fedavg")]
     with pytest.raises(ConfigError, match=r"^config 'my-run' is a group of runs \(variants FSL, FedAvg\) and run\(\) "
-                                          r"runs one: expected fedsl\.experiments\.compare\.run_group\(cfg, out\)"):
+                                          r"runs one: expected fedsl\.sweeps\.compare\.run_group\(cfg, out\)"):
         runner.run(cfg, tmp_path / "one")
     assert not (tmp_path / "one").exists()
     alone = runner.run(expand_variants(cfg)["FedAvg"], tmp_path / "one", log=lambda s: None, progress=False)

@@ -20,8 +20,8 @@ import pytest
 from conftest import TINY
 from test_group_faults import assert_same_group
 
-from fedsl.experiments import loading
-from fedsl.experiments.compare import run_group
+from fedsl.config import loading
+from fedsl.sweeps.compare import run_group
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -167,7 +167,7 @@ def a_study_runs_as_tasks_and_keeps_its_budget(cluster, tmp_path):
     r = fedsl("tune", str(cfg_file), "--out", str(out), "--ray", cluster.address, "--parallel", "2", "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
     name = loading.load(cfg_file).name
-    from fedsl.experiments.tune_storage import open_storage
+    from fedsl.config.tune_storage import open_storage
     assert (out / "study.journal").is_file() and not (out / "study.db").exists()
     study = optuna.load_study(study_name=name, storage=open_storage("journal", out))
     assert sorted(t.state.name for t in study.trials) in (["COMPLETE"] * 3, ["COMPLETE", "COMPLETE", "PRUNED"],

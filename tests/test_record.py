@@ -1,5 +1,5 @@
 """A run built in Python (the Python API tutorial's own Simulator) kept in the standard run folder
-(``fedsl.experiments.record.run_simulator``): its metrics are the loop's, and `fedsl show` / `fedsl report` read it."""
+(``fedsl.runs.record.run_simulator``): its metrics are the loop's, and `fedsl show` / `fedsl report` read it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from torch import nn
 
 from fedsl import FunctionalModel, LocalTraining, Simulator, make_algorithm, make_executor
 from fedsl.cli import main
-from fedsl.experiments.config_base import ConfigError
-from fedsl.experiments.record import run_simulator
-from fedsl.experiments.results import RunDir
+from fedsl.config.base import ConfigError
+from fedsl.runs.record import run_simulator
+from fedsl.runs.results import RunDir
 
 
 def _sim() -> Simulator:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from fedsl.cli import main
+from fedsl.config.schema import ConfigError, DataConfig, validate
 from fedsl.data import registry
 from fedsl.data.datasets import build_federation, external_server_set, load_arrays
 from fedsl.data.registry import DATASETS, DatasetInfo
 from fedsl.data.synthetic import make_font_chars, synthetic_chars
-from fedsl.experiments.config import ConfigError, DataConfig, validate
 
 
 def _targets(info: DatasetInfo):

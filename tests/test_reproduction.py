@@ -8,10 +8,10 @@ from pathlib import Path
 
 from conftest import tiny_config
 
-from fedsl.experiments import config as C
-from fedsl.experiments.compare import run_group
+from fedsl.config import schema as C
 from fedsl.report import verdicts
 from fedsl.report.tables import write_index
+from fedsl.sweeps.compare import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,9 @@ import torch
 from conftest import tiny_config
 
 from fedsl.cli import main
-from fedsl.experiments import checkpoint
-from fedsl.experiments import config as C
-from fedsl.experiments.runner import run
+from fedsl.config import schema as C
+from fedsl.runs import checkpoint
+from fedsl.runs.runner import run
 
 # eval_every = 2 with a window of 3: a run of 4 rounds evaluates rounds 2, 3, 4 (its final window), one of 7
 # rounds 2, 4, 5, 6, 7: the extension drops round 3's row and computes round 4's rolling accuracy again

@@ -21,14 +21,14 @@ from fedsl.algorithms import robust as R
 from fedsl.algorithms import server_round as sl
 from fedsl.algorithms.base import ClientResults, RunState
 from fedsl.algorithms.robust import Robust, robust_results
+from fedsl.config import schema as C
 from fedsl.core.attacks import Attack
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import StackedSimulator
-from fedsl.experiments import config as C
-from fedsl.experiments.runner import run
 from fedsl.models import build_model
+from fedsl.runs.runner import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -210,7 +210,7 @@ BUILT_IN = ("fedavg", "fsl", "fsl_p", "ds", "feddu", "d0_only", "fedprox", "feda
 
 
 def test_every_algorithm_has_one_spec_and_config_reads_it():
-    from fedsl.experiments.config import ALGORITHM_NAMES, AlgorithmConfig
+    from fedsl.config.schema import ALGORITHM_NAMES, AlgorithmConfig
     assert ALGORITHM_NAMES == ALGORITHMS == tuple(SPECS)
     for name, sp in SPECS.items():
         assert sp.name == name
@@ -296,8 +296,8 @@ def test_unknown_algorithm_names_the_known_ones():
 def test_fednova_runs_end_to_end_from_a_config(tmp_path):
     from conftest import TINY
 
-    from fedsl.experiments import loading
-    from fedsl.experiments.runner import run
+    from fedsl.config import loading
+    from fedsl.runs.runner import run
     p = tmp_path / "c.toml"
     p.write_text(TINY.format(rounds=3, alg="fednova", dtype="float64", executor="sequential"))
     lines = []

@@ -12,10 +12,11 @@ import torch
 from conftest import TINY, start_paused, tiny_config
 
 from fedsl.cli import main
-from fedsl.experiments import config as C
-from fedsl.experiments import loading, presets, sweep
-from fedsl.experiments.callbacks import Callback, StopRun
-from fedsl.experiments.runner import run
+from fedsl.config import loading, presets
+from fedsl.config import schema as C
+from fedsl.runs.callbacks import Callback, StopRun
+from fedsl.runs.runner import run
+from fedsl.sweeps import sweep
 
 
 def tiny(tmp_path: Path, rounds=12, alg="fsl", dtype="float32", executor="auto", extra="") -> Path:
@@ -62,7 +63,7 @@ def test_run_checks_every_run_first_and_builds_each_once(tmp_path, monkeypatch):
     """`fedsl run` checks all runs before any work, and the runs take over what the checks built:
     each run's federation and model are built once (here a stacked pair), and its numbers are
     those of the same run building its own."""
-    from fedsl.experiments import build
+    from fedsl.runs import build
     calls = []
     for name in ("build_federation", "make_model"):
         real = getattr(build, name)
@@ -361,7 +362,7 @@ def test_run_only_some_variants(tmp_path, capsys):
 
 
 def test_threads_setting(tmp_path):
-    from fedsl.experiments.build import prepare
+    from fedsl.runs.build import prepare
     before = torch.get_num_threads()
     try:
         prepare(loading.load(tiny(tmp_path, rounds=1), ["threads=1"]))

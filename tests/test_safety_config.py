@@ -16,10 +16,11 @@ from conftest import TINY
 from pydantic import BaseModel
 
 from fedsl.cli import main
-from fedsl.experiments import compare, presets
-from fedsl.experiments.config import NAME_MAX, RUNS_MAX, ConfigError, RunConfig, name_problem, validate
-from fedsl.experiments.sweep import count_runs, expand_runs
+from fedsl.config import presets
+from fedsl.config.schema import NAME_MAX, RUNS_MAX, ConfigError, RunConfig, name_problem, validate
 from fedsl.models import build_model
+from fedsl.sweeps import compare
+from fedsl.sweeps.sweep import count_runs, expand_runs
 
 TINY_DICT = tomllib.loads(TINY.format(rounds=1, alg="fsl", dtype="float32", executor="auto"))
 
@@ -341,7 +342,7 @@ def test_too_many_runs_are_refused_before_expanding():
                        "algorithm.local_lr": [0.001 * i for i in range(1, 102)]})
     cfg = validate(data)
     assert count_runs(cfg) == 101_000 > RUNS_MAX
-    with mock.patch("fedsl.experiments.config.validate", side_effect=AssertionError("expanded")):
+    with mock.patch("fedsl.config.schema.validate", side_effect=AssertionError("expanded")):
         with pytest.raises(ConfigError, match=r"^sweep: 101000 runs .*expected at most 100000"):
             expand_runs(cfg)
 
@@ -360,8 +361,8 @@ def big_sweep(n: int) -> dict:
 
 
 def test_big_sweep_needs_yes(tmp_path, capsys):
-    with mock.patch("fedsl.experiments.build.check", side_effect=AssertionError("checks started")), \
-            mock.patch("fedsl.experiments.compare.run_group", side_effect=RunStarted("a run started")):
+    with mock.patch("fedsl.runs.build.check", side_effect=AssertionError("checks started")), \
+            mock.patch("fedsl.sweeps.compare.run_group", side_effect=RunStarted("a run started")):
         status = main(["run", str(write(tmp_path, big_sweep(501))), "--out", str(tmp_path / "o")])
     line = one_line_error(capsys, status)
     assert line.startswith("error: the config makes 501 runs") and "--yes" in line
@@ -370,8 +371,8 @@ def test_big_sweep_needs_yes(tmp_path, capsys):
 
 def test_big_sweep_with_yes_says_how_many_it_checks(tmp_path, capsys):
     checked = []
-    with mock.patch("fedsl.experiments.build.check", side_effect=lambda cfg, *a, **k: checked.append(cfg)), \
-            mock.patch("fedsl.experiments.compare.run_group", side_effect=RunStarted("a run started")):
+    with mock.patch("fedsl.runs.build.check", side_effect=lambda cfg, *a, **k: checked.append(cfg)), \
+            mock.patch("fedsl.sweeps.compare.run_group", side_effect=RunStarted("a run started")):
         with pytest.raises(RunStarted):
             main(["run", str(write(tmp_path, big_sweep(501))), "--out", str(tmp_path / "o"), "--yes"])
     assert len(checked) == 501
@@ -380,8 +381,8 @@ def test_big_sweep_with_yes_says_how_many_it_checks(tmp_path, capsys):
 
 def test_small_sweep_needs_no_yes(tmp_path, capsys):
     checked = []
-    with mock.patch("fedsl.experiments.build.check", side_effect=lambda cfg, *a, **k: checked.append(cfg)), \
-            mock.patch("fedsl.experiments.compare.run_group", side_effect=RunStarted("a run started")):
+    with mock.patch("fedsl.runs.build.check", side_effect=lambda cfg, *a, **k: checked.append(cfg)), \
+            mock.patch("fedsl.sweeps.compare.run_group", side_effect=RunStarted("a run started")):
         with pytest.raises(RunStarted):
             main(["run", str(write(tmp_path, big_sweep(500))), "--out", str(tmp_path / "o")])
     assert len(checked) == 500 and capsys.readouterr().out.startswith("checking 500 runs...")

@@ -351,7 +351,7 @@ def test_complete_splits_do_not_warn(tmp_path):
 
 
 def _config(root: Path, **kw):
-    from fedsl.experiments.config import DataConfig
+    from fedsl.config.schema import DataConfig
     return DataConfig(dataset="image_folder", data_dir=str(root), **kw)
 
 

@@ -12,11 +12,11 @@ import torch
 from conftest import random_federation
 
 from fedsl.algorithms.label_counts import label_counts
+from fedsl.config.schema import CLIENTS_MAX, ConfigError, validate
 from fedsl.core import rng
 from fedsl.data.clients import ClientIndex
 from fedsl.data.datasets import build_federation
-from fedsl.experiments.build import prepare
-from fedsl.experiments.config import CLIENTS_MAX, ConfigError, validate
+from fedsl.runs.build import prepare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

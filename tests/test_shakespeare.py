@@ -18,6 +18,7 @@ from torch.func import functional_call, vmap
 
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.cli import main
+from fedsl.config.schema import ConfigError, validate
 from fedsl.data import shakespeare
 from fedsl.data.datasets import build_federation, load_arrays
 from fedsl.data.errors import DataError
@@ -25,11 +26,10 @@ from fedsl.data.partition import PartitionError
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
-from fedsl.experiments.build import prepare
-from fedsl.experiments.config import ConfigError, validate
 from fedsl.models import build_model
 from fedsl.models.flops import forward_flops
 from fedsl.models.lstm import lstm
+from fedsl.runs.build import prepare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,8 +11,8 @@ from conftest import FLOWER_RUN, TINY, start_paused
 
 from fedsl.cli import main
 from fedsl.engine import metrics
-from fedsl.experiments.results import RunDir
 from fedsl.report.tables import fmt
+from fedsl.runs.results import RunDir
 
 
 def table_row(out: str, first: str) -> list[str]:
@@ -62,8 +62,8 @@ def test_a_run_in_progress_shows_running_and_killed_interrupted_at_its_checkpoin
 def test_a_run_killed_after_an_interruption_shows_its_later_checkpoint(tmp_path, capsys, one_thread):
     """summary.json of an earlier Ctrl-C (interrupted after 2 rounds) and a checkpoint of round 4 since (a resume
     killed with kill -9): interrupted, 4 rounds. Stopped by Ctrl-C alone, summary.json is shown as it is."""
-    from fedsl.experiments import loading
-    from fedsl.experiments.runner import run
+    from fedsl.config import loading
+    from fedsl.runs.runner import run
     cfg_file = tmp_path / "tiny.toml"
     cfg_file.write_text(TINY.format(rounds=8, alg="fsl", dtype="float64", executor="sequential"))
     cfg = loading.load(cfg_file)

@@ -254,13 +254,13 @@ LOG: list[str] = []
 
 
 def _sweep(tmp_path, stack, alg="fsl", executor="sequential", stop_after=None, resume=False, name=None):
-    from fedsl.experiments import config as C
-    from fedsl.experiments.compare import run_group
+    from fedsl.config import schema as C
+    from fedsl.sweeps.compare import run_group
 
     out = tmp_path / (name or f"{alg}-{executor}-stack{stack}")
     cfg = C.validate(sweep_config(stack, alg, executor))
     if stop_after is not None:  # interrupt every run of the stack after stop_after rounds
-        from fedsl.experiments import runner
+        from fedsl.runs import runner
         orig = runner.run_stacked
         runner.run_stacked = lambda *a, **k: orig(*a, **{**k, "stop_after": stop_after})
         try:
@@ -328,11 +328,11 @@ def test_stacked_sweep_interrupted_then_resumed(tmp_path):
 
 
 def test_stack_groups_and_limits(tmp_path):
-    from fedsl.experiments import config as C
-    from fedsl.experiments.compare import stack_groups
-    from fedsl.experiments.config import ConfigError
-    from fedsl.experiments.memory import stack_limit
-    from fedsl.experiments.sweep import expand_variants
+    from fedsl.config import schema as C
+    from fedsl.config.schema import ConfigError
+    from fedsl.runs.memory import stack_limit
+    from fedsl.sweeps.compare import stack_groups
+    from fedsl.sweeps.sweep import expand_variants
 
     cfg = C.validate(sweep_config(3, executor="auto"))
     runs = expand_variants(cfg)
@@ -352,9 +352,9 @@ def test_stack_limit_model_sizes_are_the_models():
     """The memory plan's d is counted on the model built for the config's dataset: the paper's CNNs have
     the paper's d (545,098 on CIFAR-10; 1,409,197 on its 45 EMNIST classes), any other model its own count;
     an image folder, whose inputs only the files say, gets the generous bound."""
-    from fedsl.experiments import config as C
-    from fedsl.experiments import memory
+    from fedsl.config import schema as C
     from fedsl.models import build_model
+    from fedsl.runs import memory
 
     def cfg(model, **data):
         return C.validate({"name": "m", "rounds": 1, "model": {"name": model},
@@ -371,8 +371,8 @@ def test_checkpoint_every_zero_keeps_only_the_final_model(tmp_path):
     """checkpoint_every = 0: no periodic checkpoints; the final one holds the model and the
     server state but not the N × d per-client tables. Periodic checkpoints hold them (a run resumes from
     them); a finished run's final one never does: nothing resumes a finished run."""
-    from fedsl.experiments import config as C
-    from fedsl.experiments.runner import run
+    from fedsl.config import schema as C
+    from fedsl.runs.runner import run
 
     data = sweep_config(1, "scaffold")
     for k in ("seeds", "sweep"):
@@ -400,8 +400,8 @@ def test_stack_limit_on_a_gpu_from_measured_memory(monkeypatch):
     79 GB (it was 31 and 17 with a guessed half of the memory); FSL's runs, without tables, 64."""
     import torch
 
-    from fedsl.experiments import config as C
-    from fedsl.experiments import memory
+    from fedsl.config import schema as C
+    from fedsl.runs import memory
     monkeypatch.setattr(memory.placement, "resolve_device", lambda name: torch.device("cuda"))
 
     def cfg(alg):
@@ -430,8 +430,8 @@ def test_client_tables_where_they_live(monkeypatch):
     import torch
 
     from fedsl.algorithms import LocalTraining, make_algorithm
-    from fedsl.experiments import config as C
-    from fedsl.experiments.placement import tables_on_host
+    from fedsl.config import schema as C
+    from fedsl.runs.placement import tables_on_host
 
     def cfg(tables="auto", dtype="float32"):
         return C.validate({"name": "s", "rounds": 1, "data": {"dataset": "synthetic_chars"}, "client_tables": tables,
@@ -456,8 +456,8 @@ def test_a_stacked_runs_checkpoint_holds_only_its_own_model(tmp_path):
     checkpoints held all 4 models, 4× the size)."""
     import copy
 
-    from fedsl.experiments import config as C
-    from fedsl.experiments.compare import run_group
+    from fedsl.config import schema as C
+    from fedsl.sweeps.compare import run_group
 
     sizes = {}
     for stack in (1, 4):

@@ -5,8 +5,8 @@ import json
 
 from conftest import tiny_config
 
-from fedsl.experiments import config as C
-from fedsl.experiments.compare import run_group
+from fedsl.config import schema as C
+from fedsl.sweeps.compare import run_group
 
 
 def test_a_run_that_does_not_read_d0_records_none(tmp_path):

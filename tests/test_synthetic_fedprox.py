@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from fedsl.config.schema import ConfigError, validate
 from fedsl.core import rng
 from fedsl.data import synthetic_fedprox as sf
 from fedsl.data.datasets import build_federation, load_arrays
 from fedsl.data.errors import DataError
-from fedsl.experiments.build import prepare
-from fedsl.experiments.config import ConfigError, validate
-from fedsl.experiments.runner import run
 from fedsl.models import build_model, count_parameters
+from fedsl.runs.build import prepare
+from fedsl.runs.runner import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from fedsl.config.schema import ConfigError, validate
 from fedsl.core import rng
 from fedsl.data import generated
 from fedsl.data import synthetic_leaf as sl
 from fedsl.data.datasets import build_federation
-from fedsl.experiments.config import ConfigError, validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

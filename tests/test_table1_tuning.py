@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from fedsl.experiments import loading, presets
-from fedsl.experiments.compare import stack_groups
-from fedsl.experiments.sweep import expand_runs
+from fedsl.config import loading, presets
+from fedsl.sweeps.compare import stack_groups
+from fedsl.sweeps.sweep import expand_runs
 
 FSL_VARIANTS = ("FSL-250", "FSL-500", "FSLsyn-504", "FSLsyn-720")
 

@@ -1,4 +1,4 @@
-"""Callbacks and trackers (fedsl.experiments.callbacks, fedsl.experiments.tracking): the order of a run's calls,
+"""Callbacks and trackers (fedsl.runs.callbacks, fedsl.runs.tracking): the order of a run's calls,
 a resumed run's, a stacked run's, and TensorBoard's and MLflow's files read back after a real run."""
 
 import csv
@@ -11,9 +11,9 @@ import pytest
 from conftest import TINY, tiny_config
 
 from fedsl.cli import main
-from fedsl.experiments import config as C
-from fedsl.experiments.callbacks import Callback
-from fedsl.experiments.runner import run, run_stacked
+from fedsl.config import schema as C
+from fedsl.runs.callbacks import Callback
+from fedsl.runs.runner import run, run_stacked
 
 QUIET = {"log": lambda s: None, "progress": False}
 

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("optuna")
 
 from fedsl import tune as T  # noqa: E402
-from fedsl.experiments.config import ConfigError, validate  # noqa: E402
-from fedsl.experiments.tune_space import default_space  # noqa: E402
+from fedsl.config.schema import ConfigError, validate  # noqa: E402
+from fedsl.config.tune_space import default_space  # noqa: E402
 
 TOML = """
 name = "tiny"
@@ -59,7 +59,7 @@ def _values(out: Path) -> dict[str, list]:
     """Each variant's finished trials in order: (state, value, values drawn), from the folder's storage."""
     import optuna
 
-    from fedsl.experiments.tune_storage import open_storage, study_name
+    from fedsl.config.tune_storage import open_storage, study_name
     record = json.loads((out / T.TUNE_FILE).read_text())
     kind = record["config"]["tune"]["storage"]
     storage = open_storage(kind, out)
@@ -117,7 +117,7 @@ def test_a_study_never_reads_the_test_set(tmp_path, monkeypatch):
     alike: neither the objective nor the pruning reads the test set (trials still evaluate it, as any run)."""
     import torch
 
-    from fedsl.experiments import build
+    from fedsl.runs import build
 
     said: list[str] = []
     T.start(_cfg(), tmp_path / "a", log=said.append).run()
@@ -142,7 +142,7 @@ def test_a_study_never_reads_the_test_set(tmp_path, monkeypatch):
 KILLER = """
 import os, signal, sys
 from fedsl import tune as T
-from fedsl.experiments.loading import load
+from fedsl.config.loading import load
 on_evaluation = T._Pruning.on_evaluation
 
 def die_in_trial_1(self, round, metrics):  # kill -9 in the middle of FSL's second trial, after its checkpoint at 4

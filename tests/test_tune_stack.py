@@ -18,9 +18,9 @@ from test_tune import TOML  # noqa: E402
 
 from fedsl import tune as T  # noqa: E402
 from fedsl.algorithms.spec import Range  # noqa: E402
-from fedsl.experiments import runner  # noqa: E402
-from fedsl.experiments.callbacks import Callback, StopRun  # noqa: E402
-from fedsl.experiments.config import ConfigError, validate  # noqa: E402
+from fedsl.config.schema import ConfigError, validate  # noqa: E402
+from fedsl.runs import runner  # noqa: E402
+from fedsl.runs.callbacks import Callback, StopRun  # noqa: E402
 from fedsl.tune import edges as E  # noqa: E402
 
 # test_tune.py's tiny study, one variant, in float64 with the sequential executor (exact comparisons), evaluated

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsl.experiments.config import ConfigError
-from fedsl.experiments.tune_storage import (
+from fedsl.config.schema import ConfigError
+from fedsl.config.tune_storage import (
     CONNECT_TIMEOUT_S,
     JOURNAL_FILE,
     SQLITE_FILE,
@@ -124,7 +124,7 @@ def test_a_study_persists_across_storage_objects(storage_value, tmp_path):
 CHILD = """
 import pathlib, sys, time
 import optuna
-from fedsl.experiments.tune_storage import open_storage, study_name
+from fedsl.config.tune_storage import open_storage, study_name
 value, out, ready = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 study = optuna.create_study(study_name=study_name(value, "folder-a", "fsl"), storage=open_storage(value, out),
                             direction="maximize", load_if_exists=True)

@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 import torch
 
+from fedsl.config import loading, presets
+from fedsl.config.schema import ConfigError, validate
 from fedsl.data.clients import ClientIndex
 from fedsl.data.datasets import build_federation, hold_out_validation, load_arrays
 from fedsl.data.partition import PartitionError
-from fedsl.experiments import callbacks, loading, presets, sweep
-from fedsl.experiments.build import prepare
-from fedsl.experiments.config import ConfigError, validate
-from fedsl.experiments.results import METRIC_COLUMNS, VALIDATION_COLUMNS, RunDir
-from fedsl.experiments.runner import run, run_stacked
+from fedsl.runs import callbacks
+from fedsl.runs.build import prepare
+from fedsl.runs.results import METRIC_COLUMNS, VALIDATION_COLUMNS, RunDir
+from fedsl.runs.runner import run, run_stacked
+from fedsl.sweeps import sweep
 
 # the quickstart preset at a tiny size: 400 training samples, N = 20 clients of n_i = 20, |D0| = 100 (IID, drawn
 # from the whole pool, so overlapping the clients'); B = 10 so that a client left with 15 samples still has a batch

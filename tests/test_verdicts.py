@@ -7,8 +7,8 @@ import math
 import pytest
 from scipy import stats
 
-from fedsl.experiments import config as C
-from fedsl.experiments import presets
+from fedsl.config import presets
+from fedsl.config import schema as C
 from fedsl.report import verdicts as V
 
 

@@ -35,7 +35,7 @@ class Range:
                              "low < high" + (", both > 0 on a log scale" if self.log else ""))
 
 
-# The search ranges of the keys every rule reads (a study's defaults; ``fedsl.experiments.tune_space``): η_l over
+# The search ranges of the keys every rule reads (a study's defaults; ``fedsl.config.tune_space``): η_l over
 # three decades around the paper's values (0.01 to 0.1), γ over three around the paper's 1 (two, [0.1, 10], left
 # tuned choices at 9.8). A study widens a range whose best choice lies at an edge (``tune.edge_widenings``).
 LOCAL_LR_SEARCH = Range(1e-3, 1.0, log=True)

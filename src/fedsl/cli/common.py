@@ -28,9 +28,9 @@ def clean_errors(fn):
     def wrapper(*args, **kwargs):
         import warnings
 
+        from fedsl.config.schema import ConfigError
         from fedsl.data.errors import DataError, DataWarning
-        from fedsl.experiments.config import ConfigError
-        from fedsl.experiments.results import CorruptCheckpoint, FolderInUse
+        from fedsl.runs.results import CorruptCheckpoint, FolderInUse
         shown = warnings.showwarning
 
         def one_line(message, category, filename, lineno, file=None, line=None):
@@ -48,7 +48,7 @@ def clean_errors(fn):
             err_console.print(f"error: {msg}", markup=False, highlight=False, emoji=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as e:
-            from fedsl.experiments.interrupts import Terminated
+            from fedsl.runs.interrupts import Terminated
             raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     return wrapper
 
@@ -60,7 +60,7 @@ def print_line(line: str) -> None:
 
 def load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path],
                  quick: bool = False, variants: Optional[List[str]] = None):
-    from fedsl.experiments import loading, presets
+    from fedsl.config import loading, presets
     if (config is None) == (preset is None):
         raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
     base = presets.load(preset) if preset else None
@@ -76,5 +76,5 @@ def select_variants(cfg, variants: Optional[str], names: Optional[List[str]]):
     if not names or any(v not in cfg.variants for v in names):
         raise UserError(f"--variants {variants!r}: expected names from "
                         f"{list(cfg.variants) or 'none (the config has no variants)'}")
-    from fedsl.experiments.sweep import only_variants
+    from fedsl.sweeps.sweep import only_variants
     return only_variants(cfg, names)

@@ -23,7 +23,7 @@ app.add_typer(data_app, name="data")
 def _data_config(name: str, data_dir: Optional[Path], download: bool, split: str, carve: bool):
     from pydantic import ValidationError
 
-    from fedsl.experiments.config import ConfigError, DataConfig
+    from fedsl.config.schema import ConfigError, DataConfig
     try:
         return DataConfig(dataset=name, data_dir=str(data_dir) if data_dir else None, download=download,
                           emnist_split=split, carve=carve)
@@ -198,7 +198,7 @@ def data_assess(config: Optional[Path] = typer.Argument(None, help="TOML config 
                 quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output")) -> None:
     """Before training: will a server dataset D0 help? ξ², G², cos(∇F, ∇f0), L and the paper's condition
     2⟨∇F,∇f0⟩ > L·γη0·‖∇f0‖² per candidate D0, ranked, with a verdict."""
-    from fedsl.experiments import assess as A
+    import fedsl.assess as A
     if warmup_rounds < 0:
         raise UserError(f"--warmup-rounds {warmup_rounds}: expected 0 or more FedAvg rounds")
     if hessian_samples < 0:

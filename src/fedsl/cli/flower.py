@@ -63,7 +63,7 @@ def _record(path: Path) -> dict | None:
 
 def _config(path: Path) -> dict:
     """The run's config from the checkpoint's records ({} without a readable one: T and the window unknown)."""
-    from fedsl.experiments import checkpoint
+    from fedsl.runs import checkpoint
     try:
         ckpt = checkpoint.load(path / "checkpoint.pt", mmap=True)
     except checkpoint.CorruptCheckpoint:

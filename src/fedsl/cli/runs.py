@@ -50,7 +50,7 @@ def _backend(parallel: Optional[int], ray: Optional[str], ray_resources: Optiona
     if ray_resources is not None and ray is None:
         raise UserError(f"--ray-resources {ray_resources!r}: expected together with --ray ADDRESS")
     if ray is not None:
-        from fedsl.experiments.ray_backend import RayBackend, parse_resources
+        from fedsl.sweeps.ray_backend import RayBackend, parse_resources
         backend = RayBackend(ray.strip(), parse_resources(ray_resources), quiet=quiet)
         backend.check()  # Ray installed, the address answers: before any check or run
         return backend
@@ -58,7 +58,7 @@ def _backend(parallel: Optional[int], ray: Optional[str], ray_resources: Optiona
         return None
     if not 0 <= parallel <= 1024:
         raise UserError(f"--parallel {parallel}: expected a number of processes from 0 (one per core) to 1024")
-    from fedsl.experiments.parallel import LocalPool, default_workers
+    from fedsl.sweeps.parallel import LocalPool, default_workers
     return LocalPool(parallel or default_workers(), quiet=quiet)
 
 
@@ -134,8 +134,8 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if tuned:
         cfg = tune_first(cfg, out, parallel, quiet)
-    from fedsl.experiments.build import check_all
-    from fedsl.experiments.sweep import expand_variants
+    from fedsl.runs.build import check_all
+    from fedsl.sweeps.sweep import expand_variants
     runs = expand_variants(cfg)
     if len(runs) > BIG_SWEEP and not yes:
         raise UserError(f"the config makes {len(runs)} runs (variants × sweep points × seeds), more than {BIG_SWEEP}: "
@@ -151,20 +151,20 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
             shown = time.monotonic()
     built = check_all(runs, checked)  # every run, data checks included, before any work; kept for the runs
     if backend is None and parallel is None:  # neither --parallel nor --ray: side by side where that pays
-        from fedsl.experiments.build import default_side_by_side
+        from fedsl.runs.build import default_side_by_side
         side = default_side_by_side(runs, built)
         if side > 1:
-            from fedsl.experiments.parallel import LocalPool
+            from fedsl.sweeps.parallel import LocalPool
             say(f"running the {len(runs)} runs {side} side by side, one core each (--parallel 1: one after another)")
             backend = LocalPool(side, quiet=quiet)
     if out.exists() and any(p.name not in (".lock", *(("tune",) if tuned else ())) for p in out.iterdir()):
         raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with "
                         f"`fedsl resume {out}`")
-    from fedsl.experiments.compare import run_group
-    from fedsl.experiments.interrupts import terminate_as_interrupt
     from fedsl.report.tables import write_comparison
+    from fedsl.runs.interrupts import terminate_as_interrupt
+    from fedsl.sweeps.compare import run_group
     log = (lambda s: None) if quiet else _print_line
-    from fedsl.experiments.results import folder_lock
+    from fedsl.runs.results import folder_lock
     with folder_lock(out), terminate_as_interrupt(), _connected(backend):
         run_group(cfg, out, log=log, progress=None if not quiet else False, built=built, backend=backend)
     write_comparison(out)
@@ -188,7 +188,7 @@ def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
     """Continue an interrupted run, group of runs or study (fedsl tune) from its last checkpoint; with --rounds T,
     take a run or group on to T rounds, as if it had been asked for T from the start."""
     from fedsl import tune as T
-    from fedsl.experiments.compare import group_config, group_runs, is_group, run_group
+    from fedsl.sweeps.compare import group_config, group_runs, is_group, run_group
     if rounds is not None and T.is_tune_folder(path):
         raise UserError(f"--rounds {rounds}: {str(path)!r} is a study of `fedsl tune`, whose trials have their own "
                         "rounds (tune.rounds): expected a run or group folder of `fedsl run`")
@@ -196,35 +196,35 @@ def resume(path: Path = typer.Argument(..., help="a run, group or tune folder"),
         raise UserError(f"--rounds {rounds}: {str(path)!r} is a `fedsl run --tuned` still in its studies: expected "
                         "its runs started; finish it with `fedsl resume` alone first")
     if T.is_tune_folder(path):
-        from fedsl.experiments.interrupts import terminate_as_interrupt
-        from fedsl.experiments.results import folder_lock
+        from fedsl.runs.interrupts import terminate_as_interrupt
+        from fedsl.runs.results import folder_lock
         with folder_lock(path), terminate_as_interrupt():
             T.reopen(path, (lambda s: None) if quiet else _print_line).run(tune_workers(parallel or 1))
         print_tune(path)
         return
     if T.is_tune_folder(path / "tune") and group_config(path) is None:  # `fedsl run --tuned` stopped in its studies
         cfg = tune_first(T.planned_config(path / "tune"), path, parallel, quiet)
-        from fedsl.experiments.interrupts import terminate_as_interrupt
-        from fedsl.experiments.results import folder_lock
         from fedsl.report.tables import write_comparison
+        from fedsl.runs.interrupts import terminate_as_interrupt
+        from fedsl.runs.results import folder_lock
         with folder_lock(path), terminate_as_interrupt():
             run_group(cfg, path, log=(lambda s: None) if quiet else _print_line, progress=None if not quiet else False)
         write_comparison(path)
         _print_tables(path, str(path))
         return
     backend = _backend(parallel, ray, ray_resources, quiet)
-    from fedsl.experiments import config as C
-    from fedsl.experiments.interrupts import terminate_as_interrupt
-    from fedsl.experiments.runner import run as run_one
+    from fedsl.config import schema as C
     from fedsl.report.tables import write_comparison
+    from fedsl.runs.interrupts import terminate_as_interrupt
+    from fedsl.runs.runner import run as run_one
     progress = None if not quiet else False
     group_cfg = group_config(path)
     log = (lambda s: None) if quiet else _print_line
     runs = group_runs(path)
     if group_cfg is None and not any(rd.is_run() for rd in runs.values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run`")
-    from fedsl.experiments import extend
-    from fedsl.experiments.results import folder_lock
+    from fedsl.runs.results import folder_lock
+    from fedsl.sweeps import extend
     with folder_lock(path), terminate_as_interrupt(), _connected(backend if group_cfg is not None else None):
         if group_cfg is not None:  # the group's own config: unstarted runs start, the others continue
             if rounds is not None:  # group.json and every run's files made those of T rounds first
@@ -260,7 +260,7 @@ def show(path: Path = typer.Argument(..., help="a run, group or tune folder, or 
     if is_flower_folder(path):
         print_flower(path)
         return
-    from fedsl.experiments.compare import group_runs
+    from fedsl.sweeps.compare import group_runs
     if not any(rd.summary_file.is_file() or rd.is_run() for rd in group_runs(path).values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run` "
                         "(or a Flower ServerApp's out-dir)")
@@ -271,8 +271,8 @@ def show(path: Path = typer.Argument(..., help="a run, group or tune folder, or 
 @_clean_errors
 def report(path: Path = typer.Argument(..., help="a run group or sweep folder")) -> None:
     """Figures and a Markdown report (with the paper's numbers for paper presets) in PATH/report/."""
-    from fedsl.experiments.compare import is_group
     from fedsl.report.report import write_report
+    from fedsl.sweeps.compare import is_group
     if not is_group(path):
         raise UserError(f"{str(path)!r} is not a run folder of `fedsl run`: expected group.json in it")
     md = write_report(path)
@@ -283,7 +283,7 @@ def report(path: Path = typer.Argument(..., help="a run group or sweep folder"))
 @_clean_errors
 def list_presets() -> None:
     """List the bundled presets."""
-    from fedsl.experiments import presets
+    from fedsl.config import presets
     table = Table(title="presets (fedsl run --preset NAME)")
     table.add_column("name")
     table.add_column("description")

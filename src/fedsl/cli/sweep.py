@@ -22,8 +22,8 @@ def sweep_status(path: Path = typer.Argument(..., help="a sweep (group) folder")
     """Progress of a sweep: runs by status, and the index of runs."""
     from collections import Counter
 
-    from fedsl.experiments.compare import is_group
     from fedsl.report.tables import write_index
+    from fedsl.sweeps.compare import is_group
     if not is_group(path):
         raise UserError(f"{str(path)!r} is not a sweep folder: expected group.json written by `fedsl run`")
     index = write_index(path)

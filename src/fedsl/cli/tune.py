@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from fedsl.cli.common import UserError, clean_errors, console, load_config, print_line, select_variants
-from fedsl.experiments.own_keys import changed
+from fedsl.config.own_keys import changed
 
 
 @clean_errors
@@ -50,11 +50,11 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
     say = (lambda s: None) if quiet else print_line
     backend = None
     if ray is not None:  # Ray installed and its address answering: one line before any trial otherwise
-        from fedsl.experiments.ray_backend import RayBackend, parse_resources
+        from fedsl.sweeps.ray_backend import RayBackend, parse_resources
         backend = RayBackend(ray, parse_resources(ray_resources), quiet=quiet)
         backend.check()
-    from fedsl.experiments.interrupts import terminate_as_interrupt
-    from fedsl.experiments.results import folder_lock
+    from fedsl.runs.interrupts import terminate_as_interrupt
+    from fedsl.runs.results import folder_lock
     with folder_lock(out), terminate_as_interrupt():
         tuner = T.start(cfg, out, say)
         say(f"tuning {len(tuner.studies)} variant{'s' if len(tuner.studies) > 1 else ''}, {_budget(cfg.tune)} each, "
@@ -71,8 +71,8 @@ def tune_first(cfg, out: Path, parallel: Optional[int], quiet: bool):
     """`fedsl run --tuned`: each variant's study in OUT/tune (started, or continued where it stopped), then ``cfg``
     at the values each chose (``tune.apply_best``): the runs on its seeds judge them on the test set."""
     from fedsl import tune as T
-    from fedsl.experiments.interrupts import terminate_as_interrupt
-    from fedsl.experiments.results import folder_lock
+    from fedsl.runs.interrupts import terminate_as_interrupt
+    from fedsl.runs.results import folder_lock
     if out.exists() and any(p.name not in (".lock", "tune") for p in out.iterdir()):
         raise UserError(f"--out {str(out)!r} is not empty: choose a new folder, or continue it with "
                         f"`fedsl resume {out}`")
@@ -94,7 +94,7 @@ def _budget(t) -> str:
 def tune_workers(parallel: int) -> int:
     if not 0 <= parallel <= 1024:
         raise UserError(f"--parallel {parallel}: expected a number of processes from 0 (one per core) to 1024")
-    from fedsl.experiments.parallel import default_workers
+    from fedsl.sweeps.parallel import default_workers
     return parallel or default_workers()
 
 

@@ -1,7 +1,7 @@
 """Every dataset by name: its loader, sizes, classes, channels, image size and input statistics.
 
 The one table the rest of fedsl reads: the config's ``data.dataset`` choices and checks
-(``fedsl.experiments.config``), ``fedsl data list`` and the loader (``fedsl.data.datasets``).
+(``fedsl.config.schema``), ``fedsl data list`` and the loader (``fedsl.data.datasets``).
 A new dataset is one module with a loader ``load(d, root) -> ArrayDataset`` (``d``: the data
 config, ``root``: the folder located for it, the data root for a generated one) and one entry in
 ``DATASETS`` below (a generated benchmark whose clients are made on demand gives ``federation(d, seed) ->
@@ -67,7 +67,7 @@ class DatasetInfo:
             ``data.partition = 'natural'`` can give one client per id (``fedsl.data.natural``).
         reads: the dataset-specific data keys it reads (``data.chars``, ``data.emnist_split``, ...). A key that some
             dataset reads is refused at validation, changed from its default, with a dataset that does not
-            (``fedsl.experiments.config``): it would change nothing.
+            (``fedsl.config.schema``): it would change nothing.
     """
 
     name: str

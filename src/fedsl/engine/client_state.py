@@ -264,7 +264,7 @@ class ClientStore:
     # ------------------------------------------------------------------ checkpoints
 
     def saved(self) -> SavedStore:
-        """What a checkpoint keeps (``fedsl.experiments.checkpoint``): the ids in row order, the held rows in the
+        """What a checkpoint keeps (``fedsl.runs.checkpoint``): the ids in row order, the held rows in the
         store's dtype (a file's are a tensor over the file, written from it, not copied into memory first) and the
         initial state."""
         held = self.rows_held

@@ -1,0 +1,63 @@
+"""Deprecated names: what ``fedsl.experiments`` held now lives in packages named for their jobs.
+
+- ``fedsl.config``: the config's tables, reading it (files, presets, ``--set``), own keys, defaults resolved;
+- ``fedsl.runs``: a run built from its config, driven, kept in its folder and resumed;
+- ``fedsl.sweeps``: a config expanded into runs, run as a group, in parallel or on Ray, extended;
+- ``fedsl.tune``: studies on validation data; ``fedsl.assess``: how useful a server dataset D0 is.
+
+``import fedsl.experiments.X`` (and ``from fedsl.experiments import X``) still works for one release: it warns
+(DeprecationWarning) and gives the module's new object itself, so that what is set on one is set on the other and
+checkpoints pickled under the old names load. ``MOVED`` is the table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+MOVED = {
+    "config": "fedsl.config.schema", "config_base": "fedsl.config.base", "config_data": "fedsl.config.data_keys",
+    "config_tables": "fedsl.config.tables", "own_keys": "fedsl.config.own_keys", "loading": "fedsl.config.loading",
+    "presets": "fedsl.config.presets", "resolve": "fedsl.config.resolve", "tune_space": "fedsl.config.tune_space",
+    "tune_storage": "fedsl.config.tune_storage",
+    "build": "fedsl.runs.build", "runner": "fedsl.runs.runner", "checkpoint": "fedsl.runs.checkpoint",
+    "results": "fedsl.runs.results", "run_files": "fedsl.runs.files", "run_status": "fedsl.runs.status",
+    "callbacks": "fedsl.runs.callbacks", "progress": "fedsl.runs.progress", "interrupts": "fedsl.runs.interrupts",
+    "divergence": "fedsl.runs.divergence", "tracking": "fedsl.runs.tracking", "placement": "fedsl.runs.placement",
+    "memory": "fedsl.runs.memory", "record": "fedsl.runs.record",
+    "sweep": "fedsl.sweeps.sweep", "compare": "fedsl.sweeps.compare", "parallel": "fedsl.sweeps.parallel",
+    "ray_backend": "fedsl.sweeps.ray_backend", "extend": "fedsl.sweeps.extend",
+    "assess": "fedsl.assess", "tune": "fedsl.tune",
+}
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads an old name as the new module's object; the module keeps its own ``__spec__``."""
+
+    def __init__(self, new: str) -> None:
+        self.new = new
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.new)
+        self.own_spec = module.__spec__
+        return module
+
+    def exec_module(self, module) -> None:
+        module.__spec__ = self.own_spec  # the import system set the old name's spec on it: give its own back
+
+
+class _Moved(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, name = fullname.rpartition(".")
+        if package != __name__ or name not in MOVED:
+            return None
+        warnings.warn(f"{fullname} is now {MOVED[name]}; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return importlib.util.spec_from_loader(fullname, _Alias(MOVED[name]))
+
+
+if not any(isinstance(f, _Moved) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Moved())

@@ -3,7 +3,7 @@
 Flower flattens ``[tool.flwr.app.config]`` (and ``flwr run --run-config``) into dotted
 keys: ``algorithm.local_lr = 0.05`` is fedsl's ``algorithm.local_lr``. A few dashed keys
 are Flower-side options (``FLOWER_KEYS``); everything else is a fedsl config key,
-validated by ``fedsl.experiments.config`` with the same one-line errors as ``fedsl run``.
+validated by ``fedsl.config.schema`` with the same one-line errors as ``fedsl run``.
 A base config may come from a fedsl TOML file (``config-file``) or a bundled preset
 (``preset``), and ``variant`` picks one of its ``[variants.X]``; the run-config keys
 override it.
@@ -30,15 +30,16 @@ from typing import Any
 from fedsl.algorithms import SPECS, Algorithm, Pretraining, Spec
 from fedsl.algorithms import spec as algorithm_spec
 from fedsl.algorithms.spec import CLIENT_MEASURES
+from fedsl.config import presets
+from fedsl.config.dotted import set_dotted
+from fedsl.config.loading import read_file
+from fedsl.config.schema import ConfigError, PrivacyConfig, RunConfig, validate
 from fedsl.core.privacy_accounting import Budget
 from fedsl.data import registry
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
-from fedsl.experiments import presets
-from fedsl.experiments.build import prepare  # `fedsl run`'s own resolution of the paper's defaults
-from fedsl.experiments.config import ConfigError, PrivacyConfig, RunConfig, validate
-from fedsl.experiments.loading import read_file, set_dotted
-from fedsl.experiments.sweep import expand_variants
+from fedsl.runs.build import prepare  # `fedsl run`'s own resolution of the paper's defaults
+from fedsl.sweeps.sweep import expand_variants
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
 FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes",

@@ -23,7 +23,7 @@
   A round without a usable reply (or whose aggregate is not finite) applies no client update:
   x̄ = x_t, then server learning as usual, and the round counts.
 - every ``checkpoint_every`` rounds the model, the server state, γ_t and the records are saved
-  atomically to ``out-dir/checkpoint.pt`` (the simulator's checkpoint format, ``fedsl.experiments.checkpoint``);
+  atomically to ``out-dir/checkpoint.pt`` (the simulator's checkpoint format, ``fedsl.runs.checkpoint``);
   ``resume`` continues a ServerApp from it (``fedsl.flower.strategy_checkpoint``).
 
 The server keeps only the server state (SCAFFOLD's c, FedDyn's h, optimiser moments, γ_t, DP's adaptive C_t): a
@@ -57,12 +57,9 @@ from flwr.supercore import log
 from fedsl.algorithms.base import ClientResults, LocalSGD, RunState, stack_reply
 from fedsl.algorithms.server_round import ServerMetrics, initial_state, server_update
 from fedsl.algorithms.spec import CLIENT_MEASURES
+from fedsl.config.schema import ConfigError
 from fedsl.core import participation, rng
 from fedsl.engine.plan import planned_steps
-from fedsl.experiments import checkpoint
-from fedsl.experiments.build import finetune
-from fedsl.experiments.checkpoint import Checkpoint, atomic_write
-from fedsl.experiments.config import ConfigError
 from fedsl.flower.config import FlowerSetup
 from fedsl.flower.records import from_record, local_keys, state_to_record, to_record
 from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_METRICS re-exported
@@ -77,6 +74,9 @@ from fedsl.flower.replies import (  # noqa: F401 - check_reply, BadReply, TRAIN_
     train_loss,
 )
 from fedsl.flower.strategy_checkpoint import StrategyCheckpoint, out_folder
+from fedsl.runs import checkpoint
+from fedsl.runs.build import finetune
+from fedsl.runs.checkpoint import Checkpoint, atomic_write
 
 
 def _flat(text: str | None) -> str:
@@ -564,7 +564,7 @@ class FedslStrategy(FedAvg):
             text = json.dumps(data, indent=1, default=str)
             atomic_write(d / name, lambda p, text=text: p.write_text(text))
         if final:
-            # x_T, the server state and γ_T in the checkpoints' format (``fedsl.experiments.checkpoint.load``)
+            # x_T, the server state and γ_T in the checkpoints' format (``fedsl.runs.checkpoint.load``)
             checkpoint.save(d / "final.pt", Checkpoint(len(self.history), self.state))
             done = {"status": "completed", "rounds": len(self.history), "federation": self.setup.options.federation,
                     **(self.finetuned or {})}

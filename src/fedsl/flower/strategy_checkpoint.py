@@ -1,5 +1,5 @@
 """The ServerApp's checkpoint and resume: ``out-dir/checkpoint.pt``, written atomically every
-``checkpoint_every`` rounds and after the last one in the simulator's format (``fedsl.experiments.checkpoint``),
+``checkpoint_every`` rounds and after the last one in the simulator's format (``fedsl.runs.checkpoint``),
 holds x_t, the server state, γ_t and, as its records, the run's history, evaluations and config; a
 ServerApp started on that ``out-dir`` continues from it (``StrategyCheckpoint.resume``).
 
@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from flwr.supercore import log
 
+from fedsl.config.schema import ConfigError, RunConfig, validate
 from fedsl.engine.simulator import RunState
-from fedsl.experiments import checkpoint
-from fedsl.experiments.checkpoint import RESTART_SERVER_APP, Checkpoint, CorruptCheckpoint
-from fedsl.experiments.config import ConfigError, RunConfig, validate
-from fedsl.experiments.results import RunDir
+from fedsl.runs import checkpoint
+from fedsl.runs.checkpoint import RESTART_SERVER_APP, Checkpoint, CorruptCheckpoint
+from fedsl.runs.results import RunDir
 
 CHECKPOINT = "checkpoint.pt"
 # Config keys a resumed run may change: they do not change the rounds' arithmetic.

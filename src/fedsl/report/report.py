@@ -19,10 +19,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedsl.engine import metrics
-from fedsl.experiments.compare import group_runs
 from fedsl.report import verdicts
 from fedsl.report.plots import accuracy_curves, colours, plt
 from fedsl.report.tables import VARIANT_COLUMNS, fmt, markdown_table, variant_curves, variant_rows
+from fedsl.sweeps.compare import group_runs
 
 
 def _spec(path: Path) -> dict:
@@ -246,7 +246,7 @@ def _paper_rounds(spec: dict) -> int | None:
         return int(cfg["paper_rounds"])
     if not (spec.get("paper") or spec.get("paper_claims")):
         return None
-    from fedsl.experiments import presets
+    from fedsl.config import presets
     try:
         rounds = presets.load(spec.get("name", "")).get("rounds")
     except Exception:  # not a preset's name: nothing to compare with

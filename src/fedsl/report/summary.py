@@ -158,7 +158,9 @@ def seconds_per_round(path: Path) -> float | None:
 
 def full_scale_runs(preset: str) -> int:
     """Runs of the preset at the paper's scale: its variants × sweep points × 3 seeds."""
-    from fedsl.experiments import config, presets, sweep
+    from fedsl.config import presets
+    from fedsl.config import schema as config
+    from fedsl.sweeps import sweep
 
     cfg = config.validate({**presets.load(preset), "seeds": list(range(PAPER_SCALE[1]))})
     return sweep.count_runs(cfg)
@@ -189,7 +191,7 @@ def cost_markdown(root: str | Path, entries: list[dict]) -> str:
 def paper_markdown(path: str | Path) -> str:
     """A group's variants as columns, ours (mean ± sample std over finished seeds) beside the paper's numbers
     (group.json's ``paper``, else its preset's): final accuracy, T_0.5 and rise time."""
-    from fedsl.experiments import presets
+    from fedsl.config import presets
 
     path = Path(path)
     spec = json.loads((path / "group.json").read_text())
@@ -227,7 +229,7 @@ def paper_markdown(path: str | Path) -> str:
 
 def _paper_numbers(spec: dict) -> dict[str, dict[str, float]]:
     """The paper's numbers per variant: group.json's ``paper``, else its preset's."""
-    from fedsl.experiments import presets
+    from fedsl.config import presets
 
     if spec.get("paper"):
         return spec["paper"]

@@ -1,7 +1,7 @@
 """Tables, curves and the CSV index of a run group: what `fedsl show`, `fedsl sweep status`,
 ``comparison.md`` / ``comparison.png`` and ``fedsl report`` print.
 
-Reads the group layout that ``fedsl.experiments.compare.run_group`` writes (``group.json`` and
+Reads the group layout that ``fedsl.sweeps.compare.run_group`` writes (``group.json`` and
 one run folder per run); writes nothing into the runs themselves.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from fedsl.engine import metrics
-from fedsl.experiments.compare import group_runs, group_spec
 from fedsl.report.plots import accuracy_curves
+from fedsl.sweeps.compare import group_runs, group_spec
 
 RUN_COLUMNS = ("run", "status", "final_accuracy", "rise_time", "T_0.5", "rounds_done", "wall_time")
 VARIANT_COLUMNS = ("variant", "seeds", "final_accuracy", "rise_time", "T_0.5")
@@ -48,7 +48,7 @@ def _variant_of(path: Path) -> dict[str, str]:
 def run_rows(path: str | Path) -> list[dict]:
     """One row per run: status and its summary metrics; a run killed or in progress, which has no summary.json of
     where it is, as its other files say (``run_status.shown_summary``: 'interrupted' or 'running')."""
-    from fedsl.experiments.run_status import shown_summary
+    from fedsl.runs.status import shown_summary
     return [{"run": r, **{c: s.get(c) for c in RUN_COLUMNS[1:]}}
             for r, s in ((r, shown_summary(rd)) for r, rd in group_runs(path).items())]
 

@@ -1,6 +1,6 @@
 """Claims of the paper judged from runs, by one stated rule.
 
-Each claim (``fedsl.experiments.config.Claim``) compares per-seed values of a metric: the final
+Each claim (``fedsl.config.schema.Claim``) compares per-seed values of a metric: the final
 accuracy (higher is better) or T_0.5 / rise time (fewer rounds is better). The rule, at the 5%
 level, one-sided in the claimed direction:
 
@@ -423,7 +423,8 @@ def overall(verdicts: list[Verdict]) -> str:
 def claims_for(spec: dict) -> list:
     """The claims to judge on a group (its group.json ``spec``): those it was run with, else, for a group
     run before claims were stated, those of the preset of its name (none for other configs)."""
-    from fedsl.experiments import config, presets
+    from fedsl.config import presets
+    from fedsl.config import schema as config
 
     if spec.get("claims"):
         return [config.Claim.model_validate(c) for c in spec["claims"]]

@@ -3,13 +3,13 @@
 The package: this module (the studies: trials asked, run alone or stacked, told), ``plan`` (each variant's trial
 config and space, checked before any trial), ``edges`` (ranges widened at an edge) and ``report`` (best.json,
 trials.png). It drives runs and groups (``fedsl.experiments``); the [tune] table and where studies live
-(``fedsl.experiments.tune_space``, ``tune_storage``) are config, below it. Only the command line imports it.
+(``fedsl.config.tune_space``, ``tune_storage``) are config, below it. Only the command line imports it.
 
 A folder made by ``fedsl tune`` holds::
 
     tune.json             what was asked: the config, each variant's trial config and search space, the budget
     study.db              Optuna's studies, one per variant, named after it (``tune.storage``: or study.journal, or
-                          a database server's, ``fedsl.experiments.tune_storage``)
+                          a database server's, ``fedsl.config.tune_storage``)
     VARIANT/trial-0007/   each trial's run folder (config.json, metrics.csv, summary.json, checkpoint.pt)
 
 Each trial is a run of ``tune.rounds`` rounds with the sampled values, on the clients' data less the validation
@@ -46,12 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from fedsl.algorithms.spec import Range
+from fedsl.config.dotted import set_dotted
+from fedsl.config.schema import ConfigError, RunConfig, validate
+from fedsl.config.tune_space import describe
+from fedsl.config.tune_storage import describe_storage, open_storage, study_name
 from fedsl.core.threads import CONCURRENT_ENV
-from fedsl.experiments.callbacks import Callback, StopRun
-from fedsl.experiments.config import ConfigError, RunConfig, validate
-from fedsl.experiments.loading import set_dotted
-from fedsl.experiments.tune_space import describe
-from fedsl.experiments.tune_storage import describe_storage, open_storage, study_name
+from fedsl.runs.callbacks import Callback, StopRun
 from fedsl.tune import edges as tune_edges
 from fedsl.tune.plan import VariantStudy, _with, fingerprint, grid_points, plan
 from fedsl.tune.report import (
@@ -161,7 +161,7 @@ class Tuner:
         t = self.cfg.tune
         if t.stack != "auto":
             return t.stack
-        from fedsl.experiments.placement import resolve_device
+        from fedsl.runs.placement import resolve_device
         device = resolve_device(self.studies[variant].trial_config.get("device", "auto"))
         return GPU_STACK if device.type == "cuda" else 1
 
@@ -203,7 +203,7 @@ class Tuner:
     def run(self, workers: int = 1, ray=None) -> None:
         """Every variant's trials up to its budget: here, ``tune.stack`` at a time, or in ``workers`` processes
         that share the studies (each asks for its next trials under a lock, so the budget is never exceeded), here
-        or as tasks of a Ray cluster (``ray``: a ``fedsl.experiments.ray_backend.RayBackend``)."""
+        or as tasks of a Ray cluster (``ray``: a ``fedsl.sweeps.ray_backend.RayBackend``)."""
         if ray is not None:
             ray.run_workers(_work, (str(self.out.resolve()), workers), workers, self.out.resolve(), log=self.log)
             return
@@ -290,7 +290,7 @@ class Tuner:
     def run_trials(self, variant: str, study, trials: list) -> None:
         """Run ``trials`` (asked together): those whose runs may share a stack together (``runner.run_stacked``;
         one by one if the stack fails), the others alone; then tell the study each one's end."""
-        from fedsl.experiments.compare import stack_groups
+        from fedsl.sweeps.compare import stack_groups
         ready = {}
         for tr in (self.prepare(variant, study, tr) for tr in trials):
             if tr.cfg is None:
@@ -310,7 +310,7 @@ class Tuner:
     def _stacked(self, group: list[_Trial]) -> dict[str, dict]:
         """Run ``group`` as stacked runs: trial name -> summary; {} when the stack failed (its trials then run
         alone, continuing their folders)."""
-        from fedsl.experiments.runner import run_stacked
+        from fedsl.runs.runner import run_stacked
         try:
             ends = run_stacked([tr.cfg for tr in group], [tr.folder for tr in group], resume=True,
                                log=lambda s: None, progress=False, callbacks=[[tr.pruning] for tr in group])
@@ -322,8 +322,8 @@ class Tuner:
 
     def _alone(self, tr: _Trial) -> dict | str:
         """Run one trial: its summary, or the ConfigError's line that refused it."""
-        from fedsl.experiments.results import RunDir
-        from fedsl.experiments.runner import run
+        from fedsl.runs.results import RunDir
+        from fedsl.runs.runner import run
         if RunDir(tr.folder).read_summary().get("status") in ("completed", "pruned", "diverged"):
             return RunDir(tr.folder).read_summary()  # ended inside a stack that then failed
         try:
@@ -456,8 +456,8 @@ def apply_best(cfg: RunConfig, study: str | Path) -> RunConfig:
         for key, value in row["params"].items():
             set_dotted(target, key, value)
     if cfg.variants:  # a template value that every variant reading it now sets itself is read by no run (refused)
-        from fedsl.experiments.config import OWN_KEYS
-        from fedsl.experiments.loading import deep_merge, has_dotted
+        from fedsl.config.dotted import deep_merge, has_dotted
+        from fedsl.config.schema import OWN_KEYS
 
         def reads(over: dict, key: str) -> bool:
             section, _, name = key.partition(".")

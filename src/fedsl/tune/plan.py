@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedsl.algorithms.spec import Range
-from fedsl.experiments.build import check
-from fedsl.experiments.config import ConfigError, RunConfig, validate
-from fedsl.experiments.loading import set_dotted
-from fedsl.experiments.sweep import expand_runs
-from fedsl.experiments.tune_space import describe, run_space
+from fedsl.config.dotted import set_dotted
+from fedsl.config.schema import ConfigError, RunConfig, validate
+from fedsl.config.tune_space import describe, run_space
+from fedsl.runs.build import check
+from fedsl.sweeps.sweep import expand_runs
 
 
 @dataclass
@@ -129,7 +129,7 @@ def _set_keys(cfg: RunConfig) -> dict[str, Any]:
     of it matters)."""
     from pydantic import BaseModel
 
-    from fedsl.experiments.config import changed
+    from fedsl.config.schema import changed
     out: dict[str, Any] = {}
     for key, field in type(cfg).model_fields.items():
         value = getattr(cfg, key)

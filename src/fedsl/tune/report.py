@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from fedsl.algorithms.spec import Range
-from fedsl.experiments.config import ConfigError, RunConfig, validate
-from fedsl.experiments.tune_storage import open_storage, study_name
+from fedsl.config.schema import ConfigError, RunConfig, validate
+from fedsl.config.tune_storage import open_storage, study_name
 from fedsl.tune.edges import at_edges, from_json
 
 TUNE_FILE = "tune.json"
