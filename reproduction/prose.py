@@ -19,7 +19,9 @@ Plain numbers (``plain``). Every other decimal written to two places or more mus
   time from summary.json / index.csv, their mean or sample std over seeds, a difference of two named variants' means
   (or of one variant's means in two folders of the section) or its paired SE, a chosen hyper-parameter, best value,
   top three and their spread from best.json, an assessment's score or Spearman's ρ, a list of p-values continuing a
-  "p = " ("p = 0.223, 0.078 and 0.458") or a Holm p;
+  "p = " ("p = 0.223, 0.078 and 0.458") or a Holm p; a variant the folder's claims read that has no runs of its
+  own ("FedAvg+FT", FedAvg's runs fine-tuned) is a variant like the others;
+- the result of a sum the prose writes out ("0.999^300 = 0.74", "10 × 50 = 500"), computed;
 - a setting: any number of the variant's config.json, summary.json's hyper-parameters or its sweep cell;
 - with "round N" / "N rounds" on its line or paragraph, a number of the named variants' metrics.csv at round N;
 - a number quoted from a paper, MARKED: inside a parenthesis that opens with "paper:" ("FSL 0.47 (paper: 0.61)",
@@ -27,8 +29,10 @@ Plain numbers (``plain``). Every other decimal written to two places or more mus
 Which variants it names: in a table, those its row's first cell and its column header name together; else its line's,
 else its paragraph's (a number not among its line's may also be one of its paragraph's), else every variant of the
 section. A variant is named by its name ("FSL-500"), by its method without the sweep cell ("FSL-p"), by a part where
-no method has that name ("FedAvg" for "signflip-FedAvg-fraction=0.4"), and ``ALIASES`` reads a few prose forms
-("f = 0.4", "η_l = 0.02", "sign flipping", "IID 500") as the names they stand for.
+no method has that name ("FedAvg" for "signflip-FedAvg-fraction=0.4"; not an everyday word such as "only"), and
+``ALIASES`` reads a few prose forms ("f = 0.4", "η_l = 0.02", "ε = 1", "sign flipping", "IID 500", "D0 only") as the
+names they stand for. Sweep cells named narrow the variants swept on that setting to those cells (all of them: "at
+ε = 1 ... at ε = 4" keeps both), and leave the variants not swept on it.
 Counting words: "24 trials", "3 fresh seeds", "the 21 runs" must be a count of the section's folders of that noun (a
 study's trials, completed, pruned or failed; a variant's seeds; runs of a variant, completed or diverged, or all;
 each also summed over the folder and over the section), and "two of each method's six trials" a count every variant
@@ -37,7 +41,7 @@ shares. A count of one, a bound ("at least 2 seeds") and a section naming no fol
 Enforced on REPRODUCTION.md and every page except ``NOT_YET``, the pages whose prose still quotes numbers that no
 committed file gives (runs of the old defaults no longer kept, metrics.csv not kept, per-round values of other
 pages): appendix-diagnostics, appendix-no-pretrain, emnist-reduced, fig2-cifar10, fig3-cifar10,
-fig5-cifar10-earlier, fig5-cifar10-full, parity-cifar10, privacy-emnist, rivals-cifar10, rivals-emnist,
+fig5-cifar10-earlier, fig5-cifar10-full, parity-cifar10,
 robustness-emnist, serverdata-cifar10, serverdata-cifar10-tuned, shakespeare, shakespeare-tuned,
 table1-cifar10-200-rounds, table1-cifar10-full. `python reproduction/prose.py --plain` lists what each still has.
 """
@@ -299,12 +303,18 @@ PAPER = re.compile(r"\((?:the |its )?paper\b[^():]{0,30}:[^()]*\)")
 ALIASES = ((r"\bf = (\d[\d.]*)", r"fraction=\1"), (r"\bη_l = (\d[\d.]*)", r"local_lr=\1"),
            (r"\bC = (\d+)", r"classes_per_client=\1"), (r"\bn0 = (\d+)", r"server_size=\1"),
            (r"\bsign flip(?:ping)?\b", "signflip"), (r"\blabel flip(?:ping)?\b", "labelflip"),
-           (r"\bFedDyn \+ SL\b", "FedDyn-SL"), (r" \+ ", "+"),
+           (r"\bFedDyn \+ SL\b", "FedDyn-SL"), (r"\bD0 only\b", "D0-only"),
+           (r"\bε = (\d+)\b", r"target_epsilon=\1"), (r"\b(FSL|FedAvg) with DP\b", r"\1-DP"), (r" \+ ", "+"),
            # the candidate D0s of the assessment pages
            (r"\bIID (\d+)\b", r"iid\1"), (r"\bSTL-10 504\b", "stl10-504"), (r"\b10 clients × 50\b", "clients500"),
            (r"\b9 clients × 30\b", "clients450"), (r"\bone client's (?:50|30)\b|\bone-client D0\b", "skewed50"),
            (r"\b675 font renderings\b", "synthchars675"), (r"\bFSLsyn 675\b", "fslsyn675"))
+WORDS_NOT_NAMES = {"only"}  # a part of a variant's name that is an everyday word ("D0-only"): no name by itself
 P_LIST = re.compile(r"(\bp [=<≈] ?\d+\.\d+|\bHolm \d+\.\d+)((?:(?:,| and| or) \d+\.\d+)+)")
+# a sum written out with its result ("0.999^300 = 0.74", "10 × 50 = 500"): the result is checked by computing it
+ARITHMETIC = re.compile(rf"(?<![\w.^])({NUMBER}) ?([\^×*/]) ?({NUMBER}) ?= ?({NUMBER})(?![\w^]|\.\d)")
+_OPS = {"^": lambda a, b: a ** b, "×": lambda a, b: a * b, "*": lambda a, b: a * b,
+        "/": lambda a, b: a / b if b else math.nan}
 ROUND = re.compile(r"\bround (\d+)\b|\b(\d+) rounds\b")
 PAIRS = ("pairs",)  # kept for callers of variant_values: its table key of pair differences
 
@@ -372,6 +382,15 @@ def variant_values(folder: Path) -> Values:
             _leaves(run.get("params", {}), out.variants[run["variant"]])
     for v, n in out.counts.items():
         n["seeds"] = len({r["seed"] for r in rows if r["variant"] == v})
+    if rows:  # a variant the claims read that has no run of its own (FedAvg+FT: FedAvg's runs fine-tuned)
+        own = set(out.counts) | {_method(v) for v in out.counts}
+        for rv in verdicts.group_values(folder):
+            if rv.base not in own:
+                v = "-".join([rv.base, *(f"{k.split('.')[-1]}={x}" for k, x in rv.params.items())])
+                out.variants.setdefault(v, [])
+                out.counts.setdefault(v, {})
+                for m, x in rv.values.items():
+                    per.setdefault((v, m), {})[str(rv.seed)] = float(x)
     for (v, _), by_seed in per.items():
         xs = list(by_seed.values())
         out.variants[v] += xs + [float(np.mean(xs))] + ([_sample_std(xs)] if len(xs) > 1 else [])
@@ -505,6 +524,7 @@ class _Names:
         for m in self.methods:
             bits = m.split("-")
             parts |= {"-".join(bits[a:b]) for a in range(len(bits)) for b in range(a + 1, len(bits) + 1)}
+        parts -= WORDS_NOT_NAMES
         cells = {p for t in tables for v in t.variants for p in v.split("-") if "=" in p}
         self.names = sorted(parts | cells, key=len, reverse=True)
 
@@ -529,9 +549,13 @@ class _Names:
             return []
         most = max(votes.values())
         chosen = [k for k, c in votes.items() if c == most]
+        named: dict[str, set[str]] = {}  # each swept setting's cells named ("ε = 1 ... ε = 4": two of one key)
         for n in (n for n in found if "=" in n):
-            narrower = [k for k in chosen if self._picks(n, k[1])]
-            chosen = narrower or chosen
+            named.setdefault(n.split("=")[0], set()).add(n)
+        for key, cells in named.items():  # a variant swept on that key must be in one of its cells named
+            narrower = [k for k in chosen if not any(p.startswith(key + "=") for p in k[1].split("-"))
+                        or cells & set(k[1].split("-"))]
+            chosen = narrower if any(cells & set(k[1].split("-")) for k in narrower) else chosen
         return chosen
 
 
@@ -616,6 +640,11 @@ def _check_numbers(n: int, text: str, context: str, tables: list[Values], chosen
         if not any(_near(y, m.group(1)) for y in ps):
             problems.append(f"line {n}: 'Holm {m.group(1)}' is no p-value of the section's folders")
     rest = re.sub(r"\bHolm:? \(?\d\.\d+", " ", P_VALUE.sub(" ", PLUS_MINUS.sub(" ", rest)))
+    for m in ARITHMETIC.finditer(rest):  # "0.999^300 = 0.74": the result of the sum it writes out
+        a, op, b, result = m.groups()
+        if not _near(_OPS[op](float(a), float(b)), result):
+            problems.append(f"line {n}: '{m.group(0)}' does not compute")
+    rest = ARITHMETIC.sub(" ", rest)
     what = ", ".join(sorted({v for _, v in chosen})[:4]) + (" ..." if len(chosen) > 4 else "") if chosen \
         else "any variant of the section"
     numbers = DECIMAL.findall(rest)
@@ -681,7 +710,7 @@ def _paragraphs(lines: list[str]) -> list[str]:
 # "A ± B" and p-values are checked like every page's. `python reproduction/prose.py --plain` lists what is left.
 NOT_YET = {"appendix-diagnostics.md", "appendix-no-pretrain.md", "emnist-reduced.md", "fig2-cifar10.md",
            "fig3-cifar10.md", "fig5-cifar10-earlier.md", "fig5-cifar10-full.md", "parity-cifar10.md",
-           "privacy-emnist.md", "rivals-cifar10.md", "rivals-emnist.md", "robustness-emnist.md",
+           "robustness-emnist.md",
            "serverdata-cifar10.md", "serverdata-cifar10-tuned.md", "shakespeare.md", "shakespeare-tuned.md",
            "table1-cifar10-200-rounds.md", "table1-cifar10-full.md"}
 

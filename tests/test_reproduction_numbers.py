@@ -179,3 +179,34 @@ def test_only_the_named_pages_are_left_out_of_the_plain_number_check():
     pages = {p.name: p for p in prose.documents()}
     for name in sorted(prose.NOT_YET):
         assert name in pages and prose.plain(pages[name].read_text()), name
+
+
+def test_a_variant_the_claims_read_without_runs_of_its_own_is_named_by_the_prose():
+    """FedAvg+FT (FedAvg's runs fine-tuned on D0) has no row in rivals-cifar10's index.csv, but its claims read it:
+    its mean and its difference to FSL pass where the line names it; the difference shifted does not."""
+    prose = _prose()
+    page = "Files: `reproduction/rivals-cifar10`.\n"
+    assert prose.plain(page + "FedAvg+FT ends at 0.475, 0.11 below FSL.\n") == []
+    found = prose.plain(page + "FedAvg+FT ends at 0.475, 0.13 below FSL.\n")
+    assert len(found) == 1 and "'0.13'" in found[0], found
+
+
+def test_a_sum_written_out_is_checked_by_computing_it():
+    """"0.999^300 = 0.74" passes by arithmetic, with no folder; "0.999^300 = 0.70" is reported as not computing."""
+    prose = _prose()
+    page = "Files: `reproduction/rivals-cifar10`.\n"
+    assert prose.plain(page + "The decay is 0.999^300 = 0.74 and 10 × 50 = 500.\n") == []
+    found = prose.plain(page + "The decay is 0.999^300 = 0.70.\n")
+    assert len(found) == 1 and "does not compute" in found[0], found
+
+
+def test_several_cells_of_one_setting_named_on_a_line_each_count():
+    """privacy-emnist: "FSL with DP ends 0.12 above FedAvg with DP at ε = 1, down to 0.09 at ε = 4" names two cells
+    of the ε sweep, and each difference is one of the variants of those two cells; 0.15 is none of them, nor is FSL's
+    0.17 at ε = 1 when the line names only ε = 4."""
+    prose = _prose()
+    page = "Files: `reproduction/privacy-emnist`.\n"
+    assert prose.plain(page + "FSL with DP ends 0.12 above FedAvg with DP at ε = 1, down to 0.09 at ε = 4.\n") == []
+    found = prose.plain(page + "FSL with DP ends 0.12 above FedAvg with DP at ε = 1, down to 0.15 at ε = 4.\n")
+    assert len(found) == 1 and "'0.15'" in found[0], found
+    assert prose.plain(page + "D0 only ends at 0.221, 0.17 below FSL with DP at ε = 4.\n") != []
