@@ -21,7 +21,10 @@ Plain numbers (``plain``). Every other decimal written to two places or more mus
   top three and their spread from best.json, an assessment's score or Spearman's ρ, a list of p-values continuing a
   "p = " ("p = 0.223, 0.078 and 0.458") or a Holm p; a variant the folder's claims read that has no runs of its
   own ("FedAvg+FT", FedAvg's runs fine-tuned) is a variant like the others;
-- the result of a sum the prose writes out ("0.999^300 = 0.74", "10 × 50 = 500"), computed;
+- the result of a sum the prose writes out ("0.999^300 = 0.74", "10 × 50 = 500"), computed; a value written in
+  powers of ten ("1.62·10^-5") is its mantissa at that power; a best.json's widened range gives its ends; a time of
+  the folder's round_cost.md (reproduction/round_cost.py's table) is its row's variant's; a "Holm" at a line's end
+  takes the p that starts the next;
 - a setting: any number of the variant's config.json, summary.json's hyper-parameters or its sweep cell;
 - with "round N" / "N rounds" on its line or paragraph, a number of the named variants' metrics.csv at round N;
 - a number quoted from a paper, MARKED: inside a parenthesis that opens with "paper:" ("FSL 0.47 (paper: 0.61)",
@@ -42,7 +45,7 @@ Enforced on REPRODUCTION.md and every page except ``NOT_YET``, the pages whose p
 committed file gives (runs of the old defaults no longer kept, metrics.csv not kept, per-round values of other
 pages): appendix-diagnostics, appendix-no-pretrain, emnist-reduced, fig2-cifar10, fig3-cifar10,
 fig5-cifar10-earlier, fig5-cifar10-full, parity-cifar10,
-robustness-emnist, serverdata-cifar10, serverdata-cifar10-tuned, shakespeare, shakespeare-tuned,
+robustness-emnist, shakespeare, shakespeare-tuned,
 table1-cifar10-200-rounds, table1-cifar10-full. `python reproduction/prose.py --plain` lists what each still has.
 """
 
@@ -315,6 +318,7 @@ P_LIST = re.compile(r"(\bp [=<≈] ?\d+\.\d+|\bHolm \d+\.\d+)((?:(?:,| and| or) 
 ARITHMETIC = re.compile(rf"(?<![\w.^])({NUMBER}) ?([\^×*/]) ?({NUMBER}) ?= ?({NUMBER})(?![\w^]|\.\d)")
 _OPS = {"^": lambda a, b: a ** b, "×": lambda a, b: a * b, "*": lambda a, b: a * b,
         "/": lambda a, b: a / b if b else math.nan}
+SCIENTIFIC = re.compile(rf"({NUMBER}) ?[·×] ?10\^([−-]?\d+)")
 ROUND = re.compile(r"\bround (\d+)\b|\b(\d+) rounds\b")
 PAIRS = ("pairs",)  # kept for callers of variant_values: its table key of pair differences
 
@@ -408,6 +412,8 @@ def variant_values(folder: Path) -> Values:
         for e in json.loads(best.read_text()):
             vals = out.variants.setdefault(e["variant"], [])
             _leaves([e.get("best"), e.get("params"), e.get("top_spread"), e.get("rounds_run"), e.get("top")], vals)
+            for widened in e.get("widened", {}).values():  # "low 0.316228 -> 0.0316228": a range's ends
+                vals += [float(x) for x in re.findall(NUMBER, widened)]
             top = [t[1] for t in e.get("top", [])]
             vals += [abs(a - b) for a in top for b in top if a != b]  # how far apart the top trials are
             n = out.counts.setdefault(e["variant"], {})
@@ -415,6 +421,11 @@ def variant_values(folder: Path) -> Values:
                 if isinstance(e.get(k), int):
                     n[f"trials {k}"] = n.get(f"trials {k}", 0) + e[k]
             n["trials failed or pruned"] = n.get("trials failed", 0) + n.get("trials pruned", 0)
+    for cost in folder.glob("round_cost*.md"):  # reproduction/round_cost.py's table: a row per variant, in seconds
+        for line in cost.read_text().splitlines():
+            cells = _cells(line) if line.startswith("|") else []
+            if cells and cells[0] in out.variants:
+                out.variants[cells[0]] += [float(x) for c in cells[1:] for x in re.findall(rf"^{NUMBER}$", c)]
     for tune in folder.rglob("tune.json"):
         _leaves(json.loads(tune.read_text()).get("config", {}).get("tune", {}), out.folder)
     for csv_path in sorted(folder.glob("assess-*/assess.csv")):
@@ -621,7 +632,10 @@ def plain(text: str) -> list[str]:
                 header = []
                 wider = names.pick(paragraph[n - start])
                 chosen = names.pick(line) or wider
-                problems += _check_numbers(n, line, paragraph[n - start], tables, chosen, wider, ps, rows_cache)
+                before = lines[n - start - 1] if n > start and paragraph[n - start - 1] else ""
+                held = re.search(r"\bHolm:?$", before.rstrip(" ("))  # "Holm" at a line's end: its p on this one
+                text = f"Holm {line.lstrip()}" if held and re.match(r" *\(?\d\.\d", line) else line
+                problems += _check_numbers(n, text, paragraph[n - start], tables, chosen, wider, ps, rows_cache)
     return problems
 
 
@@ -640,6 +654,12 @@ def _check_numbers(n: int, text: str, context: str, tables: list[Values], chosen
         if not any(_near(y, m.group(1)) for y in ps):
             problems.append(f"line {n}: 'Holm {m.group(1)}' is no p-value of the section's folders")
     rest = re.sub(r"\bHolm:? \(?\d\.\d+", " ", P_VALUE.sub(" ", PLUS_MINUS.sub(" ", rest)))
+    for m in SCIENTIFIC.finditer(rest):  # "1.62·10^-5": a value's mantissa at its power of ten
+        mantissa, power = m.group(1), int(m.group(2).replace("−", "-"))
+        pool = _pool(tables, sorted(set(chosen) | set(wider)), set(), cache)
+        if not any(_near(abs(x) / 10 ** power, mantissa) for x in pool):
+            problems.append(f"line {n}: '{m.group(0)}' is no value of the named variants in the section's folders")
+    rest = SCIENTIFIC.sub(" ", rest)
     for m in ARITHMETIC.finditer(rest):  # "0.999^300 = 0.74": the result of the sum it writes out
         a, op, b, result = m.groups()
         if not _near(_OPS[op](float(a), float(b)), result):
@@ -711,7 +731,7 @@ def _paragraphs(lines: list[str]) -> list[str]:
 NOT_YET = {"appendix-diagnostics.md", "appendix-no-pretrain.md", "emnist-reduced.md", "fig2-cifar10.md",
            "fig3-cifar10.md", "fig5-cifar10-earlier.md", "fig5-cifar10-full.md", "parity-cifar10.md",
            "robustness-emnist.md",
-           "serverdata-cifar10.md", "serverdata-cifar10-tuned.md", "shakespeare.md", "shakespeare-tuned.md",
+           "shakespeare.md", "shakespeare-tuned.md",
            "table1-cifar10-200-rounds.md", "table1-cifar10-full.md"}
 
 

@@ -210,3 +210,27 @@ def test_several_cells_of_one_setting_named_on_a_line_each_count():
     found = prose.plain(page + "FSL with DP ends 0.12 above FedAvg with DP at ε = 1, down to 0.15 at ε = 4.\n")
     assert len(found) == 1 and "'0.15'" in found[0], found
     assert prose.plain(page + "D0 only ends at 0.221, 0.17 below FSL with DP at ε = 4.\n") != []
+
+
+def test_a_value_in_powers_of_ten_a_widened_range_and_a_holm_p_on_the_next_line_are_checked():
+    """serverdata-cifar10-tuned: FedDF's chosen distillation step "1.62·10^-5" passes and "1.72·10^-5" does not;
+    FedAvg's η_g range "widened to 0.0316" (best.json's `widened`) passes and 0.0416 does not; a "Holm" at a line's
+    end takes the p at the start of the next (0.011 is FSL against FedDF's, 0.021 no Holm p of the folder)."""
+    prose = _prose()
+    page = SYNTHETIC
+    assert prose.plain(page + "FedDF chose lr 1.62·10^-5.\n") == []
+    assert "'1.72·10^-5'" in "".join(prose.plain(page + "FedDF chose lr 1.72·10^-5.\n"))
+    assert prose.plain(page + "FedAvg's range was widened to 0.0316.\n") == []
+    assert len(prose.plain(page + "FedAvg's range was widened to 0.0416.\n")) == 1
+    assert prose.plain(page + "FSL beats FedDF (p = 0.002, Holm\n  0.011) here.\n") == []
+    found = prose.plain(page + "FSL beats FedDF (p = 0.002, Holm\n  0.021) here.\n")
+    assert len(found) == 1 and found[0].startswith("line 3: 'Holm 0.021'"), found
+
+
+def test_a_time_of_the_folders_round_cost_table_is_the_variants():
+    """serverdata-cifar10's round_cost.md: FSLsyn's 1.13 CPU-s a round passes in FSLsyn's row, and 1.23 does not."""
+    prose = _prose()
+    page = "Files: `reproduction/serverdata-cifar10`.\n| method | s per round |\n|---|---|\n"
+    assert prose.plain(page + "| FSLsyn | 1.13 (0.59) |\n") == []
+    found = prose.plain(page + "| FSLsyn | 1.23 (0.59) |\n")
+    assert len(found) == 1 and "'1.23'" in found[0], found
