@@ -234,3 +234,14 @@ def test_a_time_of_the_folders_round_cost_table_is_the_variants():
     assert prose.plain(page + "| FSLsyn | 1.13 (0.59) |\n") == []
     found = prose.plain(page + "| FSLsyn | 1.23 (0.59) |\n")
     assert len(found) == 1 and "'1.23'" in found[0], found
+
+
+def test_a_shifted_number_of_a_swept_cell_fails_the_record_check():
+    """robustness-emnist (a sweep over the attackers' fraction f): FSL's "0.563 at f = 0.2" under sign flipping
+    passes, and shifted by +0.007 is reported by what the record's test enforces, naming its line."""
+    prose = _prose()
+    text = (REPRO / "pages" / "robustness-emnist.md").read_text()
+    assert text.count("0.563 at f = 0.2") == 1 and prose.problems(text) == []
+    line = text[:text.index("0.563 at f = 0.2")].count("\n") + 1
+    found = prose.problems(text.replace("0.563 at f = 0.2", "0.570 at f = 0.2"))
+    assert len(found) == 1 and found[0].startswith(f"line {line}: '0.570'"), found
