@@ -26,7 +26,8 @@ Plain numbers (``plain``). Every other decimal written to two places or more mus
   the folder's round_cost.md (reproduction/round_cost.py's table) is its row's variant's; a "Holm" at a line's end
   takes the p that starts the next;
 - a setting: any number of the variant's config.json, summary.json's hyper-parameters or its sweep cell;
-- with "round N" / "N rounds" on its line or paragraph, a number of the named variants' metrics.csv at round N;
+- with "round N" / "N rounds" / "round 50 / 100 / 150" on its line or paragraph (in a table, its row or its
+  column's header), a number of the named variants' metrics.csv at those rounds;
 - a number quoted from a paper, MARKED: inside a parenthesis that opens with "paper:" ("FSL 0.47 (paper: 0.61)",
   "(the paper: 0.61 and 0.59)"), or in a table column whose header says "paper". Nothing else is a paper quote.
 Which variants it names: in a table, those its row's first cell and its column header name together; else its line's,
@@ -34,7 +35,7 @@ else its paragraph's (a number not among its line's may also be one of its parag
 section. A variant is named by its name ("FSL-500"), by its method without the sweep cell ("FSL-p"), by a part where
 no method has that name ("FedAvg" for "signflip-FedAvg-fraction=0.4"; not an everyday word such as "only"), and
 ``ALIASES`` reads a few prose forms ("f = 0.4", "η_l = 0.02", "ε = 1", "sign flipping", "IID 500", "D0 only") as the
-names they stand for. Sweep cells named narrow the variants swept on that setting to those cells (all of them: "at
+names they stand for; two names of the same variants ("D0", "D0-only") are one vote. Sweep cells named narrow the variants swept on that setting to those cells (all of them: "at
 ε = 1 ... at ε = 4" keeps both), and leave the variants not swept on it.
 Counting words: "24 trials", "3 fresh seeds", "the 21 runs" must be a count of the section's folders of that noun (a
 study's trials, completed, pruned or failed; a variant's seeds; runs of a variant, completed or diverged, or all;
@@ -44,7 +45,7 @@ shares. A count of one, a bound ("at least 2 seeds") and a section naming no fol
 Enforced on REPRODUCTION.md and every page except ``NOT_YET``, the pages whose prose still quotes numbers that no
 committed file gives (runs of the old defaults no longer kept, metrics.csv not kept, per-round values of other
 pages): appendix-diagnostics, appendix-no-pretrain, emnist-reduced, fig2-cifar10, fig3-cifar10,
-fig5-cifar10-earlier, fig5-cifar10-full, parity-cifar10, shakespeare, shakespeare-tuned,
+fig5-cifar10-earlier, fig5-cifar10-full, parity-cifar10, shakespeare-tuned,
 table1-cifar10-200-rounds, table1-cifar10-full. `python reproduction/prose.py --plain` lists what each still has.
 """
 
@@ -318,7 +319,8 @@ ARITHMETIC = re.compile(rf"(?<![\w.^])({NUMBER}) ?([\^×*/]) ?({NUMBER}) ?= ?({N
 _OPS = {"^": lambda a, b: a ** b, "×": lambda a, b: a * b, "*": lambda a, b: a * b,
         "/": lambda a, b: a / b if b else math.nan}
 SCIENTIFIC = re.compile(rf"({NUMBER}) ?[·×] ?10\^([−-]?\d+)")
-ROUND = re.compile(r"\bround (\d+)\b|\b(\d+) rounds\b")
+# "round 50", "300 rounds", and a list of rounds: "round 50 / 100 / 150", "rounds 281 and 284"
+ROUND = re.compile(r"\brounds? (\d+(?:(?: ?/ ?|, | and )\d+)*)\b|\b(\d+) rounds\b")
 PAIRS = ("pairs",)  # kept for callers of variant_values: its table key of pair differences
 
 
@@ -550,11 +552,13 @@ class _Names:
         text = _aliased(text)
         found = [n for n in self.names if re.search(r"(?<![\w+=-])" + re.escape(n) + r"(?![\w+-])", text)]
         votes: dict[tuple[int, str], int] = {}
+        seen: set[frozenset] = set()  # two names of the same variants ("D0" and "D0-only") are one vote
         for n in (n for n in found if "=" not in n):
-            for i, t in enumerate(self.tables):
-                for v in t.variants:
-                    if self._picks(n, v):
-                        votes[(i, v)] = votes.get((i, v), 0) + 1
+            picked = frozenset((i, v) for i, t in enumerate(self.tables) for v in t.variants if self._picks(n, v))
+            if picked not in seen:
+                seen.add(picked)
+                for k in picked:
+                    votes[k] = votes.get(k, 0) + 1
         if not votes:
             return []
         most = max(votes.values())
@@ -626,7 +630,8 @@ def plain(text: str) -> list[str]:
                         continue
                     chosen = names.pick(f"{cells[0]} {col}") if k else []
                     chosen = chosen or names.pick(line) or names.pick(paragraph[n - start])
-                    problems += _check_numbers(n, cell, line, tables, chosen, names.pick(line), ps, rows_cache)
+                    problems += _check_numbers(n, cell, f"{col} {line}", tables, chosen, names.pick(line), ps,
+                                               rows_cache)  # the column's header may say which rounds
             else:
                 header = []
                 wider = names.pick(paragraph[n - start])
@@ -668,7 +673,7 @@ def _check_numbers(n: int, text: str, context: str, tables: list[Values], chosen
         else "any variant of the section"
     numbers = DECIMAL.findall(rest)
     if numbers:
-        rounds = {int(a or b) for a, b in ROUND.findall(_aliased(context))}
+        rounds = {int(r) for a, b in ROUND.findall(_aliased(context)) for r in re.findall(r"\d+", a or b)}
         pool = _pool(tables, chosen, rounds, cache)
         more: list[float] | None = None
         for sign, num in numbers:
@@ -729,7 +734,7 @@ def _paragraphs(lines: list[str]) -> list[str]:
 # "A ± B" and p-values are checked like every page's. `python reproduction/prose.py --plain` lists what is left.
 NOT_YET = {"appendix-diagnostics.md", "appendix-no-pretrain.md", "emnist-reduced.md", "fig2-cifar10.md",
            "fig3-cifar10.md", "fig5-cifar10-earlier.md", "fig5-cifar10-full.md", "parity-cifar10.md",
-           "shakespeare.md", "shakespeare-tuned.md",
+           "shakespeare-tuned.md",
            "table1-cifar10-200-rounds.md", "table1-cifar10-full.md"}
 
 

@@ -245,3 +245,23 @@ def test_a_shifted_number_of_a_swept_cell_fails_the_record_check():
     line = text[:text.index("0.563 at f = 0.2")].count("\n") + 1
     found = prose.problems(text.replace("0.563 at f = 0.2", "0.570 at f = 0.2"))
     assert len(found) == 1 and found[0].startswith(f"line {line}: '0.570'"), found
+
+
+def test_a_table_column_of_rounds_reads_each_runs_metrics_at_those_rounds():
+    """shakespeare: the column "accuracy at round 50 / 100 / 150" takes the row's variant's metrics.csv at those
+    rounds (FedAdam's means over seeds 0.300 / 0.373 / 0.411); a mean shifted by +0.007 is reported."""
+    prose = _prose()
+    page = ("Files: `reproduction/shakespeare`.\n| method | accuracy at round 50 / 100 / 150 |\n|---|---|\n"
+            "| FedAdam | {} |\n")
+    assert prose.plain(page.format("0.300 / 0.373 / 0.411")) == []
+    found = prose.plain(page.format("0.300 / 0.380 / 0.411"))
+    assert len(found) == 1 and found[0].startswith("line 4: '0.380'"), found
+
+
+def test_two_names_of_the_same_variant_are_one_vote():
+    """"D0" and "D0 only" both name D0-only: a line naming FedAdam and D0 only takes FedAdam's settings too (its
+    τ = 0.001), where the two names once outvoted FedAdam; a τ FedAdam does not have is reported."""
+    prose = _prose()
+    page = "Files: `reproduction/shakespeare`.\n"
+    assert prose.plain(page + "FedAdam (τ = 0.001) and D0 only (D0 = 5,000 windows).\n") == []
+    assert len(prose.plain(page + "FedAdam (τ = 0.0003) and D0 only (D0 = 5,000 windows).\n")) == 1
