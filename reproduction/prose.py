@@ -18,7 +18,8 @@ Plain numbers (``plain``). Every other decimal written to two places or more mus
 - a value of the variants it names (``variant_values``): a run's or a variant's final accuracy, T_0.5, rise time or
   time from summary.json / index.csv, their mean or sample std over seeds, a difference of two named variants' means
   (or of one variant's means in two folders of the section) or its paired SE, a chosen hyper-parameter, best value,
-  top three and their spread from best.json, an assessment's score or Spearman's ρ, a list of p-values continuing a
+  top three and their spread from best.json, on a grid of η_l × C a cell's loss against its column's best (and
+  its row's largest and mean loss, the fixed η_l's loss, G: ``fedsl.report.grid``), an assessment's score or Spearman's ρ, a list of p-values continuing a
   "p = " ("p = 0.223, 0.078 and 0.458") or a Holm p; a variant the folder's claims read that has no runs of its
   own ("FedAvg+FT", FedAvg's runs fine-tuned) is a variant like the others;
 - the result of a sum the prose writes out ("0.999^300 = 0.74", "10 × 50 = 500"), computed; a value written in
@@ -28,8 +29,8 @@ Plain numbers (``plain``). Every other decimal written to two places or more mus
 - a setting: any number of the variant's config.json, summary.json's hyper-parameters or its sweep cell;
 - with "round N" / "N rounds" / "round 50 / 100 / 150" on its line or paragraph (in a table, its row or its
   column's header), a number of the named variants' metrics.csv at those rounds;
-- a number quoted from a paper, MARKED: inside a parenthesis that opens with "paper:" ("FSL 0.47 (paper: 0.61)",
-  "(the paper: 0.61 and 0.59)"), or in a table column whose header says "paper". Nothing else is a paper quote.
+- a number quoted from a paper, MARKED: inside a parenthesis, or a clause of one after "; ", that opens with
+  "paper:" ("FSL 0.47 (paper: 0.61)", "(the paper: 0.61 and 0.59)", "(FSL 0.47; the paper: 0.61)"), or in a table column whose header says "paper". Nothing else is a paper quote.
 Which variants it names: in a table, those its row's first cell and its column header name together; else its line's,
 else its paragraph's (a number not among its line's may also be one of its paragraph's), else every variant of the
 section. A variant is named by its name ("FSL-500"), by its method without the sweep cell ("FSL-p"), by a part where
@@ -45,8 +46,8 @@ shares. A count of one, a bound ("at least 2 seeds") and a section naming no fol
 Enforced on REPRODUCTION.md and every page except ``NOT_YET``, the pages whose prose still quotes numbers that no
 committed file gives (runs of the old defaults no longer kept, metrics.csv not kept, per-round values of other
 pages): appendix-diagnostics, appendix-no-pretrain, emnist-reduced, fig2-cifar10, fig3-cifar10,
-fig5-cifar10-earlier, fig5-cifar10-full, parity-cifar10, shakespeare-tuned,
-table1-cifar10-200-rounds, table1-cifar10-full. `python reproduction/prose.py --plain` lists what each still has.
+fig5-cifar10-earlier, parity-cifar10, shakespeare-tuned,
+table1-cifar10-200-rounds. `python reproduction/prose.py --plain` lists what each still has.
 """
 
 from __future__ import annotations
@@ -299,9 +300,10 @@ _NUM = r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d+|" + "|".join(WORDS) + r")"
 COUNT = re.compile(rf"\b{_NUM} (?:(?!of |for |and |in |at |per |to )[\w-]+ )?(trials?|runs?|seeds?)\b", re.IGNORECASE)
 COUNT_OF = re.compile(rf"\b{_NUM} of ((?:[\w'’-]+ ){{0,3}}?)(?:{_NUM} )?(?:[\w-]+ )?(trials?|runs?|seeds?)\b",
                       re.IGNORECASE)
-# a quote from a paper: a parenthesis that opens with "paper:" ("(paper: 0.61)", "(the paper: 0.61 and 0.59)"),
+# a quote from a paper: a parenthesis, or a clause of one after "; ", that opens with "paper:" ("(paper: 0.61)",
+# "(the paper: 0.61 and 0.59)", "(FSL 0.47; the paper: 0.61)"),
 # or a table column whose header says "paper"; its numbers are the paper's, not ours, and are not checked
-PAPER = re.compile(r"\((?:the |its )?paper\b[^():]{0,30}:[^()]*\)")
+PAPER = re.compile(r"(?:\(|; )(?:the |its )?paper\b[^():]{0,30}:[^();]*(?=[);])")  # to its ")" or ";"
 # how the prose names a cell of a sweep: "f = 0.4" is the variant suffix "fraction=0.4", and so on
 ALIASES = ((r"\bf = (\d[\d.]*)", r"fraction=\1"), (r"\bη_l = (\d[\d.]*)", r"local_lr=\1"),
            (r"\bC = (\d+)", r"classes_per_client=\1"), (r"\bn0 = (\d+)", r"server_size=\1"),
@@ -422,6 +424,15 @@ def variant_values(folder: Path) -> Values:
                 if isinstance(e.get(k), int):
                     n[f"trials {k}"] = n.get(f"trials {k}", 0) + e[k]
             n["trials failed or pruned"] = n.get("trials failed", 0) + n.get("trials pruned", 0)
+    if {grid.ROW, grid.COL} <= set(group.get("sweep", [])):  # a grid of η_l × C: each cell's loss (``grid``)
+        where = {(r["base"], r["params"].get(grid.ROW), r["params"].get(grid.COL)): r["variant"]
+                 for r in group.get("runs", {}).values() if "params" in r and "base" in r}
+        for base, cells in grid.cells(verdicts.group_values(folder)).items():
+            loss = grid.lr_loss(cells, grid.chance(folder) or 0.0)
+            for (r, c), x in loss.loss.items():
+                if (base, r, c) in where and where[(base, r, c)] in out.variants:
+                    vals = out.variants[where[(base, r, c)]]
+                    vals += [x, loss.row_max[r], loss.row_mean[r], loss.fixed_loss, loss.mean]
     for cost in folder.glob("round_cost*.md"):  # reproduction/round_cost.py's table: a row per variant, in seconds
         for line in cost.read_text().splitlines():
             cells = _cells(line) if line.startswith("|") else []
@@ -733,9 +744,9 @@ def _paragraphs(lines: list[str]) -> list[str]:
 # values or cross-page numbers that the checker cannot derive): ``check_record`` skips ``plain`` on them only; their
 # "A ± B" and p-values are checked like every page's. `python reproduction/prose.py --plain` lists what is left.
 NOT_YET = {"appendix-diagnostics.md", "appendix-no-pretrain.md", "emnist-reduced.md", "fig2-cifar10.md",
-           "fig3-cifar10.md", "fig5-cifar10-earlier.md", "fig5-cifar10-full.md", "parity-cifar10.md",
+           "fig3-cifar10.md", "fig5-cifar10-earlier.md", "parity-cifar10.md",
            "shakespeare-tuned.md",
-           "table1-cifar10-200-rounds.md", "table1-cifar10-full.md"}
+           "table1-cifar10-200-rounds.md"}
 
 
 def problems(text: str) -> list[str]:

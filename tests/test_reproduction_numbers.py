@@ -265,3 +265,24 @@ def test_two_names_of_the_same_variant_are_one_vote():
     page = "Files: `reproduction/shakespeare`.\n"
     assert prose.plain(page + "FedAdam (τ = 0.001) and D0 only (D0 = 5,000 windows).\n") == []
     assert len(prose.plain(page + "FedAdam (τ = 0.0003) and D0 only (D0 = 5,000 windows).\n")) == 1
+
+
+def test_a_paper_quote_may_be_a_clause_of_a_parenthesis():
+    """"(FSL 0.463; the paper: 0.83)": the clause after "; " that opens with "paper:" is the paper's; FSL's own
+    number before it is still checked, and a number after the parenthesis is not the paper's."""
+    prose = _prose()
+    assert prose.plain(SYNTHETIC + "FSL ends higher (FSL 0.463; the paper: 0.83).\n") == []
+    found = prose.plain(SYNTHETIC + "FSL ends higher (FSL 0.470; the paper: 0.83).\n")
+    assert len(found) == 1 and "'0.470'" in found[0], found
+    assert len(prose.plain(SYNTHETIC + "FSL ends higher (FSL 0.463; the paper: 0.83), by 0.91.\n")) == 1
+
+
+def test_a_grid_cells_loss_against_its_columns_best_is_the_cells():
+    """fig5-cifar10-full (η_l × C, one seed): FedDyn's loss at η_l = 0.005, C = 1 against the column's best, 0.234,
+    passes where the line names that cell; shifted by +0.007 it is reported, and so is FSL's name on it."""
+    prose = _prose()
+    page = "Files: `reproduction/fig5-cifar10-full`.\n"
+    assert prose.plain(page + "FedDyn loses most at η_l = 0.005 (0.234 at C = 1).\n") == []
+    for wrong in ("FedDyn loses most at η_l = 0.005 (0.241 at C = 1).", "FSL loses most at η_l = 0.005 (0.234 at C = 1)."):
+        found = prose.plain(page + wrong + "\n")
+        assert len(found) == 1 and found[0].startswith("line 2:"), found
