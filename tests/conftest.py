@@ -27,7 +27,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 from fedsl.data.federation import Federation
-from fedsl.data.idx import IDX_DTYPES
+from fedsl.sources.idx import IDX_DTYPES
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -268,7 +268,7 @@ def tiny_config(rounds=12, alg="fsl", dtype="float32", executor="auto", **top) -
 
 # ----------------------------------------------------------------------------- idx fixtures
 
-# dtype (kind, itemsize) -> idx type code: the inverse of fedsl.data.idx.IDX_DTYPES
+# dtype (kind, itemsize) -> idx type code: the inverse of fedsl.sources.idx.IDX_DTYPES
 _IDX_CODES: dict[tuple[str, int], int] = {(dt.kind, dt.itemsize): code for code, dt in IDX_DTYPES.items()}
 
 

@@ -83,7 +83,7 @@ def federation():
     from fedsl.data.datasets import channel_stats, to_tensor
     from fedsl.data.partition import by_classes
     from fedsl.data.server_data import iid_per_class
-    from fedsl.data.synthetic import synthetic_chars
+    from fedsl.sources.synthetic import synthetic_chars
 
     ds = synthetic_chars("0123456789", train_per_class=100, test_per_class=50)
     train, test = ds.train, ds.test

@@ -18,9 +18,9 @@ import torch
 from fedsl.cli import main
 from fedsl.config import loading
 from fedsl.config.schema import ConfigError, DataConfig
-from fedsl.data.array_files import from_arrays
+from fedsl.core.errors import DataError
 from fedsl.data.datasets import build_federation, feature_stats, load_arrays, to_tensor
-from fedsl.data.errors import DataError
+from fedsl.sources.array_files import from_arrays
 
 K, D = 3, 6  # classes, features
 

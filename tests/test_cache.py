@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from fedsl.data.arrays import cached_arrays
+from fedsl.sources.arrays import cached_arrays
 
 
 def test_an_entry_wanted_by_two_at_once_is_built_once(tmp_path, monkeypatch):

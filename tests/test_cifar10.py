@@ -15,9 +15,9 @@ import threading
 import numpy as np
 import pytest
 
-from fedsl.data import cifar10
-from fedsl.data.cifar10 import CIFAR10_CLASSES, load_cifar10
-from fedsl.data.errors import DataError
+from fedsl.core.errors import DataError
+from fedsl.sources import cifar10
+from fedsl.sources.cifar10 import CIFAR10_CLASSES, load_cifar10
 
 N = 20  # records per batch in these fixtures (10,000 in the real files)
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from fedsl.cli import main
-from fedsl.data.image_folder import load_image_folder
+from fedsl.sources.image_folder import load_image_folder
 
 
 def test_data_list_shows_where_datasets_are(shared_data, capsys):

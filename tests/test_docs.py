@@ -272,8 +272,8 @@ def test_a_documented_config_runs(block, tmp_path, one_thread):
 
     from fedsl.config import loading, presets
     from fedsl.config.schema import ConfigError
-    from fedsl.data import hf_files
     from fedsl.runs.build import check_all
+    from fedsl.sources import hf_files
     from fedsl.sweeps.compare import run_group
     from fedsl.sweeps.sweep import expand_variants
 
@@ -297,7 +297,7 @@ def test_a_documented_config_runs(block, tmp_path, one_thread):
         data["data"] = {**data["data"], "data_dir": str(shipped)}
         folder = str(shipped)
     if folder.startswith("/path/to/"):  # the reader's files: absent here, and the one thing missing
-        from fedsl.data.errors import DataError
+        from fedsl.core.errors import DataError
         with pytest.raises((ConfigError, DataError)) as e:
             check_all(expand_variants(loading.load(base=data)))
         why = str(e.value)
@@ -348,7 +348,7 @@ def test_a_pages_python_runs_as_copied(page, tmp_path, monkeypatch, one_thread):
             continue
         exec(compile(block.code, block.where, "exec"), namespace)  # noqa: S102 - the repository's own documentation
     if page.name == "add-a-dataset.md":  # the module shown is the example's: the same images
-        from fedsl.data import toy
+        from fedsl.sources import toy
         shown, real = namespace["load"](None, None), toy.load(None, None)
         assert (shown.train.x == real.train.x).all() and (shown.test.y == real.test.y).all()
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from fedsl.data.download import fetch
-from fedsl.data.errors import DataError
+from fedsl.core.errors import DataError
+from fedsl.sources.download import fetch
 
 BODY = bytes(range(256)) * 40
 

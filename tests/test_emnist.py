@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from conftest import write_idx
 
-from fedsl.data import emnist as em
-from fedsl.data import idx_files
-from fedsl.data import mnist as mn
-from fedsl.data.emnist import (
+from fedsl.core.errors import DataError
+from fedsl.sources import emnist as em
+from fedsl.sources import idx as idx_files
+from fedsl.sources import mnist as mn
+from fedsl.sources.emnist import (
     EMNIST_BALANCED_CHARS,
     PAPER_45_CLASSES,
     PAPER_45_DROPPED,
@@ -30,9 +31,8 @@ from fedsl.data.emnist import (
     load_emnist,
     paper_45_classes,
 )
-from fedsl.data.errors import DataError
-from fedsl.data.idx import read_idx
-from fedsl.data.mnist import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
+from fedsl.sources.idx import read_idx
+from fedsl.sources.mnist import FASHION_MNIST_CLASSES, load_fashion_mnist, load_mnist
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -375,7 +375,7 @@ def test_paper_45_classes():
     assert paper_45_classes(("r", "t")) == EMNIST_BALANCED_CHARS[:45]
     with pytest.raises(DataError, match="expected 2 distinct EMNIST Balanced classes"):
         paper_45_classes(("c", "t"))
-    from fedsl.data.synthetic import EMNIST_BALANCED_CHARS as synthetic_chars
+    from fedsl.sources.synthetic import EMNIST_BALANCED_CHARS as synthetic_chars
     assert synthetic_chars == EMNIST_BALANCED_CHARS
 
 

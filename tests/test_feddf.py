@@ -21,8 +21,8 @@ from fedsl.algorithms.distillation import Distillation, EarlyStopping, distill, 
 from fedsl.algorithms.server_round import server_update
 from fedsl.config import schema as config
 from fedsl.config.dotted import set_dotted
-from fedsl.data.arrays import ImageSet
 from fedsl.runs.build import prepare
+from fedsl.sources.arrays import ImageSet
 
 # FLOWER_RUN's federation (conftest): 4 clients of 4 font-rendered characters, D0 of 12 images (U: their images)
 BASE = {"rounds": 2, "seed": 1, "dtype": "float64", "eval_every": 100, "threads": 1, "data.dataset": "synthetic_chars",
@@ -163,9 +163,9 @@ def test_unlabelled_data_from_another_source_is_appended_to_the_pool():
 
 
 def test_stl10_unlabelled_images_are_read_from_the_publishers_file(tmp_path, monkeypatch):
-    from fedsl.data import stl10
+    from fedsl.core.errors import DataError
     from fedsl.data.datasets import unlabelled_subset
-    from fedsl.data.errors import DataError
+    from fedsl.sources import stl10
     monkeypatch.setenv("FEDSL_CACHE", str(tmp_path / "cache"))
     raw = np.random.default_rng(0).integers(0, 256, size=(5, stl10.IMAGE_BYTES), dtype=np.uint8)
     folder = tmp_path / "stl10" / stl10.FOLDER

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import fedsl.data.image_folder as image_folder
-from fedsl.data.errors import DataError
-from fedsl.data.image_folder import load_image_folder, load_image_folder_dataset
-from fedsl.data.stl10 import (
+import fedsl.sources.image_folder as image_folder
+from fedsl.core.errors import DataError
+from fedsl.sources.image_folder import load_image_folder, load_image_folder_dataset
+from fedsl.sources.stl10 import (
     CIFAR10_CLASSES,
     STL10_CLASSES,
     STL10_TO_CIFAR10,

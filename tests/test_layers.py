@@ -2,11 +2,12 @@
 
 Read from the source with ``ast`` (nothing is imported), including imports inside functions:
 
-    core  <  data, models  <  algorithms  <  engine  <  config  <  runs  <  sweeps
+    core  <  sources, models  <  data  <  algorithms  <  engine  <  config  <  runs  <  sweeps
           <  report, flower, tune, assess  <  cli
 
 - ``core`` (shared types, rng) imports nothing of fedsl;
-- ``data`` and ``models`` are independent of each other;
+- ``sources`` (a reader per dataset) and ``models`` are independent of each other; ``data`` (the federation any
+  source becomes) reads the sources;
 - ``engine`` includes the run's measurements ``fedsl.engine.diagnostics`` and ``fedsl.engine.metrics``;
 - ``config`` holds the config's schema (which reads the algorithm specs and model names), loading and presets;
 - ``runs`` a run: built, driven, its folder, checkpoint and resume; ``sweeps`` many runs: groups, parallel, Ray;
@@ -34,8 +35,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "fedsl"
 
 # group -> rank; a module may import from groups of lower rank, and from its own group.
-RANK = {"core": 0, "data": 1, "models": 1, "algorithms": 2, "engine": 3, "config": 4, "runs": 5, "sweeps": 6,
-        "report": 7, "flower": 7, "tune": 7, "assess": 7, "cli": 8, "experiments": 8}
+RANK = {"core": 0, "sources": 1, "models": 1, "data": 2, "algorithms": 3, "engine": 4, "config": 5, "runs": 6,
+        "sweeps": 7, "report": 8, "flower": 8, "tune": 8, "assess": 8, "cli": 9, "experiments": 9}
 GROUP_OF_TOP_MODULE = {"__init__": "cli"}
 EXCEPTIONS: dict[tuple[str, str], str] = {}  # (importer, imported module) -> why it is allowed
 
@@ -218,8 +219,8 @@ def test_no_package_holds_more_than_fourteen_modules():
     assert set(big) <= {"algorithms/__init__.py"}, f"packages over 14 modules: {big}"
 
 
-def test_the_old_experiments_names_give_the_moved_modules_with_a_warning():
-    """``fedsl.experiments.X`` for one release: the new module's object itself, with a DeprecationWarning, in both
+def test_the_old_names_give_the_moved_modules_with_a_warning():
+    """``fedsl.experiments.X`` and ``fedsl.data.X`` (a reader) for one release: the new module's object itself, with a DeprecationWarning, in both
     import forms, keeping the new module's own spec (so a reload or a pickle names the new place)."""
     import importlib
     import sys
@@ -241,7 +242,17 @@ def test_the_old_experiments_names_give_the_moved_modules_with_a_warning():
     with pytest.warns(DeprecationWarning, match="run_files is now fedsl.runs.files"):
         from fedsl.experiments import run_files
     assert run_files is fedsl.runs.files
+    import fedsl.data
+    import fedsl.sources.idx
+
+    for old, new in fedsl.data.MOVED.items():
+        assert importlib.util.find_spec(new) is not None, f"{old} -> {new}: no such module"
+    sys.modules.pop("fedsl.data.idx_files", None)
+    with pytest.warns(DeprecationWarning, match="fedsl.data.idx_files is now fedsl.sources.idx"):
+        from fedsl.data import idx_files
+    assert idx_files is fedsl.sources.idx
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(ModuleNotFoundError):
-            importlib.import_module("fedsl.experiments.no_such_module")
+        for missing in ("fedsl.experiments.no_such_module", "fedsl.data.no_such_module"):
+            with pytest.raises(ModuleNotFoundError):
+                importlib.import_module(missing)

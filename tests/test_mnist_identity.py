@@ -10,10 +10,10 @@ import pytest
 from conftest import write_idx
 
 from fedsl.cli import main
-from fedsl.data import mnist as mn
-from fedsl.data.download import file_digest
-from fedsl.data.errors import DataError
-from fedsl.data.mnist import identify_mnist_like, load_fashion_mnist, load_mnist
+from fedsl.core.errors import DataError
+from fedsl.sources import mnist as mn
+from fedsl.sources.download import file_digest
+from fedsl.sources.mnist import identify_mnist_like, load_fashion_mnist, load_mnist
 
 
 def digits_like(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -12,10 +12,10 @@ import torch
 
 from fedsl.cli import main
 from fedsl.config.schema import ConfigError, validate
-from fedsl.data import leaf
+from fedsl.core.errors import DataError
 from fedsl.data.datasets import build_federation, load_arrays
-from fedsl.data.errors import DataError
 from fedsl.data.partition import PartitionError
+from fedsl.sources import leaf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -326,7 +326,7 @@ def test_an_image_folder_with_metadata(hf, tmp_path):
 
 
 def test_hf_files_refusals_are_one_line(tmp_path, monkeypatch):
-    from fedsl.data import hf_files
+    from fedsl.sources import hf_files
 
     monkeypatch.setattr(hf_files, "missing", lambda: "datasets, flwr-datasets")
     with pytest.raises(ConfigError, match=r"^data.dataset = 'hf_files' reads local files .* pip install "

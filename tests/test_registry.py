@@ -15,7 +15,7 @@ from fedsl.config.schema import ConfigError, DataConfig, validate
 from fedsl.data import registry
 from fedsl.data.datasets import build_federation, external_server_set, load_arrays
 from fedsl.data.registry import DATASETS, DatasetInfo
-from fedsl.data.synthetic import make_font_chars, synthetic_chars
+from fedsl.sources.synthetic import make_font_chars, synthetic_chars
 
 
 def _targets(info: DatasetInfo):
@@ -26,12 +26,12 @@ def _targets(info: DatasetInfo):
 
 def test_every_entry_names_a_function_of_the_data_layer():
     """The loaders are imported lazily, by name (which tests/test_layers.py cannot see): each must exist
-    and sit in fedsl.data."""
+    and sit in fedsl.sources (a reader) or fedsl.data (a generated federation)."""
     for info in DATASETS.values():
         assert info.name in DATASETS and DATASETS[info.name] is info
         for fn in _targets(info):
             module, _, function = fn.__qualname__.partition(":")
-            assert module.startswith("fedsl.data."), (info.name, module)
+            assert module.startswith(("fedsl.sources.", "fedsl.data.")), (info.name, module)
             assert callable(getattr(importlib.import_module(module), function)), (info.name, fn.__qualname__)
 
 
@@ -50,7 +50,7 @@ def test_server_sources_are_registry_entries_the_config_and_loader_read():
     lazily like the datasets'; the config's choices are the registry's; the dataset a source reads is registered."""
     for source in registry.SERVER_SOURCES.values():
         module, _, function = source.load.__qualname__.partition(":")
-        assert module.startswith("fedsl.data."), (source.name, module)
+        assert module.startswith(("fedsl.sources.", "fedsl.data.")), (source.name, module)
         assert callable(getattr(importlib.import_module(module), function)), (source.name, function)
         assert source.dataset is None or source.dataset in DATASETS, source.name
     choices = typing.get_args(DataConfig.model_fields["server_dataset"].annotation)
@@ -193,7 +193,7 @@ def test_label_and_font_generators_are_the_ones_they_replaced():
     """core/rng.py's per_label and font_images took over np.random.default_rng([seed, label]) (carve_emnist,
     per_class_subset) and default_rng(seed) (make_font_chars): every carve, D0 subset and font image stays."""
     from fedsl.core.rng import font_images, per_label
-    from fedsl.data.image_folder import per_class_subset
+    from fedsl.sources.image_folder import per_class_subset
     for seed in (0, 3, 2**40 + 1):
         for label in (0, 7, 122):
             np.testing.assert_array_equal(per_label(seed, label).integers(0, 2**62, 20),

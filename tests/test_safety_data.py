@@ -33,13 +33,13 @@ import pytest
 from conftest import write_idx
 from PIL import Image
 
-from fedsl.data import cifar10
-from fedsl.data.arrays import cached_arrays
-from fedsl.data.download import fetch
-from fedsl.data.errors import DataError, DataWarning
-from fedsl.data.idx import read_idx
-from fedsl.data.image_folder import load_image_folder, load_image_folder_dataset
-from fedsl.data.stl10 import extract_stl10, read_stl10_binary
+from fedsl.core.errors import DataError, DataWarning
+from fedsl.sources import cifar10
+from fedsl.sources.arrays import cached_arrays
+from fedsl.sources.download import fetch
+from fedsl.sources.idx import read_idx
+from fedsl.sources.image_folder import load_image_folder, load_image_folder_dataset
+from fedsl.sources.stl10 import extract_stl10, read_stl10_binary
 
 MiB = 1 << 20
 
@@ -254,7 +254,7 @@ def test_decompression_bomb_warning_and_error_are_one_line_data_errors(tmp_path,
 
 
 def test_folder_too_big_to_decode_in_memory_is_refused_before_decoding(tmp_path, monkeypatch):
-    import fedsl.data.image_folder as image_folder
+    import fedsl.sources.image_folder as image_folder
     root = tmp_path / "d"
     for i in range(3):
         _png(root / "a" / f"{i}.png", 64, 64)

@@ -1,4 +1,4 @@
-"""Shakespeare by speaking role (``fedsl.data.shakespeare``), LEAF's Shakespeare JSON, and the character LSTMs in
+"""Shakespeare by speaking role (``fedsl.sources.shakespeare``), LEAF's Shakespeare JSON, and the character LSTMs in
 every executor. Texts are written by the tests; the shared corpus is used where present (skipped cleanly when not)."""
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from torch.func import functional_call, vmap
 from fedsl.algorithms import LocalTraining, ServerLearning, make_algorithm
 from fedsl.cli import main
 from fedsl.config.schema import ConfigError, validate
-from fedsl.data import shakespeare
+from fedsl.core.errors import DataError
 from fedsl.data.datasets import build_federation, load_arrays
-from fedsl.data.errors import DataError
 from fedsl.data.partition import PartitionError
 from fedsl.engine.executors import SequentialExecutor, VectorisedExecutor
 from fedsl.engine.functional import FunctionalModel
@@ -30,6 +29,7 @@ from fedsl.models import build_model
 from fedsl.models.flops import forward_flops
 from fedsl.models.lstm import lstm
 from fedsl.runs.build import prepare
+from fedsl.sources import shakespeare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedsl.data.synthetic import (
+from fedsl.sources.synthetic import (
     DEFAULT_FONTS,
     DIGITS,
     EMNIST_BALANCED_CHARS,
@@ -68,7 +68,7 @@ def test_deterministic_across_processes():
     # A fresh interpreter with a different thread count must give the same bytes.
     code = (
         "import hashlib, torch; torch.set_num_threads(1)\n"
-        "from fedsl.data.synthetic import make_font_chars, fslsyn_chars\n"
+        "from fedsl.sources.synthetic import make_font_chars, fslsyn_chars\n"
         "h = hashlib.sha256()\n"
         "for a in (*make_font_chars('0aZ', 40, 7), *fslsyn_chars('0aZ')): h.update(a.tobytes())\n"
         "print(h.hexdigest())\n"

@@ -8,9 +8,9 @@ import torch
 
 from fedsl.config.schema import ConfigError, validate
 from fedsl.core import rng
+from fedsl.core.errors import DataError
 from fedsl.data import synthetic_fedprox as sf
 from fedsl.data.datasets import build_federation, load_arrays
-from fedsl.data.errors import DataError
 from fedsl.models import build_model, count_parameters
 from fedsl.runs.build import prepare
 from fedsl.runs.runner import run

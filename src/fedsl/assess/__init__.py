@@ -45,8 +45,8 @@ from torch.func import grad, jvp
 from fedsl.config.loading import apply_overrides
 from fedsl.config.own_keys import SERVER_KEYS as OWN_SERVER
 from fedsl.config.schema import ROUNDS_MAX, ConfigError, RunConfig, validate
+from fedsl.core.errors import DataError
 from fedsl.core.types import Params
-from fedsl.data.errors import DataError
 from fedsl.data.federation import Federation
 from fedsl.data.registry import DATASETS
 from fedsl.engine.diagnostics import client_gradients_sum

@@ -29,7 +29,7 @@ def clean_errors(fn):
         import warnings
 
         from fedsl.config.schema import ConfigError
-        from fedsl.data.errors import DataError, DataWarning
+        from fedsl.core.errors import DataError, DataWarning
         from fedsl.runs.results import CorruptCheckpoint, FolderInUse
         shown = warnings.showwarning
 

@@ -117,7 +117,7 @@ def data_synth(out: Path = typer.Option(Path("synthetic-chars"), "--out", "-o", 
     """Write font-rendered characters to OUT/<char>/NNNN.png (an image folder)."""
     from PIL import Image
 
-    from fedsl.data.synthetic import fslsyn_chars, make_font_chars
+    from fedsl.sources.synthetic import fslsyn_chars, make_font_chars
     try:
         x, y = fslsyn_chars(chars) if fslsyn else make_font_chars(chars, per_class=per_class, seed=seed)
     except ValueError as e:

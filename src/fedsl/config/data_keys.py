@@ -80,14 +80,14 @@ class DataConfig(_Strict):
                                   "quick forms); default: the whole test split, as the paper")
     validation: float = Field(0.0, ge=0, lt=1, description="fraction of each client's training samples held out as "
                               "the validation set (0 = none): pooled, evaluated beside the test set, never trained on")
-    # local files read with Hugging Face datasets (fedsl.data.hf_files)
+    # local files read with Hugging Face datasets (fedsl.sources.hf_files)
     id_column: str | None = Field(None, min_length=1, description="hf_files: the column of each sample's natural id "
                                   "(writer, user, device) that data.partition = 'natural' makes one client each")
     label_column: str = Field("label", min_length=1, description="hf_files: the column of the class labels")
     test_fraction: float = Field(0.1, gt=0, lt=1, description="hf_files without a test split: the fraction of each "
                                  "id's samples held out as its test samples (⌊f·n_u⌋, drawn once, seed-free); "
                                  "shakespeare: each role's last windows (LEAF's 1 − tf; the FedAvg paper 0.2)")
-    # Shakespeare by speaking role (fedsl.data.shakespeare)
+    # Shakespeare by speaking role (fedsl.sources.shakespeare)
     text: Literal["works", "tiny"] = Field("works", description="shakespeare: 'works' (Project Gutenberg's etext "
                                            "#100 or its first part: one client per (play, role), LEAF's) or 'tiny' "
                                            "(tinyshakespeare.txt: one client per speaker)")
@@ -97,7 +97,7 @@ class DataConfig(_Strict):
                                                         "window, LEAF's; larger bounds their overlap)")
     min_samples: int = Field(64, ge=1, le=SAMPLES_MAX, description="shakespeare: a role with fewer windows is "
                                                                    "dropped (LEAF's -k)")
-    # font-rendered characters (fedsl.data.synthetic)
+    # font-rendered characters (fedsl.sources.synthetic)
     chars: str = Field("0123456789", min_length=2, description="characters (classes) of synthetic_chars")
     train_per_class: int = Field(200, ge=1, le=PER_CLASS_MAX, description="training images per class (synthetic_chars, "
                                                                             "carve; at most 10^6; synthetic_chars: "

@@ -1,1 +1,2 @@
-"""The bottom layer: types, randomness and the thread count every other layer may use; imports nothing of fedsl."""
+"""The bottom layer: types, randomness, the thread count and the data errors every other layer may use; old
+module names kept for a release (``moved``); imports nothing of fedsl."""

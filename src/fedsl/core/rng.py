@@ -19,7 +19,7 @@ PARTITION = 6
 SERVER_DATA = 7
 TEST_SUBSET = 8
 FINETUNE = 9  # the fine-tuning on D0 after the last round (server.finetune_epochs)
-TOY = 10  # the images of data.dataset = 'toy' (fedsl.data.toy)
+TOY = 10  # the images of data.dataset = 'toy' (fedsl.sources.toy)
 AVAILABILITY = 11  # which clients are available in a round (algorithm.availability_pattern = 'bernoulli')
 AVAILABILITY_PHASE = 12  # each client's phase in its fixed availability cycle (pattern 'fixed'), drawn once
 SAMPLE_AVAILABLE = 13  # S of the round's available clients (algorithm.availability < 1)

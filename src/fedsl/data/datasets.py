@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedsl.core.errors import DataError, DataWarning, warn_missing_classes
 from fedsl.core.rng import SERVER_DATA, TEST_SUBSET, UNLABELLED, VALIDATION, rng
 from fedsl.core.threads import one_thread
 from fedsl.data import natural, partition, server_data
-from fedsl.data.arrays import ArrayDataset, ImageSet
 from fedsl.data.clients import ClientIndex
-from fedsl.data.errors import DataError, DataWarning, warn_missing_classes
 from fedsl.data.federation import Federation
 from fedsl.data.registry import DATASETS, SERVER_SOURCES
+from fedsl.sources.arrays import ArrayDataset, ImageSet
 
 
 def data_root(data_dir: str | None) -> Path:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsl.data.arrays import ImageSet
 from fedsl.data.clients import ClientIndex
 from fedsl.data.partition import PartitionError
+from fedsl.sources.arrays import ImageSet
 
 
 def _owners(split: ImageSet, dataset: str) -> np.ndarray:

@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
+from fedsl.core.errors import DataError
 from fedsl.core.rng import PARTITION, rng
-from fedsl.data.errors import DataError
 
 
 class PartitionError(DataError):

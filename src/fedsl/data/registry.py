@@ -6,9 +6,9 @@ A new dataset is one module with a loader ``load(d, root) -> ArrayDataset`` (``d
 config, ``root``: the folder located for it, the data root for a generated one) and one entry in
 ``DATASETS`` below (a generated benchmark whose clients are made on demand gives ``federation(d, seed) ->
 Federation`` instead: Synthetic(α, β)), e.g.
-``fedsl.data.toy``::
+``fedsl.sources.toy``::
 
-    DatasetInfo("toy", lazy("fedsl.data.toy", "load"), train_size=160, test_size=40, num_classes=4, ...),
+    DatasetInfo("toy", lazy("fedsl.sources.toy", "load"), train_size=160, test_size=40, num_classes=4, ...),
 
 Loaders are imported on first use (``lazy``): some pull in heavy libraries (fonts, decoders).
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fedsl.data.arrays import ArrayDataset, ImageSet
+from fedsl.sources.arrays import ArrayDataset, ImageSet
 
 Stats = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std) per channel, on the [0, 1] scale
 
@@ -105,51 +105,52 @@ class DatasetInfo:
 _MNIST_FILES = ("train-images-idx3-ubyte*", "t10k-images-idx3-ubyte*")
 
 DATASETS: dict[str, DatasetInfo] = {info.name: info for info in (
-    DatasetInfo("synthetic_chars", lazy("fedsl.data.synthetic", "load"), channels=1, image_size=(28, 28),
+    DatasetInfo("synthetic_chars", lazy("fedsl.sources.synthetic", "load"), channels=1, image_size=(28, 28),
                 note="generated: data.train_per_class / test_per_class per class of data.chars",
-                check_config=lazy("fedsl.data.synthetic", "check_config"),
+                check_config=lazy("fedsl.sources.synthetic", "check_config"),
                 reads=("chars", "train_per_class", "test_per_class")),
-    DatasetInfo("cifar10", lazy("fedsl.data.cifar10", "load"), 50_000, 10_000, 10, 3, (32, 32),
+    DatasetInfo("cifar10", lazy("fedsl.sources.cifar10", "load"), 50_000, 10_000, 10, 3, (32, 32),
                 subdirs=("cifar10", "cifar-10", "cifar10-jpeg", "."),
                 markers=("cifar-10-batches-py", "cifar-10-python.tar.gz", "cifar-10-batches-bin",
                          "cifar-10-binary.tar.gz", "train/airplane")),
-    DatasetInfo("emnist", lazy("fedsl.data.emnist", "load"), 112_800, 18_800, 47, 1, (28, 28),
+    DatasetInfo("emnist", lazy("fedsl.sources.emnist", "load"), 112_800, 18_800, 47, 1, (28, 28),
                 note="the balanced split; other splits: see the docs", subdirs=("emnist", "."),
                 markers=("emnist-*-ubyte.gz", "gzip.zip", "gzip/emnist-*"), selects_classes=True,
-                check_config=lazy("fedsl.data.emnist", "check_config"),
+                check_config=lazy("fedsl.sources.emnist", "check_config"),
                 reads=("emnist_split", "carve", "carve_test", "train_per_class", "test_per_class")),
-    DatasetInfo("mnist", lazy("fedsl.data.mnist", "load"), 60_000, 10_000, 10, 1, (28, 28),
-                subdirs=("mnist", "MNIST", "."), markers=_MNIST_FILES, identify=lazy("fedsl.data.mnist", "is_mnist")),
-    DatasetInfo("fashion_mnist", lazy("fedsl.data.mnist", "load_fashion"), 60_000, 10_000, 10, 1, (28, 28),
+    DatasetInfo("mnist", lazy("fedsl.sources.mnist", "load"), 60_000, 10_000, 10, 1, (28, 28),
+                subdirs=("mnist", "MNIST", "."), markers=_MNIST_FILES,
+                identify=lazy("fedsl.sources.mnist", "is_mnist")),
+    DatasetInfo("fashion_mnist", lazy("fedsl.sources.mnist", "load_fashion"), 60_000, 10_000, 10, 1, (28, 28),
                 subdirs=("fashion_mnist", "fashion-mnist", "FashionMNIST", "."), markers=_MNIST_FILES,
-                identify=lazy("fedsl.data.mnist", "is_fashion_mnist")),
+                identify=lazy("fedsl.sources.mnist", "is_fashion_mnist")),
     DatasetInfo("stl10", None, 5_000, 8_000, 10, 3, (96, 96),
                 note="labelled train; 9 classes shared with CIFAR-10; a D0 source only: data.server_dataset",
                 subdirs=("stl10", "stl10-subset", "stl10_binary", "."),
                 markers=("stl10_binary", "stl10_binary.tar.gz", "train_X.bin", "airplane")),
-    DatasetInfo("image_folder", lazy("fedsl.data.image_folder", "load"),
+    DatasetInfo("image_folder", lazy("fedsl.sources.image_folder", "load"),
                 note="train/<class>/ and test/<class>/ images", markers=("train", "test")),
-    DatasetInfo("leaf", lazy("fedsl.data.leaf", "load"), channels=1,
+    DatasetInfo("leaf", lazy("fedsl.sources.leaf", "load"), channels=1,
                 note="LEAF's JSON layout (FEMNIST): train/*.json and test/*.json, one client per user",
                 subdirs=("leaf", "femnist/data", "femnist", "."), markers=("train/*.json",), natural=True),
-    DatasetInfo("shakespeare", lazy("fedsl.data.shakespeare", "load"), num_classes=80,
+    DatasetInfo("shakespeare", lazy("fedsl.sources.shakespeare", "load"), num_classes=80,
                 note="next-character prediction, one client per role (LEAF): data.text 'works' (the etext's plays) "
                      "or 'tiny' (tinyshakespeare.txt)",
                 subdirs=("shakespeare", "."), markers=("tinyshakespeare.txt", "complete-works-part.txt", "100.txt",
                                                        "pg100.txt", "t8.shakespeare.txt"),
-                natural=True, check_config=lazy("fedsl.data.shakespeare", "check_config"),
+                natural=True, check_config=lazy("fedsl.sources.shakespeare", "check_config"),
                 reads=("text", "seq_length", "stride", "min_samples", "test_fraction")),
-    DatasetInfo("hf_files", lazy("fedsl.data.hf_files", "load"),
+    DatasetInfo("hf_files", lazy("fedsl.sources.hf_files", "load"),
                 note="local parquet/CSV/JSON files or an image folder read with Hugging Face datasets "
                      "(the 'natural' extra)",
                 markers=("*.parquet", "*.csv", "*.json", "*.jsonl", "train", "data"), natural=True,
-                check_config=lazy("fedsl.data.hf_files", "check_config"),
+                check_config=lazy("fedsl.sources.hf_files", "check_config"),
                 reads=("id_column", "label_column", "test_fraction")),
-    DatasetInfo("arrays", lazy("fedsl.data.array_files", "load"),
+    DatasetInfo("arrays", lazy("fedsl.sources.array_files", "load"),
                 note="your own features and labels: an .npz of x_train, y_train, x_test, y_test (data.data_dir: the "
                      "file, or a folder holding arrays.npz)",
-                markers=("arrays.npz",), check_config=lazy("fedsl.data.array_files", "check_config")),
-    DatasetInfo("toy", lazy("fedsl.data.toy", "load"), 160, 40, 4, 1, (12, 12), stats=((0.5,), (0.25,)),
+                markers=("arrays.npz",), check_config=lazy("fedsl.sources.array_files", "check_config")),
+    DatasetInfo("toy", lazy("fedsl.sources.toy", "load"), 160, 40, 4, 1, (12, 12), stats=((0.5,), (0.25,)),
                 note="generated stripes, for tests and examples"),
     DatasetInfo("synthetic_fedprox", None, num_classes=10,
                 note="generated on demand, any N: Synthetic(α, β) of FedProx (Li et al. 2020), 60 features",
@@ -214,14 +215,14 @@ class ServerSource:
 
 
 SERVER_SOURCES: dict[str, ServerSource] = {source.name: source for source in (
-    ServerSource("fslsyn", lazy("fedsl.data.synthetic", "fslsyn_server"), note="paper's font characters",
+    ServerSource("fslsyn", lazy("fedsl.sources.synthetic", "fslsyn_server"), note="paper's font characters",
                  per_class=False),
-    ServerSource("synthetic_chars", lazy("fedsl.data.synthetic", "chars_server")),
-    ServerSource("stl10", lazy("fedsl.data.stl10", "server_set"), dataset="stl10"),
-    ServerSource("stl10_unlabelled", lazy("fedsl.data.stl10", "unlabelled_set"), dataset="stl10", labelled=False,
+    ServerSource("synthetic_chars", lazy("fedsl.sources.synthetic", "chars_server")),
+    ServerSource("stl10", lazy("fedsl.sources.stl10", "server_set"), dataset="stl10"),
+    ServerSource("stl10_unlabelled", lazy("fedsl.sources.stl10", "unlabelled_set"), dataset="stl10", labelled=False,
                  note="STL-10's 100,000 unlabelled images; data.unlabelled only"),
-    ServerSource("image_folder", lazy("fedsl.data.image_folder", "server_set")),
-    ServerSource("arrays", lazy("fedsl.data.array_files", "server_set"), per_class=False,
+    ServerSource("image_folder", lazy("fedsl.sources.image_folder", "server_set")),
+    ServerSource("arrays", lazy("fedsl.sources.array_files", "server_set"), per_class=False,
                  note="x_train, y_train of the .npz data.server_data_dir names; with data.dataset = 'arrays'"),
 )}
 

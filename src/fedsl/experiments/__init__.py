@@ -7,16 +7,10 @@
 
 ``import fedsl.experiments.X`` (and ``from fedsl.experiments import X``) still works for one release: it warns
 (DeprecationWarning) and gives the module's new object itself, so that what is set on one is set on the other and
-checkpoints pickled under the old names load. ``MOVED`` is the table.
+checkpoints pickled under the old names load. ``MOVED`` is the table (``fedsl.core.moved``).
 """
 
-from __future__ import annotations
-
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-import warnings
+from fedsl.core.moved import alias_moved
 
 MOVED = {
     "config": "fedsl.config.schema", "config_base": "fedsl.config.base", "config_data": "fedsl.config.data_keys",
@@ -33,31 +27,4 @@ MOVED = {
     "assess": "fedsl.assess", "tune": "fedsl.tune",
 }
 
-
-class _Alias(importlib.abc.Loader):
-    """Loads an old name as the new module's object; the module keeps its own ``__spec__``."""
-
-    def __init__(self, new: str) -> None:
-        self.new = new
-
-    def create_module(self, spec):
-        module = importlib.import_module(self.new)
-        self.own_spec = module.__spec__
-        return module
-
-    def exec_module(self, module) -> None:
-        module.__spec__ = self.own_spec  # the import system set the old name's spec on it: give its own back
-
-
-class _Moved(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path=None, target=None):
-        package, _, name = fullname.rpartition(".")
-        if package != __name__ or name not in MOVED:
-            return None
-        warnings.warn(f"{fullname} is now {MOVED[name]}; the old name goes in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return importlib.util.spec_from_loader(fullname, _Alias(MOVED[name]))
-
-
-if not any(isinstance(f, _Moved) for f in sys.meta_path):
-    sys.meta_path.insert(0, _Moved())
+alias_moved(__name__, MOVED)

@@ -15,6 +15,9 @@ from typing import Callable
 import torch
 
 from fedsl.algorithms import Algorithm, Pretraining
+from fedsl.config.own_keys import changed
+from fedsl.config.resolve import Setting, finetune_lr, privacy_budget, resolve
+from fedsl.config.schema import ConfigError, RunConfig
 from fedsl.core import threads
 from fedsl.core.privacy_accounting import Budget
 from fedsl.core.types import Params
@@ -24,9 +27,9 @@ from fedsl.engine.executors import make_executor
 from fedsl.engine.functional import FunctionalModel
 from fedsl.engine.simulator import Simulator
 from fedsl.engine.stacked import same_tensor
+from fedsl.models import MODELS, TEXT_MODELS, build_model
+from fedsl.models.flops import train_flops
 from fedsl.runs import tracking
-from fedsl.config.schema import ConfigError, RunConfig
-from fedsl.config.own_keys import changed
 from fedsl.runs.placement import (
     host_memory_available,
     number_bytes,
@@ -36,9 +39,6 @@ from fedsl.runs.placement import (
     side_by_side,
     tables_on_host,
 )
-from fedsl.config.resolve import Setting, finetune_lr, privacy_budget, resolve
-from fedsl.models import MODELS, TEXT_MODELS, build_model
-from fedsl.models.flops import train_flops
 
 
 @dataclass

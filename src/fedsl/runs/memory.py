@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 
 from fedsl.algorithms import SPECS
-from fedsl.data.emnist import paper_45_classes
-from fedsl.data.registry import DATASETS
-from fedsl.runs import placement
 from fedsl.config.schema import RunConfig
+from fedsl.data.registry import DATASETS
 from fedsl.models import build_model, count_parameters
+from fedsl.runs import placement
+from fedsl.sources.emnist import paper_45_classes
 
 # Peak device memory of one stacked run besides its tables, measured (benchmarks/RESULTS-gpu.md) for the
 # CIFAR CNN on CIFAR-10's inputs in float32 with S·B = 10·10 client samples per step: mostly the clients'

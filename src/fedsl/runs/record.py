@@ -20,10 +20,10 @@ import time
 from collections import deque
 from pathlib import Path
 
+from fedsl.config.base import ConfigError, name_problem
 from fedsl.engine import metrics
 from fedsl.engine.simulator import Simulator
 from fedsl.runs.checkpoint import atomic_write
-from fedsl.config.base import ConfigError, name_problem
 from fedsl.runs.results import RunDir
 
 

@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from fedsl.config.resolve import format_hparams
+from fedsl.config.schema import ConfigError, RunConfig
 from fedsl.data.federation import Federation
 from fedsl.engine import metrics
 from fedsl.engine.client_state import ClientStore
@@ -28,12 +30,10 @@ from fedsl.engine.stacked import StackedSimulator
 from fedsl.runs import tracking
 from fedsl.runs.build import Built, Prepared, finetune, prepare
 from fedsl.runs.callbacks import Callback, CallbackList, RunStart, StopRun
-from fedsl.config.schema import ConfigError, RunConfig
 from fedsl.runs.divergence import DivergenceGuard
-from fedsl.runs.progress import RunProgress
-from fedsl.config.resolve import format_hparams
-from fedsl.runs.results import RunDir, is_group
 from fedsl.runs.files import Checkpoints, MetricsFile, RunSummary
+from fedsl.runs.progress import RunProgress
+from fedsl.runs.results import RunDir, is_group
 
 Log = Callable[[str], None]
 

@@ -39,8 +39,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fedsl.runs.callbacks import Callback, RunStart
 from fedsl.config.schema import ConfigError
+from fedsl.runs.callbacks import Callback, RunStart
 
 # tracker name (= the extra that installs it) -> the modules it imports (MLflow's SQLite store: SQLAlchemy, alembic)
 PACKAGES = {"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
-from fedsl.data.errors import DataError
+from fedsl.core.errors import DataError
+from fedsl.sources.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
 
 _CACHE_VERSION = 2
 # LEAF's ALL_LETTERS (models/utils/language_utils.py): the newline, the space and 78 printable characters

@@ -43,9 +43,9 @@ from typing import Iterable, Literal, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
+from fedsl.core.errors import DataError, warn_missing_classes
 from fedsl.core.rng import per_label
-from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
-from fedsl.data.errors import DataError, warn_missing_classes
+from fedsl.sources.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
 
 Mode = Literal["L", "RGB"]
 

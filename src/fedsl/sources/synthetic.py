@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
+from fedsl.core.errors import DataError
 from fedsl.core.rng import FONT_SERVER, FONT_TEST, font_images, offset_seed
-from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays
-from fedsl.data.errors import DataError
+from fedsl.sources.arrays import ArrayDataset, ImageSet, cached_arrays
 
 # EMNIST Balanced label order: digits, upper case, then the 11 lower-case letters whose
 # shape differs from their capital (c, i, j, k, l, m, o, p, s, u, v, w, x, y, z are merged).

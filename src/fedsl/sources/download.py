@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from fedsl.data.errors import DataError
+from fedsl.core.errors import DataError
 
 CHUNK = 1 << 20
 DEFAULT_DEADLINE = 30 * 60.0  # seconds for one download, unless $FEDSL_DOWNLOAD_DEADLINE or deadline= says

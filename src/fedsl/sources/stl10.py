@@ -32,17 +32,17 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from fedsl.core.errors import DataError, download_hint
 from fedsl.core.rng import UNLABELLED, rng
-from fedsl.data.arrays import ImageSet, cached_arrays, file_fingerprint
-from fedsl.data.download import fetch
-from fedsl.data.errors import DataError, download_hint
-from fedsl.data.image_folder import RESAMPLE, load_image_folder, per_class_subset, resize_image
+from fedsl.sources.arrays import ImageSet, cached_arrays, file_fingerprint
+from fedsl.sources.download import fetch
+from fedsl.sources.image_folder import RESAMPLE, load_image_folder, per_class_subset, resize_image
 
 # STL-10's label order (labels 1..10 in the *_y.bin files are 1 + an index in this list).
 STL10_CLASSES: list[str] = ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"]
 
 # CIFAR-10's label order (as in its batches.meta). Defined here rather than imported from
-# fedsl.data.cifar10 so the STL-10 loader does not depend on the CIFAR-10 one; the two
+# fedsl.sources.cifar10 so the STL-10 loader does not depend on the CIFAR-10 one; the two
 # lists must stay equal.
 CIFAR10_CLASSES: list[str] = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
                               "truck"]

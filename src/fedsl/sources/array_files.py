@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsl.data.arrays import ArrayDataset, ImageSet
-from fedsl.data.errors import DataError
+from fedsl.core.errors import DataError
+from fedsl.sources.arrays import ArrayDataset, ImageSet
 
 FILE = "arrays.npz"  # the file looked for in a folder
 KEYS = ("x_train", "y_train", "x_test", "y_test")

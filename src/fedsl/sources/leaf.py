@@ -22,7 +22,7 @@ What the loader returns, for ``data.partition = 'natural'`` (``fedsl.data.natura
 A user listed in several files of a split has its samples joined in file order (files sorted by name).
 
 LEAF's Shakespeare (x a string of L = 80 characters, y the next one) is text: x becomes uint8 [n, L] indices into
-LEAF's 80-character vocabulary (``fedsl.data.shakespeare.VOCABULARY``; another character is read as a space), y
+LEAF's 80-character vocabulary (``fedsl.sources.shakespeare.VOCABULARY``; another character is read as a space), y
 the next character's index; the classes are that vocabulary's characters, and the text models read it
 (``char_lstm``, ``char_lstm_small``). A folder holds images or text, not both; every window has one length.
 Decoded arrays are cached (``cached_arrays``), keyed on the files' names, sizes and modification times.
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
-from fedsl.data.errors import DataError
-from fedsl.data.shakespeare import VOCABULARY, encode
+from fedsl.core.errors import DataError
+from fedsl.sources.arrays import ArrayDataset, ImageSet, cached_arrays, folder_fingerprint
+from fedsl.sources.shakespeare import VOCABULARY, encode
 
 _CACHE_VERSION = 2
 FEMNIST_CLASSES = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # LEAF's labels 0..61

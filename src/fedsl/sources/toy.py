@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsl.core.rng import TOY, rng
-from fedsl.data.arrays import ArrayDataset, ImageSet
+from fedsl.sources.arrays import ArrayDataset, ImageSet
 
 CLASSES: list[str] = ["horizontal", "vertical", "checker", "diagonal"]
 SIDE = 12

@@ -2,7 +2,7 @@
 
 Files are looked for under their official names in ``root`` itself, then in the dataset's
 own sub-folder of it (``mnist``, ``fashion-mnist``; torchvision's ``MNIST/raw`` and
-``FashionMNIST/raw`` too), gzip-compressed (``.gz``) or not (``fedsl.data.idx_files``). With
+``FashionMNIST/raw`` too), gzip-compressed (``.gz``) or not (``fedsl.sources.idx``). With
 ``download=True`` missing files are downloaded, with md5 checks, into that sub-folder (into
 ``root`` itself when it is already named so). The two datasets share every file name, shape
 and label range: ``identify_mnist_like`` tells them apart by checksum, else by content.
@@ -17,11 +17,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedsl.data.arrays import ArrayDataset, ImageSet
-from fedsl.data.download import fetch, file_digest
-from fedsl.data.errors import DataError, download_hint
-from fedsl.data.idx import read_idx
-from fedsl.data.idx_files import (
+from fedsl.core.errors import DataError, download_hint
+from fedsl.sources.arrays import ArrayDataset, ImageSet
+from fedsl.sources.download import fetch, file_digest
+from fedsl.sources.idx import (
     IMAGE_SIZE,
     PARTS,
     decode_pair,
@@ -29,6 +28,7 @@ from fedsl.data.idx_files import (
     in_folder,
     locate_files,
     missing_files,
+    read_idx,
     relabel,
 )
 

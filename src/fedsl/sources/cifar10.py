@@ -35,8 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-from fedsl.data.arrays import ArrayDataset, ImageSet, cached_arrays, file_fingerprint
-from fedsl.data.errors import DataError
+from fedsl.core.errors import DataError
+from fedsl.sources.arrays import ArrayDataset, ImageSet, cached_arrays, file_fingerprint
 
 try:  # numpy >= 2 (the project's requirement)
     from numpy._core.multiarray import _reconstruct as _np_reconstruct
@@ -342,7 +342,7 @@ def load_cifar10(root: str | Path, *, download: bool = False) -> ArrayDataset:
     root = Path(root)
     source = find_cifar10(root)
     if source is None and download:
-        from fedsl.data.download import fetch
+        from fedsl.sources.download import fetch
         fetch(PYTHON_URL, root / PYTHON_TARBALL, f"md5:{PYTHON_MD5}")
         source = ("python", root / PYTHON_TARBALL)
     if source is None:
@@ -359,7 +359,7 @@ def load_cifar10(root: str | Path, *, download: bool = False) -> ArrayDataset:
 def load(d, root: Path) -> ArrayDataset:
     """The registry's loader of ``data.dataset = 'cifar10'`` (``fedsl.data.registry``): the publisher's
     python or binary version, or the same images as an image folder (train/<class>/, test/<class>/)."""
-    from fedsl.data.image_folder import is_split_folder, load_image_folder_dataset
+    from fedsl.sources.image_folder import is_split_folder, load_image_folder_dataset
     if is_split_folder(root):
         return load_image_folder_dataset(root, class_names=CIFAR10_CLASSES, size=(32, 32), mode="RGB")
     return load_cifar10(root, download=d.download)

@@ -1,4 +1,5 @@
-"""Errors about data: one line naming the file or setting and the fix (the CLI prints it)."""
+"""Errors about data: one line naming the file or setting and the fix (the CLI prints it). Raised by the sources
+(``fedsl.sources``), the federation (``fedsl.data``) and what reads them."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""EMNIST from its publisher's idx files (MNIST and Fashion-MNIST: ``fedsl.data.mnist``).
+"""EMNIST from its publisher's idx files (MNIST and Fashion-MNIST: ``fedsl.sources.mnist``).
 
 Files are looked for under their official names in ``root`` itself, then in its ``emnist``
-and ``gzip`` sub-folders, gzip-compressed (``.gz``) or not (``fedsl.data.idx_files``). With
+and ``gzip`` sub-folders, gzip-compressed (``.gz``) or not (``fedsl.sources.idx``). With
 ``download=True`` missing files are downloaded, with md5 checks, into the ``emnist`` sub-folder
 (into ``root`` itself when it is already named so). Decoded arrays are cached (see
-``fedsl.data.arrays.cached_arrays``), keyed by the files' sha256 and the decoding options.
+``fedsl.sources.arrays.cached_arrays``), keyed by the files' sha256 and the decoding options.
 
 EMNIST (Cohen et al. 2017, https://www.nist.gov/itl/products-and-services/emnist-dataset):
 
@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsl.core.errors import DataError, download_hint
 from fedsl.core.rng import per_label
-from fedsl.data.arrays import ArrayDataset, ImageSet
-from fedsl.data.download import fetch
-from fedsl.data.errors import DataError, download_hint
-from fedsl.data.idx_files import PARTS, decode_pair, download_dir, locate_files, missing_files, relabel
+from fedsl.sources.arrays import ArrayDataset, ImageSet
+from fedsl.sources.download import fetch
+from fedsl.sources.idx import PARTS, decode_pair, download_dir, locate_files, missing_files, relabel
 
 EMNIST_SPLITS: tuple[str, ...] = ("balanced", "bymerge", "byclass", "letters", "digits", "mnist")
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsl.core.errors import DataError
 from fedsl.core.rng import NATURAL_HELD_OUT, rng
-from fedsl.data.arrays import ArrayDataset, ImageSet, cache_dir
-from fedsl.data.errors import DataError
+from fedsl.sources.arrays import ArrayDataset, ImageSet, cache_dir
 
 INSTALL = "pip install 'fedsl[natural]'"
 
