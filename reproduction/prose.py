@@ -17,7 +17,7 @@ not checked. tests/test_reproduction_numbers.py fails on anything this lists.
 Plain numbers (``plain``). Every other decimal written to two places or more must be, to the decimals written:
 - a value of the variants it names (``variant_values``): a run's or a variant's final accuracy, T_0.5, rise time or
   time from summary.json / index.csv, their mean or sample std over seeds, a difference of two named variants' means
-  (or of one variant's means in two folders of the section) or its paired SE, a chosen hyper-parameter, best value,
+  (in one folder or in two of the section's) or its paired SE, a chosen hyper-parameter, best value,
   top three and their spread from best.json, on a grid of η_l × C a cell's loss against its column's best (and
   its row's largest and mean loss, the fixed η_l's loss, G: ``fedsl.report.grid``), an assessment's score or Spearman's ρ, a list of p-values continuing a
   "p = " ("p = 0.223, 0.078 and 0.458") or a Holm p; a variant the folder's claims read that has no runs of its
@@ -30,7 +30,8 @@ Plain numbers (``plain``). Every other decimal written to two places or more mus
 - with "round N" / "N rounds" / "round 50 / 100 / 150" on its line or paragraph (in a table, its row or its
   column's header), a number of the named variants' metrics.csv at those rounds;
 - a number quoted from a paper, MARKED: inside a parenthesis, or a clause of one after "; ", that opens with
-  "paper:" ("FSL 0.47 (paper: 0.61)", "(the paper: 0.61 and 0.59)", "(FSL 0.47; the paper: 0.61)"), or in a table column whose header says "paper". Nothing else is a paper quote.
+  "paper:" ("FSL 0.47 (paper: 0.61)", "(the paper: 0.61 and 0.59)", "(FSL 0.47; the paper: 0.61)"), or in a table
+  column whose header, or a row whose first cell, says "paper". Nothing else is a paper quote.
 Which variants it names: in a table, those its row's first cell and its column header name together; else its line's,
 else its paragraph's (a number not among its line's may also be one of its paragraph's), else every variant of the
 section. A variant is named by its name ("FSL-500"), by its method without the sweep cell ("FSL-p"), by a part where
@@ -46,8 +47,7 @@ shares. A count of one, a bound ("at least 2 seeds") and a section naming no fol
 Enforced on REPRODUCTION.md and every page except ``NOT_YET``, the pages whose prose still quotes numbers that no
 committed file gives (runs of the old defaults no longer kept, metrics.csv not kept, per-round values of other
 pages): appendix-diagnostics, appendix-no-pretrain, emnist-reduced, fig2-cifar10, fig3-cifar10,
-fig5-cifar10-earlier, parity-cifar10, shakespeare-tuned,
-table1-cifar10-200-rounds. `python reproduction/prose.py --plain` lists what each still has.
+fig5-cifar10-earlier, parity-cifar10, shakespeare-tuned. `python reproduction/prose.py --plain` lists what each still has.
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ COUNT_OF = re.compile(rf"\b{_NUM} of ((?:[\w'’-]+ ){{0,3}}?)(?:{_NUM} )?(?:[\w
                       re.IGNORECASE)
 # a quote from a paper: a parenthesis, or a clause of one after "; ", that opens with "paper:" ("(paper: 0.61)",
 # "(the paper: 0.61 and 0.59)", "(FSL 0.47; the paper: 0.61)"),
-# or a table column whose header says "paper"; its numbers are the paper's, not ours, and are not checked
+# or a table column whose header, or a row whose first cell, says "paper"; its numbers are the paper's, not ours, and are not checked
 PAPER = re.compile(r"(?:\(|; )(?:the |its )?paper\b[^():]{0,30}:[^();]*(?=[);])")  # to its ")" or ";"
 # how the prose names a cell of a sweep: "f = 0.4" is the variant suffix "fraction=0.4", and so on
 ALIASES = ((r"\bf = (\d[\d.]*)", r"fraction=\1"), (r"\bη_l = (\d[\d.]*)", r"local_lr=\1"),
@@ -595,9 +595,11 @@ def _pool(tables: list[Values], chosen: list[tuple[int, str]], rounds: set[int],
         if len(mine) > 1:
             out += [x for pair, xs in t.pairs.items() if pair <= mine for x in xs]
         out += t.folder
-        for u in tables[i + 1:]:  # the same variant in two folders of the section (two budgets, say)
-            for v in mine & set(u.means):
-                out += [a - u.means[v][m] for m, a in t.means.get(v, {}).items() if m in u.means[v]]
+        for j, u in enumerate(tables[i + 1:], i + 1):  # two named variants in two folders of the section (the
+            theirs = {v for (k, v) in chosen if k == j} if chosen else set(u.means)  # same at two budgets, say)
+            for v in mine & set(t.means):
+                for w in (theirs | (mine & {v})) & set(u.means):
+                    out += [a - u.means[w][m] for m, a in t.means[v].items() if m in u.means[w]]
     return out
 
 
@@ -637,7 +639,7 @@ def plain(text: str) -> list[str]:
                 cells = _cells(line)
                 for k, cell in enumerate(cells):
                     col = header[k] if k < len(header) else ""
-                    if "paper" in col:
+                    if "paper" in col or "paper" in cells[0]:  # a column or a row of the paper's numbers
                         continue
                     chosen = names.pick(f"{cells[0]} {col}") if k else []
                     chosen = chosen or names.pick(line) or names.pick(paragraph[n - start])
@@ -745,8 +747,7 @@ def _paragraphs(lines: list[str]) -> list[str]:
 # "A ± B" and p-values are checked like every page's. `python reproduction/prose.py --plain` lists what is left.
 NOT_YET = {"appendix-diagnostics.md", "appendix-no-pretrain.md", "emnist-reduced.md", "fig2-cifar10.md",
            "fig3-cifar10.md", "fig5-cifar10-earlier.md", "parity-cifar10.md",
-           "shakespeare-tuned.md",
-           "table1-cifar10-200-rounds.md"}
+           "shakespeare-tuned.md"}
 
 
 def problems(text: str) -> list[str]:

@@ -286,3 +286,16 @@ def test_a_grid_cells_loss_against_its_columns_best_is_the_cells():
     for wrong in ("FedDyn loses most at η_l = 0.005 (0.241 at C = 1).", "FSL loses most at η_l = 0.005 (0.234 at C = 1)."):
         found = prose.plain(page + wrong + "\n")
         assert len(found) == 1 and found[0].startswith("line 2:"), found
+
+
+def test_a_difference_of_two_variants_of_two_folders_and_a_paper_row():
+    """table1-cifar10-200-rounds: FSL-250 (table1-cifar10-new-cpu) against FSL at η_l = 0.02 (fig5-cifar10-c2-new-cpu)
+    differ by 0.029, a difference across the section's two folders; 0.036 is not theirs. A table row whose first cell
+    says "paper" holds the paper's numbers, unchecked; the same numbers in a row of ours are reported."""
+    prose = _prose()
+    page = "Files: `reproduction/table1-cifar10-new-cpu`, `reproduction/fig5-cifar10-c2-new-cpu`.\n"
+    assert prose.plain(page + "FSL-250 → FSL at η_l = 0.02 adds 0.029.\n") == []
+    assert len(prose.plain(page + "FSL-250 → FSL at η_l = 0.02 adds 0.036.\n")) == 1
+    table = "| | FSL-250 | FSLsyn-720 |\n|---|---|---|\n| accuracy at 200 (ours) | 0.535 | 0.554 |\n| {} | 0.585 | 0.584 |\n"
+    assert prose.plain(page + table.format("accuracy at 1,000 (paper)")) == []
+    assert len(prose.plain(page + table.format("accuracy at 1,000 (ours)"))) == 2
