@@ -220,8 +220,8 @@ def test_no_package_holds_more_than_fourteen_modules():
 
 
 def test_the_old_names_give_the_moved_modules_with_a_warning():
-    """``fedsl.experiments.X`` and ``fedsl.data.X`` (a reader) for one release: the new module's object itself, with a DeprecationWarning, in both
-    import forms, keeping the new module's own spec (so a reload or a pickle names the new place)."""
+    """``fedsl.experiments.X`` and ``fedsl.data.X`` (a reader) for one release: the new module's object itself, with
+    a DeprecationWarning, in both import forms, keeping the new module's own spec (so a reload or a pickle names the new place)."""
     import importlib
     import sys
     import warnings
@@ -256,3 +256,14 @@ def test_the_old_names_give_the_moved_modules_with_a_warning():
         for missing in ("fedsl.experiments.no_such_module", "fedsl.data.no_such_module"):
             with pytest.raises(ModuleNotFoundError):
                 importlib.import_module(missing)
+
+
+def test_each_package_says_what_it_holds_and_what_it_may_import():
+    """Each package's ``__init__`` docstring names what it holds and what it may import (or that it imports nothing
+    of fedsl), so that the folders alone say where a thing lives."""
+    import ast
+
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc) > 80 and ("may import" in doc or "imports nothing of fedsl" in doc
+                                  or "nothing imports it" in doc), f"{init.relative_to(PACKAGE)}: {doc[:80]!r}"

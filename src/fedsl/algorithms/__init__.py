@@ -35,6 +35,8 @@ The modules, from the bottom up (each imports from its own row or the rows above
   and privacy;
 - ``server_round``: the server's round of an ``Algorithm`` (lines 8-10), what the engines and Flower call;
 - this registry.
+
+It may import ``core``, ``sources``, ``data`` (the clients' label counts) and ``models``; nothing that runs rounds.
 """
 
 from __future__ import annotations

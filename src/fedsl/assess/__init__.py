@@ -25,6 +25,9 @@ would take one extra round in which every client (or a sample of them, for an es
 its full-batch gradient ∇f_i(x) (and, for L, a few Hessian-vector products), with the privacy
 cost of sharing gradients (they reveal data; secure aggregation would reveal only the sum,
 which is all ∇F and the Hessian-vector products need, but G² needs each client's gradient).
+
+It builds the run a config describes and measures at its starting point: it may import ``runs``, ``config`` and
+everything below them; only the command line imports it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
 
 ``import fedsl.experiments.X`` (and ``from fedsl.experiments import X``) still works for one release: it warns
 (DeprecationWarning) and gives the module's new object itself, so that what is set on one is set on the other and
-checkpoints pickled under the old names load. ``MOVED`` is the table (``fedsl.core.moved``).
+checkpoints pickled under the old names load. ``MOVED`` is the table (``fedsl.core.moved``). It may import ``core``
+only: the new modules are named, as strings.
 """
 
 from fedsl.core.moved import alias_moved

@@ -12,6 +12,9 @@
 Both apps read the same fedsl config from Flower's run config (see ``config``), and
 the node's ``partition-id`` from its node config. A run on Flower with the same seed,
 partition and sampled clients gives the simulator's model (tests compare them).
+
+It may import ``runs``, ``sweeps``, ``config`` and everything below them (the same algorithm code, config and
+checkpoints as the simulator); only the command line imports it.
 """
 
 from __future__ import annotations

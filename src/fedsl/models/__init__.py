@@ -1,4 +1,5 @@
-"""Models: the paper's CNNs and small ones for tests, built by name."""
+"""Models: the paper's CNNs and small ones for tests, built by name (``cnn``, ``lstm``), with the engine's key-driven
+dropout (``dropout``), weighted BatchNorm (``batchnorm``) and their cost (``flops``). It may import ``core`` only."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 The package: this module (the studies: trials asked, run alone or stacked, told), ``plan`` (each variant's trial
 config and space, checked before any trial), ``edges`` (ranges widened at an edge) and ``report`` (best.json,
-trials.png). It drives runs and groups (``fedsl.experiments``); the [tune] table and where studies live
-(``fedsl.config.tune_space``, ``tune_storage``) are config, below it. Only the command line imports it.
+trials.png). It drives runs and groups (``fedsl.runs``, ``fedsl.sweeps``); the [tune] table and where studies live
+(``fedsl.config.tune_space``, ``tune_storage``) are config, below it. It may import ``sweeps``, ``runs``, ``config`` and
+everything below them; only the command line imports it.
 
 A folder made by ``fedsl tune`` holds::
 
