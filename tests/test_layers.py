@@ -221,7 +221,8 @@ def test_no_package_holds_more_than_fourteen_modules():
 
 def test_the_old_names_give_the_moved_modules_with_a_warning():
     """``fedsl.experiments.X`` and ``fedsl.data.X`` (a reader) for one release: the new module's object itself, with
-    a DeprecationWarning, in both import forms, keeping the new module's own spec (so a reload or a pickle names the new place)."""
+    a DeprecationWarning, in both import forms, keeping the new module's own spec (so a reload or a pickle names
+    the new place)."""
     import importlib
     import sys
     import warnings
