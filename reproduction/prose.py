@@ -37,8 +37,9 @@ else its paragraph's (a number not among its line's may also be one of its parag
 section. A variant is named by its name ("FSL-500"), by its method without the sweep cell ("FSL-p"), by a part where
 no method has that name ("FedAvg" for "signflip-FedAvg-fraction=0.4"; not an everyday word such as "only"), and
 ``ALIASES`` reads a few prose forms ("f = 0.4", "η_l = 0.02", "ε = 1", "sign flipping", "IID 500", "D0 only") as the
-names they stand for; two names of the same variants ("D0", "D0-only") are one vote. Sweep cells named narrow the variants swept on that setting to those cells (all of them: "at
-ε = 1 ... at ε = 4" keeps both), and leave the variants not swept on it.
+names they stand for; two names of the same variants ("D0", "D0-only") are one vote. Sweep cells named narrow the
+variants swept on that setting to those cells (all of them: "at ε = 1 ... at ε = 4" keeps both), and leave the
+variants not swept on it.
 Counting words: "24 trials", "3 fresh seeds", "the 21 runs" must be a count of the section's folders of that noun (a
 study's trials, completed, pruned or failed; a variant's seeds; runs of a variant, completed or diverged, or all;
 each also summed over the folder and over the section), and "two of each method's six trials" a count every variant
@@ -746,8 +747,7 @@ def _paragraphs(lines: list[str]) -> list[str]:
 # values or cross-page numbers that the checker cannot derive): ``check_record`` skips ``plain`` on them only; their
 # "A ± B" and p-values are checked like every page's. `python reproduction/prose.py --plain` lists what is left.
 NOT_YET = {"appendix-diagnostics.md", "appendix-no-pretrain.md", "emnist-reduced.md", "fig2-cifar10.md",
-           "fig3-cifar10.md", "parity-cifar10.md",
-           "shakespeare-tuned.md"}
+           "fig3-cifar10.md", "parity-cifar10.md", "shakespeare-tuned.md"}
 
 
 def problems(text: str) -> list[str]:
