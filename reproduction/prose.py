@@ -17,21 +17,25 @@ not checked. tests/test_reproduction_numbers.py fails on anything this lists.
 Plain numbers (``plain``). Every other decimal written to two places or more must be, to the decimals written:
 - a value of the variants it names (``variant_values``): a run's or a variant's final accuracy, T_0.5, rise time or
   time from summary.json / index.csv, their mean or sample std over seeds, a difference of two named variants' means
-  (in one folder or in two of the section's) or its paired SE, a chosen hyper-parameter, best value,
-  top three and their spread from best.json, on a grid of η_l × C a cell's loss against its column's best (and
-  its row's largest and mean loss, the fixed η_l's loss, G: ``fedsl.report.grid``), an assessment's score or Spearman's ρ, a list of p-values continuing a
-  "p = " ("p = 0.223, 0.078 and 0.458") or a Holm p; a variant the folder's claims read that has no runs of its
-  own ("FedAvg+FT", FedAvg's runs fine-tuned) is a variant like the others;
+  (in one folder or in two of the section's) or its paired SE, a chosen hyper-parameter, best value, top three and
+  their spread from best.json, on a grid of η_l × C a cell's loss against its column's best (and its row's largest
+  and mean loss, the fixed η_l's loss, G: ``fedsl.report.grid``), an assessment's score or Spearman's ρ, a list of
+  p-values continuing a "p = " ("p = 0.223, 0.078 and 0.458") or a Holm p; a variant the folder's claims read that
+  has no runs of its own ("FedAvg+FT", FedAvg's runs fine-tuned) is a variant like the others;
 - the result of a sum the prose writes out ("0.999^300 = 0.74", "10 × 50 = 500"), computed; a value written in
   powers of ten ("1.62·10^-5") is its mantissa at that power; a best.json's widened range gives its ends; a time of
   the folder's round_cost.md (reproduction/round_cost.py's table) is its row's variant's; a "Holm" at a line's end
   takes the p that starts the next;
-- a setting: any number of the variant's config.json, summary.json's hyper-parameters or its sweep cell;
+- a setting: any number of the variant's config.json, summary.json's hyper-parameters or its sweep cell, and, in
+  a preset's own folder (reproduction/NAME whose group.json is named NAME, a preset's name), of that preset: its
+  settings and the variant's table (``PRESET_NOT_SETTINGS``: not its claims, paper numbers, quick form or ranges);
 - with "round N" / "N rounds" / "round 50 / 100 / 150" on its line or paragraph (in a table, its row or its
   column's header), a number of the named variants' metrics.csv at those rounds;
 - a number quoted from a paper, MARKED: inside a parenthesis, or a clause of one after "; ", that opens with
   "paper:" ("FSL 0.47 (paper: 0.61)", "(the paper: 0.61 and 0.59)", "(FSL 0.47; the paper: 0.61)"), or in a table
-  column whose header, or a row whose first cell, says "paper". Nothing else is a paper quote.
+  column whose header, or a row whose first cell, says "paper". Nothing else is a paper quote;
+- a number quoted from an independent implementation, marked the same way with "independent" for "paper" ("FSL
+  0.595 (independent: 0.594)", a table column headed "independent"). Nothing else is such a quote.
 Which variants it names: in a table, those its row's first cell and its column header name together; else its line's,
 else its paragraph's (a number not among its line's may also be one of its paragraph's), else every variant of the
 section. A variant is named by its name ("FSL-500"), by its method without the sweep cell ("FSL-p"), by a part where
@@ -47,8 +51,8 @@ shares. A count of one, a bound ("at least 2 seeds") and a section naming no fol
 
 Enforced on REPRODUCTION.md and every page except ``NOT_YET``, the pages whose prose still quotes numbers that no
 committed file gives (runs of the old defaults no longer kept, metrics.csv not kept, per-round values of other
-pages): appendix-diagnostics, appendix-no-pretrain, emnist-reduced, fig3-cifar10,
-parity-cifar10. `python reproduction/prose.py --plain` lists what each still has.
+pages): appendix-diagnostics, appendix-no-pretrain, emnist-reduced, fig3-cifar10. `python reproduction/prose.py
+--plain` lists what each still has.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsl.config import presets
 from fedsl.report import grid, verdicts
 
 HERE = Path(__file__).resolve().parent
@@ -302,9 +307,11 @@ COUNT = re.compile(rf"\b{_NUM} (?:(?!of |for |and |in |at |per |to )[\w-]+ )?(tr
 COUNT_OF = re.compile(rf"\b{_NUM} of ((?:[\w'’-]+ ){{0,3}}?)(?:{_NUM} )?(?:[\w-]+ )?(trials?|runs?|seeds?)\b",
                       re.IGNORECASE)
 # a quote from a paper: a parenthesis, or a clause of one after "; ", that opens with "paper:" ("(paper: 0.61)",
-# "(the paper: 0.61 and 0.59)", "(FSL 0.47; the paper: 0.61)"),
-# or a table column whose header, or a row whose first cell, says "paper"; its numbers are the paper's, not ours, and are not checked
-PAPER = re.compile(r"(?:\(|; )(?:the |its )?paper\b[^():]{0,30}:[^();]*(?=[);])")  # to its ")" or ";"
+# "(the paper: 0.61 and 0.59)", "(FSL 0.47; the paper: 0.61)"), or a table column whose header, or a row whose first
+# cell, says "paper"; its numbers are the paper's, not ours, and are not checked. A number quoted from an independent
+# implementation is marked the same way with "independent" ("(independent: 0.594)", a column headed "independent").
+QUOTED = ("paper", "independent")
+PAPER = re.compile(r"(?:\(|; )(?:the |its )?(?:paper|independent)\b[^():]{0,30}:[^();]*(?=[);])")  # to ")" or ";"
 # how the prose names a cell of a sweep: "f = 0.4" is the variant suffix "fraction=0.4", and so on
 ALIASES = ((r"\bf = (\d[\d.]*)", r"fraction=\1"), (r"\bη_l = (\d[\d.]*)", r"local_lr=\1"),
            (r"\bC = (\d+)", r"classes_per_client=\1"), (r"\bn0 = (\d+)", r"server_size=\1"),
@@ -324,6 +331,9 @@ _OPS = {"^": lambda a, b: a ** b, "×": lambda a, b: a * b, "*": lambda a, b: a 
 SCIENTIFIC = re.compile(rf"({NUMBER}) ?[·×] ?10\^([−-]?\d+)")
 # "round 50", "300 rounds", and a list of rounds: "round 50 / 100 / 150", "rounds 281 and 284"
 ROUND = re.compile(r"\brounds? (\d+(?:(?: ?/ ?|, | and )\d+)*)\b|\b(\d+) rounds\b")
+# a preset's tables that are no setting of its runs: what it claims and quotes, its quick form, its sweep's and
+# tuning's ranges (a run's own cell is its group.json's params), and the variants (each reads its own table)
+PRESET_NOT_SETTINGS = {"claims", "paper", "paper_claims", "paper_rounds", "quick", "sweep", "tune", "variants"}
 PAIRS = ("pairs",)  # kept for callers of variant_values: its table key of pair differences
 
 
@@ -388,6 +398,12 @@ def variant_values(folder: Path) -> Values:
     for run in group.get("runs", {}).values():  # a sweep cell's settings (index-only folders keep no config.json)
         if run.get("variant") in out.variants:
             _leaves(run.get("params", {}), out.variants[run["variant"]])
+    if group.get("name") == folder.name and folder.name in presets.names():  # a preset's own folder: its settings
+        preset = presets.load(folder.name)
+        common = {k: x for k, x in preset.items() if k not in PRESET_NOT_SETTINGS}
+        tables = preset.get("variants", {})
+        for v in list(out.variants):
+            _leaves([common, tables.get(v) or tables.get(_method(v)) or {}], out.variants[v])
     for v, n in out.counts.items():
         n["seeds"] = len({r["seed"] for r in rows if r["variant"] == v})
     if rows:  # a variant the claims read that has no run of its own (FedAvg+FT: FedAvg's runs fine-tuned)
@@ -640,7 +656,7 @@ def plain(text: str) -> list[str]:
                 cells = _cells(line)
                 for k, cell in enumerate(cells):
                     col = header[k] if k < len(header) else ""
-                    if "paper" in col or "paper" in cells[0]:  # a column or a row of the paper's numbers
+                    if any(w in col or w in cells[0] for w in QUOTED):  # a column or row of quoted numbers
                         continue
                     chosen = names.pick(f"{cells[0]} {col}") if k else []
                     chosen = chosen or names.pick(line) or names.pick(paragraph[n - start])
@@ -747,7 +763,7 @@ def _paragraphs(lines: list[str]) -> list[str]:
 # values or cross-page numbers that the checker cannot derive): ``check_record`` skips ``plain`` on them only; their
 # "A ± B" and p-values are checked like every page's. `python reproduction/prose.py --plain` lists what is left.
 NOT_YET = {"appendix-diagnostics.md", "appendix-no-pretrain.md", "emnist-reduced.md",
-           "fig3-cifar10.md", "parity-cifar10.md"}
+           "fig3-cifar10.md"}
 
 
 def problems(text: str) -> list[str]:

@@ -283,7 +283,8 @@ def test_a_grid_cells_loss_against_its_columns_best_is_the_cells():
     prose = _prose()
     page = "Files: `reproduction/fig5-cifar10-full`.\n"
     assert prose.plain(page + "FedDyn loses most at η_l = 0.005 (0.234 at C = 1).\n") == []
-    for wrong in ("FedDyn loses most at η_l = 0.005 (0.241 at C = 1).", "FSL loses most at η_l = 0.005 (0.234 at C = 1)."):
+    for wrong in ("FedDyn loses most at η_l = 0.005 (0.241 at C = 1).",
+                  "FSL loses most at η_l = 0.005 (0.234 at C = 1)."):
         found = prose.plain(page + wrong + "\n")
         assert len(found) == 1 and found[0].startswith("line 2:"), found
 
@@ -296,6 +297,41 @@ def test_a_difference_of_two_variants_of_two_folders_and_a_paper_row():
     page = "Files: `reproduction/table1-cifar10-new-cpu`, `reproduction/fig5-cifar10-c2-new-cpu`.\n"
     assert prose.plain(page + "FSL-250 → FSL at η_l = 0.02 adds 0.029.\n") == []
     assert len(prose.plain(page + "FSL-250 → FSL at η_l = 0.02 adds 0.036.\n")) == 1
-    table = "| | FSL-250 | FSLsyn-720 |\n|---|---|---|\n| accuracy at 200 (ours) | 0.535 | 0.554 |\n| {} | 0.585 | 0.584 |\n"
+    table = ("| | FSL-250 | FSLsyn-720 |\n|---|---|---|\n| accuracy at 200 (ours) | 0.535 | 0.554 |\n"
+             "| {} | 0.585 | 0.584 |\n")
     assert prose.plain(page + table.format("accuracy at 1,000 (paper)")) == []
     assert len(prose.plain(page + table.format("accuracy at 1,000 (ours)"))) == 2
+
+
+def test_a_number_quoted_from_an_independent_implementation_passes_only_where_it_is_marked():
+    """parity-cifar10: the independent implementation's FSL 0.592 is none of fedsl's runs' values; "(independent:
+    0.592)" and a table column headed "independent" mark it as quoted, the same number unmarked is reported."""
+    prose = _prose()
+    page = "Files: `reproduction/parity-cifar10`.\n"
+    assert prose.plain(page + "FSL ends at 0.595 (independent: 0.592).\n") == []
+    assert prose.plain(page + "FSL ends higher (FSL 0.595; the independent one: 0.592).\n") == []
+    table = "| | {} | fedsl |\n|---|---|---|\n| FSL | 0.592 | 0.595 |\n"
+    assert prose.plain(page + table.format("independent")) == []
+    found = prose.plain(page + "FSL ends at 0.595; the independent implementation reached 0.592.\n")
+    assert len(found) == 1 and found[0].startswith("line 2: '0.592'"), found
+    found = prose.plain(page + table.format("ours too"))
+    assert len(found) == 1 and found[0].startswith("line 4: '0.592'"), found
+
+
+def test_a_setting_of_the_preset_a_folder_is_named_after_is_a_setting(tmp_path):
+    """parity-cifar10 keeps no config.json: its preset's η_l = 0.02 passes as a setting, a preset number that is no
+    setting (a claim's seed_std) and another η_l do not; the same folder under another name does not read the
+    preset."""
+    prose = _prose()
+    page = "Files: `reproduction/parity-cifar10`.\n"
+    assert prose.plain(page + "FSL trains with η_l = 0.02.\n") == []
+    for wrong in ("FSL trains with η_l = 0.03.", "FSL's seed std is 0.031 by the claims."):
+        found = prose.plain(page + wrong + "\n")
+        assert len(found) == 1 and found[0].startswith("line 2:"), found
+    for name, has in (("parity-cifar10", True), ("parity-cifar10-renamed", False)):
+        folder = tmp_path / name
+        folder.mkdir()
+        spec = json.loads((REPRO / "parity-cifar10" / "group.json").read_text())
+        (folder / "group.json").write_text(json.dumps(spec | {"name": "parity-cifar10"}))
+        shutil.copy2(REPRO / "parity-cifar10" / "index.csv", folder / "index.csv")
+        assert (0.02 in prose.variant_values(folder).variants["FSL"]) is has, name
