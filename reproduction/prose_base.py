@@ -102,21 +102,29 @@ def _claims(path: Path, spec: dict) -> Computed:
     return out
 
 
-def _assessment(path: Path) -> Computed:
-    """Spearman's ρ of each assessment score against FSL's gain, with its exact one-sided p
-    (reproduction/assess_validation.py), at each point assessed."""
+def assessment_pairs(path: Path):
+    """reproduction/assess_validation.py, and for each assessment score at each point assessed the candidates'
+    scores (signed: larger predicts more gain) and FSL's measured gains, as two lists."""
     spec = importlib.util.spec_from_file_location("assess_validation", HERE / "assess_validation.py")
     av = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(av)
     gain = av.gains(path)
-    out = Computed()
+    pairs = []
     for csv_path in sorted(path.glob("assess-*/assess.csv")):
         with open(csv_path, newline="") as f:
             rows = {r["name"]: r for r in csv.DictReader(f)}
         names = [n for n in rows if n in gain]
         measured = [gain[n][0] for n in names]
-        for key, (_, sign) in av.SCORES.items():
-            out.ps.append(av.exact_p([sign * float(rows[n][key]) for n in names], measured))
+        pairs += [([sign * float(rows[n][key]) for n in names], measured) for key, (_, sign) in av.SCORES.items()]
+    return av, pairs
+
+
+def _assessment(path: Path) -> Computed:
+    """Spearman's ρ of each assessment score against FSL's gain, with its exact one-sided p
+    (reproduction/assess_validation.py), at each point assessed."""
+    av, pairs = assessment_pairs(path)
+    out = Computed()
+    out.ps = [av.exact_p(score, measured) for score, measured in pairs]
     out.ps += _holm(out.ps)  # Holm over the folder's tests (every score at every point assessed)
     return out
 

@@ -17,7 +17,6 @@ reproduction/prose_plain.py may be, per variant.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import re
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from prose_base import HERE, METRICS, NUMBER, _cells, _sample_std
+from prose_base import METRICS, NUMBER, _cells, _sample_std, assessment_pairs
 
 from fedsl.config import presets
 from fedsl.report import grid, verdicts
@@ -172,20 +171,8 @@ def variant_values(folder: Path) -> Values:
 def _assessment_rhos(folder: Path) -> list[float]:
     """Spearman's ρ of each assessment score against FSL's gain (reproduction/assess_validation.py), at each
     point assessed, and the exact one-sided p of ρ = 0.5 .. 1 over the candidates (the rule's examples)."""
-    spec = importlib.util.spec_from_file_location("assess_validation", HERE / "assess_validation.py")
-    av = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(av)
-    gain = av.gains(folder)
-    out = []
-    for csv_path in sorted(folder.glob("assess-*/assess.csv")):
-        with open(csv_path, newline="") as f:
-            rows = {r["name"]: r for r in csv.DictReader(f)}
-        names = [n for n in rows if n in gain]
-        measured = [gain[n][0] for n in names]
-        for key, (_, sign) in av.SCORES.items():
-            score = [sign * float(rows[n][key]) for n in names]
-            out += [av.spearman(score, measured), av.exact_p(score, measured)]
-    return out
+    av, pairs = assessment_pairs(folder)
+    return [x for score, measured in pairs for x in (av.spearman(score, measured), av.exact_p(score, measured))]
 
 
 def _method(variant: str) -> str:
