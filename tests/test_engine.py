@@ -260,3 +260,41 @@ def test_training_one_client_does_not_import_torch_dynamo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).parent, check=False)
     assert out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]
+
+
+def test_forward_without_buffers_equals_functional_call_and_leaves_the_module_as_it_was():
+    """The fast forward (parameters put in the modules' slots, then back) is functional_call's numbers, for a tied
+    weight too (both of its owners take the given tensor), under autograd and vmap, and after an error."""
+    from torch.func import functional_call, grad, vmap
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Linear(6, 6, bias=False)
+            self.mid = nn.Linear(6, 6)
+            self.out = nn.Linear(6, 6, bias=False)
+            self.out.weight = self.emb.weight  # one parameter, two owners
+
+        def forward(self, x):
+            if x.shape[-1] != 6:
+                raise ValueError("bad input")
+            return self.out(torch.tanh(self.mid(self.emb(x))))
+
+    torch.manual_seed(0)
+    fm = FunctionalModel(Tied().double())
+    before = {n: p for n, p in fm.module.named_parameters()}
+    params = {n: torch.randn_like(p) for n, p in fm.params().items()}
+    assert sorted(params) == ["emb.weight", "mid.bias", "mid.weight"]
+    x = torch.randn(5, 6, dtype=torch.float64)
+    assert torch.equal(fm.forward(params, x), functional_call(fm.module, params, (x,)))
+    f = lambda p, x: fm.forward(p, x).square().sum()
+    g_fast = grad(f)(params, x)
+    g_ref = grad(lambda p, x: functional_call(fm.module, p, (x,)).square().sum())(params, x)
+    assert all(torch.equal(g_fast[n], g_ref[n]) for n in params)
+    xs = torch.randn(3, 5, 6, dtype=torch.float64)
+    assert torch.equal(vmap(fm.forward, in_dims=(None, 0))(params, xs),
+                       torch.stack([functional_call(fm.module, params, (xi,)) for xi in xs]))
+    with pytest.raises(ValueError, match="bad input"):
+        fm.forward(params, torch.randn(5, 4, dtype=torch.float64))
+    assert {n: p for n, p in fm.module.named_parameters()} == before
+    assert fm.module.out.weight is fm.module.emb.weight is before["emb.weight"]

@@ -82,6 +82,31 @@ def reinitialise_(model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
+def _parameter_slots(model: nn.Module) -> dict[str, list[tuple[nn.Module, str]]]:
+    """Each parameter's name -> every (module, attribute) that holds it (a tied weight has several)."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        path, _, attr = name.rpartition(".")
+        owners.setdefault(id(p), []).append((model.get_submodule(path), attr))
+    return {name: owners[id(p)] for name, p in model.named_parameters()}
+
+
+def _swapped_call(module: nn.Module, slots: dict[str, list[tuple[nn.Module, str]]], params: Params,
+                  x: torch.Tensor) -> torch.Tensor:
+    """``functional_call(module, params, (x,))`` for a full set of parameters and no buffers, by putting the
+    tensors in the modules' parameter slots and back: the same forward, the same operations and numbers, without
+    ``functional_call``'s per-call bookkeeping, which outweighs a small model's own forward."""
+    saved = [(m, a, m._parameters[a]) for slot in slots.values() for m, a in slot]
+    try:
+        for name, slot in slots.items():
+            for m, a in slot:
+                m._parameters[a] = params[name]
+        return module(x)
+    finally:
+        for m, a, p in saved:
+            m._parameters[a] = p
+
+
 class FunctionalModel:
     """Wraps ``model`` (dropout made key-driven) as a pure function of its parameters, with a pure loss.
 
@@ -102,6 +127,7 @@ class FunctionalModel:
         self.key_names = replace_dropout(model)
         self.module = model
         self.names = [n for n, _ in model.named_parameters()]
+        self._slots = _parameter_slots(model)
         self.has_representation = has_representation(model)
         self._parts = _Parts(model) if self.has_representation else None
         self._frozen: _Parts | None = None  # an evaluation-mode copy for ``represent``, made by ``freeze``
@@ -126,7 +152,10 @@ class FunctionalModel:
         """The model's outputs on ``x``; ``key``: dropout's; ``w``: the samples' weights (BatchNorm's training
         statistics count the samples by them: padding, weight 0, not at all); ``stats``: BatchNorm's evaluation
         statistics (``statistics``; None: each batch's own)."""
-        return functional_call(self.module, {**params, **self._buffers(key, w, stats)}, (x,))
+        buffers = self._buffers(key, w, stats)
+        if buffers or params.keys() != self._slots.keys():
+            return functional_call(self.module, {**params, **buffers}, (x,))
+        return _swapped_call(self.module, self._slots, params, x)
 
     def loss(self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
              key: torch.Tensor) -> torch.Tensor:

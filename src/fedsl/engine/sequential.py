@@ -62,11 +62,11 @@ class SequentialExecutor:
     @staticmethod
     def _batches(plan: BatchPlan, j: int, x: torch.Tensor, y: torch.Tensor) -> Iterator[tuple]:
         """Client j's real batches (no padding): (inputs, labels, weights 1/b, dropout key)."""
-        for k in range(plan.steps[j]):
-            w = plan.weight[j, k]
-            b = int((w > 0).sum())  # real samples come first; the rest is padding
+        steps = plan.steps[j]
+        real = (plan.weight[j, :steps] > 0).sum(-1).tolist()  # real samples come first; the rest is padding
+        for k, b in enumerate(real):
             idx = plan.idx[j, k, :b]
-            yield x[idx], y[idx], w[:b], plan.keys[j, k]
+            yield x[idx], y[idx], plan.weight[j, k, :b], plan.keys[j, k]
 
     def local_sgd(self, params: Params, plan: BatchPlan, x: torch.Tensor, y: torch.Tensor, lr: float) -> Params:
         return self.train(LOCAL_SGD, [params] * plan.num_clients, plan, x, y, lr)[0]
