@@ -97,12 +97,26 @@ def one(preset: str, lrs: list[float], rounds: int, extra: list[str], folder: Pa
     return wall, peak, best["complete"] + best["pruned"] + best["failed"]
 
 
+def _warn_if_not_compiled() -> None:
+    """Each mode is a new process: without byte-compiled modules (PYTHONDONTWRITEBYTECODE set and an install made
+    without compiling) every process compiles its imports again, seconds that a user's pip install does not pay."""
+    import importlib.util
+
+    import fedsl
+    import torch
+    missing = [m.__name__ for m in (fedsl, torch) if not Path(importlib.util.cache_from_source(m.__file__)).exists()]
+    if missing and os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print(f"warning: {', '.join(missing)} not byte-compiled and PYTHONDONTWRITEBYTECODE is set: every process "
+              "compiles its imports again (python -m compileall -q src .venv/lib first)", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--only", default=",".join(WORKLOADS))
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every trial's rounds (a dry run: 0.2)")
     a = ap.parse_args()
+    _warn_if_not_compiled()
     rows = []
     for model in a.only.split(","):
         preset, rounds, lrs = WORKLOADS[model]
