@@ -102,8 +102,9 @@ def _warn_if_not_compiled() -> None:
     without compiling) every process compiles its imports again, seconds that a user's pip install does not pay."""
     import importlib.util
 
-    import fedsl
     import torch
+
+    import fedsl
     missing = [m.__name__ for m in (fedsl, torch) if not Path(importlib.util.cache_from_source(m.__file__)).exists()]
     if missing and os.environ.get("PYTHONDONTWRITEBYTECODE"):
         print(f"warning: {', '.join(missing)} not byte-compiled and PYTHONDONTWRITEBYTECODE is set: every process "

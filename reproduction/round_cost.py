@@ -21,8 +21,8 @@ import torch
 
 from fedsl.algorithms.server_round import server_update
 from fedsl.config import loading, presets
+from fedsl.config.expand import expand_runs
 from fedsl.runs.build import prepare
-from fedsl.sweeps.sweep import expand_runs
 
 
 def main(argv: list[str]) -> None:

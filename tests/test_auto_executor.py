@@ -101,7 +101,7 @@ def test_the_side_by_side_rule(runs, threads, free, gflop, run_bytes, avail, n):
 
 
 def test_a_groups_runs_are_weighed_by_what_their_checks_built(monkeypatch):
-    from fedsl.sweeps.sweep import expand_variants
+    from fedsl.config.expand import expand_variants
     monkeypatch.setattr(build.threads, "auto_threads", lambda: 2)
     seen = []
     real = placement.side_by_side

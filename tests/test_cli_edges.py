@@ -257,8 +257,8 @@ def test_variants_runs_a_subset_whose_runs_do_not_read_a_template_key(tmp_path):
     its FedDF variants read) does not make ``--variants`` refuse the rest: it goes back to its default in the smaller
     config, which is saved and resumes; the whole config still refuses the key where no run reads it."""
     from fedsl.cli import main
+    from fedsl.config.expand import only_variants
     from fedsl.config.loading import load
-    from fedsl.sweeps.sweep import only_variants
 
     text = QUICK_GROUP.format(rounds=2).replace('[algorithm]\n', '[algorithm]\nmu = 0.3\n') + \
         '[variants.FedProx.algorithm]\nname = "fedprox"\n'

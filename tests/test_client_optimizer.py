@@ -319,8 +319,8 @@ def test_stacked_runs_equal_one_by_one_and_differing_settings_do_not_stack(execu
 
 
 def test_a_sweep_over_the_settings_is_not_stacked_together(tmp_path):
+    from fedsl.config.expand import expand_variants
     from fedsl.sweeps.compare import stack_groups, stack_key
-    from fedsl.sweeps.sweep import expand_variants
     cfg = validate(tiny_config(alg="fsl", stack=8, seeds=[0, 1],
                                sweep={"algorithm.client_momentum": [0.0, 0.9], "algorithm.weight_decay": [0.0, 1e-3]}))
     runs = expand_variants(cfg)

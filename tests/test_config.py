@@ -8,9 +8,9 @@ import math
 import pytest
 
 from fedsl.config import presets
+from fedsl.config.expand import count_runs, expand_runs, expand_variants
 from fedsl.config.loading import apply_overrides, load, read_file
 from fedsl.config.schema import ConfigError, RunConfig, validate
-from fedsl.sweeps.sweep import count_runs, expand_runs, expand_variants
 
 MINIMAL = {"rounds": 3, "data": {"dataset": "synthetic_chars"}, "algorithm": {"name": "fedavg"}}
 

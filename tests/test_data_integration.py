@@ -4,10 +4,10 @@ import numpy as np
 import torch
 
 from fedsl.cli import main
+from fedsl.config import expand as sweep
 from fedsl.config import loading, presets
 from fedsl.data.datasets import build_federation
 from fedsl.runs.build import check
-from fedsl.sweeps import sweep
 
 
 def _variant(preset: str, variant: str, data_dir, overrides=()):

@@ -271,11 +271,11 @@ def test_a_documented_config_runs(block, tmp_path, one_thread):
     import tomllib
 
     from fedsl.config import loading, presets
+    from fedsl.config.expand import expand_variants
     from fedsl.config.schema import ConfigError
     from fedsl.runs.build import check_all
     from fedsl.sources import hf_files
     from fedsl.sweeps.compare import run_group
-    from fedsl.sweeps.sweep import expand_variants
 
     part = tomllib.loads(block.code)
     if "superlink" in part:

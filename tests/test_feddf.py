@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from fedsl.algorithms.distillation import Distillation, EarlyStopping, distill, validation_kl
 from fedsl.algorithms.server_round import server_update
 from fedsl.config import schema as config
-from fedsl.config.dotted import set_dotted
+from fedsl.config.expand import set_dotted
 from fedsl.runs.build import prepare
 from fedsl.sources.arrays import ImageSet
 

@@ -147,7 +147,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path, one_thread):
 
 
 def test_stale_tmp_checkpoint_removed_on_resume(tmp_path):
-    from fedsl.sweeps.sweep import expand_variants
+    from fedsl.config.expand import expand_variants
     cfg = next(iter(expand_variants(loading.load(write_config(tmp_path, "sweep", rounds=4))).values()))  # one run
     d = tmp_path / "r"
     run(cfg, d, log=lambda s: None, progress=False, stop_after=2)

@@ -101,10 +101,10 @@ def test_one_toml_is_one_experiment_from_the_command_line_and_from_python(tmp_pa
     refused in one line as the runs are made, naming the fix; `--variants` may still pick variants that do not run
     it."""
     from fedsl.config import loading
+    from fedsl.config.expand import expand_variants, only_variants
     from fedsl.config.schema import ConfigError
     from fedsl.runs import runner
     from fedsl.sweeps.compare import run_group
-    from fedsl.sweeps.sweep import expand_variants, only_variants
 
     path = tmp_path / "my.toml"
     path.write_text(README_TOML + '[variants.FSL]\n[variants.FedAvg.algorithm]\nname = "fedavg"\n')

@@ -12,11 +12,11 @@ import torch
 from conftest import TINY, start_paused, tiny_config
 
 from fedsl.cli import main
+from fedsl.config import expand as sweep
 from fedsl.config import loading, presets
 from fedsl.config import schema as C
 from fedsl.runs.callbacks import Callback, StopRun
 from fedsl.runs.runner import run
-from fedsl.sweeps import sweep
 
 
 def tiny(tmp_path: Path, rounds=12, alg="fsl", dtype="float32", executor="auto", extra="") -> Path:

@@ -17,10 +17,10 @@ from pydantic import BaseModel
 
 from fedsl.cli import main
 from fedsl.config import presets
+from fedsl.config.expand import count_runs, expand_runs
 from fedsl.config.schema import NAME_MAX, RUNS_MAX, ConfigError, RunConfig, name_problem, validate
 from fedsl.models import build_model
 from fedsl.sweeps import compare
-from fedsl.sweeps.sweep import count_runs, expand_runs
 
 TINY_DICT = tomllib.loads(TINY.format(rounds=1, alg="fsl", dtype="float32", executor="auto"))
 

@@ -329,10 +329,10 @@ def test_stacked_sweep_interrupted_then_resumed(tmp_path):
 
 def test_stack_groups_and_limits(tmp_path):
     from fedsl.config import schema as C
+    from fedsl.config.expand import expand_variants
     from fedsl.config.schema import ConfigError
     from fedsl.runs.memory import stack_limit
     from fedsl.sweeps.compare import stack_groups
-    from fedsl.sweeps.sweep import expand_variants
 
     cfg = C.validate(sweep_config(3, executor="auto"))
     runs = expand_variants(cfg)

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from fedsl.config import loading, presets
+from fedsl.config.expand import expand_runs
 from fedsl.sweeps.compare import stack_groups
-from fedsl.sweeps.sweep import expand_runs
 
 FSL_VARIANTS = ("FSL-250", "FSL-500", "FSLsyn-504", "FSLsyn-720")
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedsl.config import expand as sweep
 from fedsl.config import loading, presets
 from fedsl.config.schema import ConfigError, validate
 from fedsl.data.clients import ClientIndex
@@ -19,7 +20,6 @@ from fedsl.runs import callbacks
 from fedsl.runs.build import prepare
 from fedsl.runs.results import METRIC_COLUMNS, VALIDATION_COLUMNS, RunDir
 from fedsl.runs.runner import run, run_stacked
-from fedsl.sweeps import sweep
 
 # the quickstart preset at a tiny size: 400 training samples, N = 20 clients of n_i = 20, |D0| = 100 (IID, drawn
 # from the whole pool, so overlapping the clients'); B = 10 so that a client left with 15 samples still has a batch

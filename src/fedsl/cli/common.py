@@ -59,22 +59,21 @@ def print_line(line: str) -> None:
 
 
 def load_config(config: Optional[Path], preset: Optional[str], set_: List[str], data_dir: Optional[Path],
-                 quick: bool = False, variants: Optional[List[str]] = None):
+                quick: bool = False, variants: Optional[str] = None):
+    """The config a command runs: CONFIG or the preset, ``--quick``'s table, ``--set`` and ``--data-dir`` applied,
+    validated; with ``--variants`` (names split at commas) only those variants, ``--set`` refused where all of them
+    replace its key, and a UserError of one line naming the variants there are when one is not among them."""
     from fedsl.config import loading, presets
+    from fedsl.config.expand import only_variants
     if (config is None) == (preset is None):
         raise UserError("give either a CONFIG file or --preset NAME (see `fedsl presets`)")
+    names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
     base = presets.load(preset) if preset else None
     extra = [f"data.data_dir={str(data_dir)!r}"] if data_dir is not None else []
-    return loading.load(config, [*set_, *extra], base=base, quick=quick, variants=variants)
-
-
-def select_variants(cfg, variants: Optional[str], names: Optional[List[str]]):
-    """``cfg`` with only the variants ``--variants`` names (``names``: that option split at commas; None: all),
-    or a UserError of one line naming the variants there are."""
+    cfg = loading.load(config, [*set_, *extra], base=base, quick=quick, variants=names)
     if names is None:
         return cfg
     if not names or any(v not in cfg.variants for v in names):
         raise UserError(f"--variants {variants!r}: expected names from "
                         f"{list(cfg.variants) or 'none (the config has no variants)'}")
-    from fedsl.sweeps.sweep import only_variants
     return only_variants(cfg, names)

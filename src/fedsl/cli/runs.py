@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from fedsl.cli.app import app
-from fedsl.cli.common import UserError, console, select_variants
+from fedsl.cli.common import UserError, console
 from fedsl.cli.common import clean_errors as _clean_errors
 from fedsl.cli.common import load_config as _load_config
 from fedsl.cli.common import print_line as _print_line
@@ -127,15 +127,13 @@ def run(config: Optional[Path] = typer.Argument(None, help="TOML config file", s
     backend = _backend(parallel, ray, ray_resources, quiet)
     if track:  # a TOML list of strings, as --set tracking=[...] would give it
         set_ = [*set_, "tracking=[" + ", ".join(json.dumps(t) for t in track) + "]"]
-    names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
-    cfg = _load_config(config, preset, set_, data_dir, quick, names)  # --set refused where those variants replace it
-    cfg = select_variants(cfg, variants, names)
+    cfg = _load_config(config, preset, set_, data_dir, quick, variants)  # --set refused where those variants replace it
     if out is None:
         out = Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if tuned:
         cfg = tune_first(cfg, out, parallel, quiet)
+    from fedsl.config.expand import expand_variants
     from fedsl.runs.build import check_all
-    from fedsl.sweeps.sweep import expand_variants
     runs = expand_variants(cfg)
     if len(runs) > BIG_SWEEP and not yes:
         raise UserError(f"the config makes {len(runs)} runs (variants × sweep points × seeds), more than {BIG_SWEEP}: "

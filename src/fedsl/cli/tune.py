@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from fedsl.cli.common import UserError, clean_errors, console, load_config, print_line, select_variants
+from fedsl.cli.common import UserError, clean_errors, console, load_config, print_line
 from fedsl.config.own_keys import changed
 
 
@@ -39,9 +39,7 @@ def tune(config: Optional[Path] = typer.Argument(None, help="TOML config file", 
     from fedsl import tune as T
     if trials is not None:
         set_ = [*set_, f"tune.trials={trials}"]
-    names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
-    cfg = load_config(config, preset, set_, data_dir, quick, names)
-    cfg = select_variants(cfg, variants, names)
+    cfg = load_config(config, preset, set_, data_dir, quick, variants)
     if ray is not None and not changed(cfg.tune, "storage"):
         # the nodes share --out over a network filesystem, where SQLite's locks often fail: Optuna's journal file
         cfg = cfg.model_copy(update={"tune": cfg.tune.model_copy(update={"storage": "journal"})})

@@ -6,7 +6,9 @@ before anything runs.
   model, ...) and ``data_keys`` (the [data] table);
 - ``own_keys``: the keys a rule, a dataset or an attack reads, so that an unread key is refused;
 - ``loading``: a file or a preset's dict, its ``quick`` table and ``--set`` overrides, into a ``RunConfig``;
-  ``dotted``: dotted keys over nested dicts; ``presets``: the paper's experiments as TOML files (``presets/``);
+  ``expand``: a config's variants, sweep points and seeds expanded into one validated config per run, and the dotted
+  keys over nested dicts that expanding and loading share; ``presets``: the paper's experiments as TOML files
+  (``presets/``);
 - ``resolve``: the defaults that depend on other keys (η_g = √S for the rules that say so, ...);
 - ``tune_space``, ``tune_storage``: the [tune] table's search spaces and where studies live.
 

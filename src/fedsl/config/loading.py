@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedsl.config.dotted import deep_merge, get_dotted, has_dotted, set_dotted  # noqa: F401 (deep_merge: its old home)
+from fedsl.config.expand import deep_merge, get_dotted, has_dotted, set_dotted  # noqa: F401 (deep_merge: its old home)
 from fedsl.config.own_keys import lookup
 from fedsl.config.schema import ROUNDS_MAX, ConfigError, RunConfig, switched, validate, without_unread
 

@@ -23,7 +23,7 @@ class OwnKeys:
     """Keys of table ``section`` that only some choices of ``selector`` (``table.key``) read: ``readers`` maps each
     to the choices that do. Another choice's key, changed, would change nothing (a sweep of it would run one config
     many times): a run's config refuses it (``unread_key``); a template (a config with variants or a sweep) gives
-    each run only the keys its choice reads and refuses one no run reads (``fedsl.sweeps.sweep``); ``--set``
+    each run only the keys its choice reads and refuses one no run reads (``fedsl.config.expand``); ``--set``
     that switches the choice leaves the old one's keys behind (``without_unread``)."""
 
     section: str

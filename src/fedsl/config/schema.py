@@ -4,7 +4,7 @@ Every field has a default except ``rounds``, ``data.dataset`` and ``algorithm.na
 Hyper-parameters left unset (None) follow the paper's rules (``fedsl.algorithms.defaults``)
 and are resolved once the data are known (``fedsl.config.resolve.resolve``).
 Errors are ``ConfigError``: one line naming the key, the value and what is expected.
-Reading files and ``--set`` overrides: ``fedsl.config.loading``; a config's runs: ``fedsl.sweeps.sweep``.
+Reading files and ``--set`` overrides: ``fedsl.config.loading``; a config's runs: ``fedsl.config.expand``.
 
 This module holds the run's own keys (``RunConfig``), the checks across tables and the validation that turns
 pydantic's errors into one line; the tables live beside it, each module one job: ``config_base`` (the error, the

@@ -2,7 +2,7 @@
 
 - ``fedsl.config``: the config's tables, reading it (files, presets, ``--set``), own keys, defaults resolved;
 - ``fedsl.runs``: a run built from its config, driven, kept in its folder and resumed;
-- ``fedsl.sweeps``: a config expanded into runs, run as a group, in parallel or on Ray, extended;
+- ``fedsl.sweeps``: a config's runs (``fedsl.config.expand``) run as a group, in parallel or on Ray, extended;
 - ``fedsl.tune``: studies on validation data; ``fedsl.assess``: how useful a server dataset D0 is.
 
 ``import fedsl.experiments.X`` (and ``from fedsl.experiments import X``) still works for one release: it warns
@@ -23,7 +23,7 @@ MOVED = {
     "callbacks": "fedsl.runs.callbacks", "progress": "fedsl.runs.progress", "interrupts": "fedsl.runs.interrupts",
     "divergence": "fedsl.runs.divergence", "tracking": "fedsl.runs.tracking", "placement": "fedsl.runs.placement",
     "memory": "fedsl.runs.memory", "record": "fedsl.runs.record",
-    "sweep": "fedsl.sweeps.sweep", "compare": "fedsl.sweeps.compare", "parallel": "fedsl.sweeps.parallel",
+    "sweep": "fedsl.config.expand", "compare": "fedsl.sweeps.compare", "parallel": "fedsl.sweeps.parallel",
     "ray_backend": "fedsl.sweeps.ray_backend", "extend": "fedsl.sweeps.extend",
     "assess": "fedsl.assess", "tune": "fedsl.tune",
 }

@@ -31,7 +31,7 @@ from fedsl.algorithms import SPECS, Algorithm, Pretraining, Spec
 from fedsl.algorithms import spec as algorithm_spec
 from fedsl.algorithms.spec import CLIENT_MEASURES
 from fedsl.config import presets
-from fedsl.config.dotted import set_dotted
+from fedsl.config.expand import expand_variants, set_dotted
 from fedsl.config.loading import read_file
 from fedsl.config.schema import ConfigError, PrivacyConfig, RunConfig, validate
 from fedsl.core.privacy_accounting import Budget
@@ -39,7 +39,6 @@ from fedsl.data import registry
 from fedsl.data.federation import Federation
 from fedsl.engine.simulator import Simulator
 from fedsl.runs.build import prepare  # `fedsl run`'s own resolution of the paper's defaults
-from fedsl.sweeps.sweep import expand_variants
 
 # Flower-side options (dashed, so they never collide with fedsl's snake_case keys)
 FLOWER_KEYS = ("preset", "config-file", "variant", "out-dir", "round-timeout", "straggler-timeout", "min-nodes",

@@ -158,12 +158,11 @@ def seconds_per_round(path: Path) -> float | None:
 
 def full_scale_runs(preset: str) -> int:
     """Runs of the preset at the paper's scale: its variants × sweep points × 3 seeds."""
-    from fedsl.config import presets
+    from fedsl.config import expand, presets
     from fedsl.config import schema as config
-    from fedsl.sweeps import sweep
 
     cfg = config.validate({**presets.load(preset), "seeds": list(range(PAPER_SCALE[1]))})
-    return sweep.count_runs(cfg)
+    return expand.count_runs(cfg)
 
 
 def cost_markdown(root: str | Path, entries: list[dict]) -> str:

@@ -228,7 +228,7 @@ def refuse_group(cfg: RunConfig) -> None:
     if what:
         raise ConfigError(f"config {cfg.name!r} is a group of runs ({'; '.join(what)}) and run() runs one: expected "
                           "fedsl.sweeps.compare.run_group(cfg, out) for all of them, as `fedsl run` runs it, or "
-                          "one of them: fedsl.sweeps.sweep.expand_variants(cfg)[RUN_NAME]")
+                          "one of them: fedsl.config.expand.expand_variants(cfg)[RUN_NAME]")
 
 
 def run(cfg: RunConfig, out: str | Path, *, resume: bool = False, log: Log = print,

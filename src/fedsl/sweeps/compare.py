@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedsl.config.dotted import get_dotted
+from fedsl.config.expand import expand_runs, get_dotted
 from fedsl.config.schema import RunConfig
 from fedsl.runs import runner
 from fedsl.runs.build import Built
 from fedsl.runs.memory import stack_limit
 from fedsl.runs.results import CorruptCheckpoint, RunDir, atomic_write, is_group
-from fedsl.sweeps.sweep import expand_runs
 
 FINISHED = ("completed", "diverged")  # statuses a re-run or resume skips
 

@@ -226,7 +226,7 @@ def extend_group(path: Path, cfg: RunConfig, rounds: int) -> RunConfig:
     """Make group folder ``path`` (its config ``cfg``, group.json's) that of a group of T = ``rounds`` rounds whose
     runs stopped where they are; returns the group's config at T, for ``compare.run_group(..., resume=True)``. Every
     run is checked before anything is written; group.json is written first (module docstring)."""
-    from fedsl.sweeps.sweep import expand_runs
+    from fedsl.config.expand import expand_runs
     target = group_target(cfg, rounds)
     plans, unstarted = [], False
     for rname, (_, rcfg) in expand_runs(target).items():

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsl.algorithms.spec import Range
-from fedsl.config.dotted import set_dotted
+from fedsl.config.expand import set_dotted
 from fedsl.config.schema import ConfigError, RunConfig, validate
 from fedsl.config.tune_space import describe
 from fedsl.config.tune_storage import describe_storage, open_storage, study_name
@@ -457,7 +457,7 @@ def apply_best(cfg: RunConfig, study: str | Path) -> RunConfig:
         for key, value in row["params"].items():
             set_dotted(target, key, value)
     if cfg.variants:  # a template value that every variant reading it now sets itself is read by no run (refused)
-        from fedsl.config.dotted import deep_merge, has_dotted
+        from fedsl.config.expand import deep_merge, has_dotted
         from fedsl.config.schema import OWN_KEYS
 
         def reads(over: dict, key: str) -> bool:

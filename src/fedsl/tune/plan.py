@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedsl.algorithms.spec import Range
-from fedsl.config.dotted import set_dotted
+from fedsl.config.expand import expand_runs, set_dotted
 from fedsl.config.schema import ConfigError, RunConfig, validate
 from fedsl.config.tune_space import describe, run_space
 from fedsl.runs.build import check
-from fedsl.sweeps.sweep import expand_runs
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""A config's runs: one validated ``RunConfig`` per (variant, sweep point, seed), each named for its folder."""
+"""A config expanded into its runs: one validated ``RunConfig`` per (variant, sweep point, seed), each named for its
+folder; and the dotted keys over nested dicts (``"server.gamma"`` is ``data["server"]["gamma"]``) that the expansion,
+reading a config (``loading``) and a study's trials (``fedsl.tune``) share."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import itertools
 import math
 from typing import Any
 
-from fedsl.config.dotted import deep_merge, get_dotted, has_dotted
 from fedsl.config.schema import (
     NAME_MAX,
     OWN_KEYS,
@@ -19,6 +20,41 @@ from fedsl.config.schema import (
     slug,
     validate,
 )
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        if not isinstance(node.get(part, {}), dict):
+            raise ConfigError(f"--set {key}: '{part}' is not a table")
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def get_dotted(data: dict, key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def has_dotted(data: dict, key: str) -> bool:
+    try:
+        get_dotted(data, key)
+    except (KeyError, TypeError):  # a missing part, or a part under a non-table value
+        return False
+    return True
 
 
 def _label(value: Any) -> str:
@@ -185,8 +221,9 @@ def expand_runs(cfg: RunConfig, *, picked: bool = False) -> dict[str, tuple[str,
                 merged["name"] = label
                 if seed is not None:
                     merged["seed"] = seed
+                merged = _not_inherited(merged, template, own, read)
                 try:
-                    run_cfg = validate(_not_inherited(merged, template, own, read))
+                    run_cfg = validate(merged)
                 except ConfigError as e:
                     raise ConfigError(f"{where}: {e}" if where else str(e)) from None
                 run = label if seed is None else f"{label}-seed{seed}"
