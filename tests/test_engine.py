@@ -181,6 +181,7 @@ def test_captured_vectorised_step_equals_the_eager_one_float64(name, hp):
         return Simulator(fm, fed, alg, VectorisedExecutor(fm, compile_mode), clients_per_round=4, seed=3)
 
     from torch._dynamo.utils import counters
+    torch._dynamo.reset()  # a graph an earlier test compiled would be reused, not counted
     counters.clear()
     eager, captured = sim("off"), sim("aot_eager")
     a, b = eager.initial_state(), captured.initial_state()

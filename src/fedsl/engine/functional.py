@@ -153,7 +153,8 @@ class FunctionalModel:
         statistics count the samples by them: padding, weight 0, not at all); ``stats``: BatchNorm's evaluation
         statistics (``statistics``; None: each batch's own)."""
         buffers = self._buffers(key, w, stats)
-        if buffers or params.keys() != self._slots.keys():
+        # a captured step (torch.compile) traces functional_call, whose graph does not hold the modules themselves
+        if torch.compiler.is_compiling() or buffers or params.keys() != self._slots.keys():
             return functional_call(self.module, {**params, **buffers}, (x,))
         return _swapped_call(self.module, self._slots, params, x)
 
