@@ -20,10 +20,9 @@ other decimal written to two places or more must be a value of the variants its 
 from a paper or an independent implementation; a count of runs, trials or seeds a count of the section's folders.
 What both checks share (documents, sections, what a folder computes for "±" and "p") is reproduction/prose_base.py.
 
-Enforced on REPRODUCTION.md and every page except ``NOT_YET``, the pages whose prose still quotes numbers that no
-committed file gives (runs of the old defaults no longer kept, metrics.csv not kept, per-round values of other
-pages): emnist-reduced. `python reproduction/prose.py
---plain` lists what each still has.
+Enforced on REPRODUCTION.md and every page except ``NOT_YET`` (none now), for pages whose prose would still quote
+numbers that no committed file gives while their folders are re-run. `python reproduction/prose.py --plain` lists
+what each page would still have.
 """
 
 from __future__ import annotations
@@ -113,7 +112,7 @@ def check(text: str) -> list[str]:
 # Pages whose plain numbers are not yet all accounted for (each still quotes numbers of runs no longer kept, per-round
 # values or cross-page numbers that the checker cannot derive): ``check_record`` skips ``plain`` on them only; their
 # "A ± B" and p-values are checked like every page's. `python reproduction/prose.py --plain` lists what is left.
-NOT_YET = {"emnist-reduced.md"}
+NOT_YET: set[str] = set()
 
 
 def problems(text: str) -> list[str]:

@@ -64,6 +64,27 @@ def test_claims_need_exactly_one_of_worse_or_trend():
             claim(**bad)
 
 
+def test_each_sides_own_values_pair_a_pinned_variant_with_one_swept_value(tmp_path):
+    """DS pinned at γ = 0 against FSL at γ = 1 of {0.5, 1}: better_at / worse_at pick each side's runs and leave
+    γ out of the cell, so the seeds pair (per seed +0.02, +0.03, +0.04); without them no cell holds both sides."""
+    rows = [{"run": f"DS-s{s}", "base": "DS", "seed": s, "server.gamma": 0.0, "algorithm.local_lr": 0.01,
+             "final_accuracy": 0.70 + 0.01 * s} for s in range(3)]
+    rows += [{"run": f"FSL-g{g}-s{s}", "base": "FSL", "seed": s, "server.gamma": g, "algorithm.local_lr": 0.01,
+              "final_accuracy": 0.72 + 0.02 * s if g == 1.0 else 0.60} for g in (0.5, 1.0) for s in range(3)]
+    runs = V.group_values(_group(tmp_path, rows, sweep=("server.gamma", "algorithm.local_lr")))
+    plain = V.judge(claim(better="FSL", worse="DS"), runs)
+    assert all(0 in v.n for v in plain)  # each cell holds one side only
+    [v] = V.judge(claim(better="FSL", worse="DS", better_at={"server.gamma": 1.0}, worse_at={"server.gamma": 0.0}),
+                  runs)
+    assert v.cell == {"algorithm.local_lr": 0.01} and v.n == (3, 3) and list(v.seeds_paired) == [0, 1, 2]
+    d = [0.02, 0.03, 0.04]
+    assert v.diff == pytest.approx(0.03, abs=1e-12) and v.se == pytest.approx(0.01 / math.sqrt(3), abs=1e-12)
+    assert v.p == pytest.approx(stats.t.sf(0.03 / (0.01 / math.sqrt(3)), 2), abs=1e-12) and v.verdict == "holds"
+    assert sum(d) / 3 == pytest.approx(v.diff)
+    with pytest.raises(Exception, match="better_at / worse_at select the two sides of an ordering"):
+        claim(trend="server.gamma", better_at={"server.gamma": 1.0})
+
+
 def _group(tmp_path, rows, sweep=()):
     """A group folder kept as group.json + index.csv only (as reproduction/ keeps old runs)."""
     runs = {r["run"]: {"dir": r["run"], "variant": r["run"], "base": r["base"], "seed": r["seed"],
@@ -165,6 +186,7 @@ def test_every_preset_claim_names_its_variants_and_keys():
             assert {c.better, c.worse or c.better} <= variants | finetuned, (name, c.text)
             assert c.trend is None or c.trend in cfg.sweep, (name, c.text)
             assert set(c.at) <= set(cfg.sweep), (name, c.text)
+            assert set(c.better_at) | set(c.worse_at) <= set(cfg.sweep), (name, c.text)
 
 
 def test_a_run_fine_tuned_on_d0_is_judged_as_its_own_variant_too(tmp_path):

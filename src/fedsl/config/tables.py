@@ -386,6 +386,12 @@ class Claim(_Strict):
                                            description="what is compared: " + ", ".join(CLAIM_METRICS))
     at: dict[str, Any] = Field(default_factory=dict, description="only the sweep cells with these values, e.g. "
                                                                   "{'data.classes_per_client' = 2}")
+    better_at: dict[str, Any] = Field(default_factory=dict, description="an ordering: only better's runs with these "
+                                      "values, the keys left out when its cells are matched with worse's, e.g. "
+                                      "{'server.gamma' = 1.0} against a DS pinned at gamma = 0")
+    worse_at: dict[str, Any] = Field(default_factory=dict, description="an ordering: only worse's runs with these "
+                                     "values, the keys left out when the cells are matched, e.g. "
+                                     "{'server.gamma' = 0.0}")
     seed_std: float | None = Field(None, gt=0, description="seed-to-seed sample std of the metric in this setting, "
                                    "measured elsewhere over seed_std_seeds seeds: lets a one-seed comparison hold "
                                    "when its difference is beyond it (else one seed is 'not shown')")
@@ -398,5 +404,8 @@ class Claim(_Strict):
         if (self.worse is None) == (self.trend is None):
             raise ValueError(f"claim {self.text[:40]!r}: expected exactly one of worse = VARIANT (an ordering) or "
                              "trend = 'swept.key' (a trend)")
+        if self.trend is not None and (self.better_at or self.worse_at):
+            raise ValueError(f"claim {self.text[:40]!r}: better_at / worse_at select the two sides of an ordering: "
+                             "expected worse = VARIANT with them, or at = {...} for a trend")
         return self
 

@@ -228,10 +228,11 @@ def _same(a: Any, b: Any) -> bool:
         return a == b
 
 
-def _cells(runs: list[RunValue], skip: str | None) -> dict[tuple, dict[str, Any]]:
+def _cells(runs: list[RunValue], skip: str | None | set[str]) -> dict[tuple, dict[str, Any]]:
+    skip = {skip} if isinstance(skip, str) else skip or set()
     cells: dict[tuple, dict[str, Any]] = {}
     for rv in runs:
-        cell = {k: v for k, v in sorted(rv.params.items()) if k != skip}
+        cell = {k: v for k, v in sorted(rv.params.items()) if k not in skip}
         cells.setdefault(tuple(cell.items()), cell)
     return cells
 
@@ -355,11 +356,17 @@ def judge(claim: Any, runs: list[RunValue]) -> list[Verdict]:
             out.append(trend(claim, [x for x, _ in pts], [y for _, y in pts], cell))
         return out or [trend(claim, [], [], {})]
     theirs = [rv for rv in runs if rv.base == claim.worse]
-    cells = _cells(mine + theirs, None)
+    # each side's own values (DS pinned at γ = 0 against FSL at γ = 1): those keys do not tell cells apart
+    sides = getattr(claim, "better_at", {}), getattr(claim, "worse_at", {})
+    mine = [rv for rv in mine if _matches(rv, sides[0])]
+    theirs = [rv for rv in theirs if _matches(rv, sides[1])]
+    apart = set(sides[0]) | set(sides[1])
+    cell_of = lambda rv: tuple((k, v) for k, v in sorted(rv.params.items()) if k not in apart)  # noqa: E731
+    cells = _cells(mine + theirs, apart)
     out = []
     for key, cell in cells.items():
-        ra = [rv for rv in mine if tuple(sorted(rv.params.items())) == key]
-        rb = [rv for rv in theirs if tuple(sorted(rv.params.items())) == key]
+        ra = [rv for rv in mine if cell_of(rv) == key]
+        rb = [rv for rv in theirs if cell_of(rv) == key]
         out.append(ordering(claim, [rv.values[claim.metric] for rv in ra], [rv.values[claim.metric] for rv in rb],
                             cell, seeds=([rv.seed for rv in ra], [rv.seed for rv in rb]),
                             reached=tuple(sum(claim.metric not in rv.censored for rv in r) for r in (ra, rb))))
