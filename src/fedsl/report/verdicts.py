@@ -357,10 +357,9 @@ def judge(claim: Any, runs: list[RunValue]) -> list[Verdict]:
         return out or [trend(claim, [], [], {})]
     theirs = [rv for rv in runs if rv.base == claim.worse]
     # each side's own values (DS pinned at γ = 0 against FSL at γ = 1): those keys do not tell cells apart
-    sides = getattr(claim, "better_at", {}), getattr(claim, "worse_at", {})
-    mine = [rv for rv in mine if _matches(rv, sides[0])]
-    theirs = [rv for rv in theirs if _matches(rv, sides[1])]
-    apart = set(sides[0]) | set(sides[1])
+    mine = [rv for rv in mine if _matches(rv, claim.better_at)]
+    theirs = [rv for rv in theirs if _matches(rv, claim.worse_at)]
+    apart = set(claim.better_at) | set(claim.worse_at)
     cell_of = lambda rv: tuple((k, v) for k, v in sorted(rv.params.items()) if k not in apart)  # noqa: E731
     cells = _cells(mine + theirs, apart)
     out = []
