@@ -75,6 +75,42 @@ def test_collect_keeps_the_text_results_of_finished_runs(tmp_path):
     assert (out / "A-seed0" / "metrics.csv").read_text() == (tmp_path / "g" / "A-seed0" / "metrics.csv").read_text()
 
 
+def test_collect_keeps_a_running_studys_text_and_a_consistent_database(tmp_path):
+    """`fedsl run --tuned` still in its studies (no group.json): collect copies tune/'s text files, never a
+    checkpoint, and study.db as its last commit, although a writer holds a transaction open; then the group's
+    runs too once group.json exists."""
+    import sqlite3
+    import subprocess
+
+    tune = tmp_path / "g" / "tune"
+    trial = tune / "FSL" / "trial-0000"
+    trial.mkdir(parents=True)
+    for name in ("config.json", "metrics.csv", "summary.json", "checkpoint.pt"):
+        (trial / name).write_text(name)
+    (tune / "tune.json").write_text("{}")
+    db = sqlite3.connect(tune / "study.db")
+    db.execute("CREATE TABLE trials (number INTEGER)")
+    db.execute("INSERT INTO trials VALUES (0)")
+    db.commit()
+    db.execute("INSERT INTO trials VALUES (1)")  # uncommitted: a trial being recorded at the copy
+    collect = _module("collect")
+    try:
+        assert collect.collect(tmp_path / "g", tmp_path / "kept") == []
+    finally:
+        db.close()
+    kept = tmp_path / "kept" / "tune"
+    assert sorted(p.name for p in (kept / "FSL" / "trial-0000").iterdir()) == ["config.json", "metrics.csv",
+                                                                               "summary.json"]
+    copy = sqlite3.connect(kept / "study.db")
+    assert copy.execute("SELECT number FROM trials").fetchall() == [(0,)]
+    copy.close()
+    assert not (tmp_path / "kept" / "group.json").exists()
+    r = subprocess.run([sys.executable, str(ROOT / "reproduction" / "collect.py"), str(tmp_path / "nothing"),
+                        str(tmp_path / "k2")], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "expected a run group's folder" in r.stderr
+    assert not (tmp_path / "k2").exists()
+
+
 def test_a_diverged_run_neither_sets_the_scale_nor_joins_the_mean(tmp_path):
     """A run that diverged at round 10 stops there by definition: the group's scale is its completed runs'
     rounds, and the variant's mean is over its completed seeds, with the diverged ones counted beside it."""
