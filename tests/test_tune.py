@@ -196,7 +196,7 @@ def test_trials_in_two_processes_share_the_studies_and_keep_the_budget(tmp_path)
 
 
 @pytest.mark.slow
-def test_run_tuned_runs_each_variants_seeds_at_the_values_its_study_chose(tmp_path):
+def test_run_tuned_runs_each_variants_seeds_at_the_values_its_study_chose(tmp_path, capsys):
     """`fedsl run --tuned`: the studies in OUT/tune, then the group in OUT at each variant's best values, trained
     on the whole training data (the study's validation split is its own) and judged on the test set."""
     from fedsl.cli import main
@@ -215,10 +215,27 @@ def test_run_tuned_runs_each_variants_seeds_at_the_values_its_study_chose(tmp_pa
                 assert run[section][name] == value, (variant, key)
             assert json.loads((out / f"{variant}-seed{seed}" / "summary.json").read_text())["status"] == "completed"
     assert best["FSL"] != best["FedAvg"]
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0  # the group, and where its values came from
+    shown = capsys.readouterr().out
+    assert "FSL-seed5" in shown and f"the studies that chose these values: `fedsl show {out / 'tune'}`" in shown
     from fedsl.report.report import write_report  # the group's report states each study's budget and choice
     report = write_report(out).read_text()
     assert "## Tuning (validation data" in report
     assert "| FSL | 2/2 | " in report and "| FedAvg | 2/2 | " in report, report
+
+
+def test_show_of_a_tuned_run_still_in_its_studies_shows_the_studies(tmp_path, capsys):
+    """`fedsl show OUT` of a `fedsl run --tuned` stopped in its studies (OUT/tune, no group yet) shows the studies
+    and how it continues, not "holds no run"."""
+    from fedsl.cli import main
+
+    T.start(_cfg(trials=1), tmp_path / "out" / "tune", log=lambda s: None).run()
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "out")]) == 0
+    shown = capsys.readouterr().out
+    assert "`fedsl run --tuned` in its studies" in shown and f"fedsl resume {tmp_path / 'out'}" in shown
+    assert "FedAvg" in shown and "1/1" in shown and "validation accuracy" in shown
 
 
 def test_a_grid_tries_each_point_once_and_refuses_ranges_and_keys_a_run_does_not_read(tmp_path):

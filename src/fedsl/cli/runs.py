@@ -258,11 +258,21 @@ def show(path: Path = typer.Argument(..., help="a run, group or tune folder, or 
     if is_flower_folder(path):
         print_flower(path)
         return
-    from fedsl.sweeps.compare import group_runs
+    from fedsl.sweeps.compare import group_config, group_runs
+    studies = T.is_tune_folder(path / "tune")
+    if studies and group_config(path) is None:  # `fedsl run --tuned` still in its studies: they are its state
+        console.print(f"{path}: `fedsl run --tuned` in its studies; the seed runs start after them "
+                      f"(stopped, it continues with `fedsl resume {path}`)", markup=False, highlight=False,
+                      soft_wrap=True)
+        print_tune(path / "tune")
+        return
     if not any(rd.summary_file.is_file() or rd.is_run() for rd in group_runs(path).values()):
         raise UserError(f"{str(path)!r} holds no run: expected a folder written by `fedsl run` "
                         "(or a Flower ServerApp's out-dir)")
     _print_tables(path, str(path))
+    if studies:
+        console.print(f"the studies that chose these values: `fedsl show {path / 'tune'}`", markup=False,
+                      highlight=False, soft_wrap=True)
 
 
 @app.command()
