@@ -228,12 +228,16 @@ def _same(a: Any, b: Any) -> bool:
         return a == b
 
 
-def _cells(runs: list[RunValue], skip: str | None | set[str]) -> dict[tuple, dict[str, Any]]:
-    skip = {skip} if isinstance(skip, str) else skip or set()
+def _cell_key(rv: RunValue, skip: set[str]) -> tuple:
+    """The run's sweep cell, without the keys in ``skip`` (the trend's key; each side's own values)."""
+    return tuple((k, v) for k, v in sorted(rv.params.items()) if k not in skip)
+
+
+def _cells(runs: list[RunValue], skip: set[str]) -> dict[tuple, dict[str, Any]]:
     cells: dict[tuple, dict[str, Any]] = {}
     for rv in runs:
-        cell = {k: v for k, v in sorted(rv.params.items()) if k not in skip}
-        cells.setdefault(tuple(cell.items()), cell)
+        key = _cell_key(rv, skip)
+        cells.setdefault(key, dict(key))
     return cells
 
 
@@ -349,10 +353,9 @@ def judge(claim: Any, runs: list[RunValue]) -> list[Verdict]:
     mine = [rv for rv in runs if rv.base == claim.better]
     if claim.trend is not None:
         out = []
-        for key, cell in _cells(mine, claim.trend).items():
+        for key, cell in _cells(mine, {claim.trend}).items():
             pts = [(float(rv.params[claim.trend]), rv.values[claim.metric]) for rv in mine
-                   if claim.trend in rv.params and tuple((k, v) for k, v in sorted(rv.params.items())
-                                                         if k != claim.trend) == key]
+                   if claim.trend in rv.params and _cell_key(rv, {claim.trend}) == key]
             out.append(trend(claim, [x for x, _ in pts], [y for _, y in pts], cell))
         return out or [trend(claim, [], [], {})]
     theirs = [rv for rv in runs if rv.base == claim.worse]
@@ -360,12 +363,10 @@ def judge(claim: Any, runs: list[RunValue]) -> list[Verdict]:
     mine = [rv for rv in mine if _matches(rv, claim.better_at)]
     theirs = [rv for rv in theirs if _matches(rv, claim.worse_at)]
     apart = set(claim.better_at) | set(claim.worse_at)
-    cell_of = lambda rv: tuple((k, v) for k, v in sorted(rv.params.items()) if k not in apart)  # noqa: E731
-    cells = _cells(mine + theirs, apart)
     out = []
-    for key, cell in cells.items():
-        ra = [rv for rv in mine if cell_of(rv) == key]
-        rb = [rv for rv in theirs if cell_of(rv) == key]
+    for key, cell in _cells(mine + theirs, apart).items():
+        ra = [rv for rv in mine if _cell_key(rv, apart) == key]
+        rb = [rv for rv in theirs if _cell_key(rv, apart) == key]
         out.append(ordering(claim, [rv.values[claim.metric] for rv in ra], [rv.values[claim.metric] for rv in rb],
                             cell, seeds=([rv.seed for rv in ra], [rv.seed for rv in rb]),
                             reached=tuple(sum(claim.metric not in rv.censored for rv in r) for r in (ra, rb))))
